@@ -1,0 +1,638 @@
+// cls_zlog: the storage rules of a CORFU-style shared log, enforced in the OSD.
+//
+// Data objects hold log positions as omap entries keyed by a fixed-width hex
+// position (so key order is position order); the omap header holds the
+// object's sealed epoch, the highest position written or filled, and a trim
+// watermark. Metadata objects hold the log's epoch and view history as the
+// object's data. Request and reply layouts are in docs/cls_zlog.md.
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "objclass_api.h"
+#include "wire.h"
+
+using ceph::bufferlist;
+using zlog_wire::Decoder;
+using zlog_wire::put_bytes;
+using zlog_wire::put_u32;
+using zlog_wire::put_u64;
+using zlog_wire::put_u8;
+
+#ifndef ZLOG_MAX_ENTRY_BYTES
+#define ZLOG_MAX_ENTRY_BYTES (1024 * 1024)
+#endif
+
+extern "C" {
+CLS_API const char* __cls_name = "zlog";
+CLS_API int __cls_ver_maj = 1;
+CLS_API int __cls_ver_min = 0;
+CLS_API void __cls_init();
+}
+
+namespace {
+
+// Distinct outcomes, returned as negative errno values so they survive the
+// trip back through librados (a write method cannot return a payload).
+constexpr int ERR_STALE = ESTALE;        // request epoch below the sealed epoch
+constexpr int ERR_WRITTEN = EROFS;       // position already holds data
+constexpr int ERR_FILLED = ENOMSG;       // position was filled with junk
+constexpr int ERR_TRIMMED = EIDRM;       // position was trimmed
+constexpr int ERR_UNWRITTEN = ENODATA;   // nothing stored at the position yet
+constexpr int ERR_TOO_BIG = EFBIG;       // entry over the size limit
+constexpr int ERR_CAS_LOST = ECANCELED;  // metadata changed under a proposer
+
+constexpr uint64_t kMaxEntryBytes = ZLOG_MAX_ENTRY_BYTES;
+constexpr uint32_t kMaxBatchEntries = 1024;
+constexpr uint32_t kMaxRangeEntries = 4096;
+constexpr uint32_t kMaxRangeBytes = 16u << 20;
+constexpr uint32_t kMaxWidth = 1024;
+constexpr uint32_t kMaxConfigBytes = 64u << 10;
+constexpr uint32_t kMaxViews = 100000;
+
+enum EntryState : uint8_t { WRITTEN = 1, FILLED = 2, TRIMMED = 3 };
+
+std::string pos_key(uint64_t pos) {
+  char buf[17];
+  snprintf(buf, sizeof(buf), "%016" PRIx64, pos);
+  return std::string(buf, 16);
+}
+
+// ---------------------------------------------------------------- data objects
+
+struct DataHeader {
+  uint64_t sealed_epoch = 0;
+  bool has_max = false;
+  uint64_t max_pos = 0;
+  uint64_t trim_below = 0;  // every position < trim_below is trimmed
+};
+
+constexpr uint8_t kHeaderVersion = 1;
+
+// Loads the header; a missing object or empty header is the initial state.
+// Returns <0 only for a header that exists but is unreadable.
+int read_header(cls_method_context_t hctx, DataHeader* h, bool* exists) {
+  uint64_t size;
+  time_t mtime;
+  int r = cls_cxx_stat(hctx, &size, &mtime);
+  if (r == -ENOENT) {
+    *exists = false;
+    *h = DataHeader{};
+    return 0;
+  }
+  if (r < 0) return r;
+  *exists = true;
+  bufferlist bl;
+  r = cls_cxx_map_read_header(hctx, &bl);
+  if (r < 0) return r;
+  if (bl.length() == 0) {
+    *h = DataHeader{};
+    return 0;
+  }
+  Decoder d(bl.c_str(), bl.length());
+  uint8_t ver = d.u8();
+  h->sealed_epoch = d.u64();
+  h->has_max = d.u8() != 0;
+  h->max_pos = d.u64();
+  h->trim_below = d.u64();
+  if (!d.done() || ver != kHeaderVersion) {
+    cls_log(0, "zlog: corrupt data object header");
+    return -EIO;
+  }
+  return 0;
+}
+
+int write_header(cls_method_context_t hctx, const DataHeader& h, bool exists) {
+  if (!exists) {
+    int r = cls_cxx_create(hctx, false);
+    if (r < 0) return r;
+  }
+  bufferlist bl;
+  put_u8(bl, kHeaderVersion);
+  put_u64(bl, h.sealed_epoch);
+  put_u8(bl, h.has_max ? 1 : 0);
+  put_u64(bl, h.max_pos);
+  put_u64(bl, h.trim_below);
+  return cls_cxx_map_write_header(hctx, &bl);
+}
+
+void note_position(DataHeader* h, uint64_t pos) {
+  if (!h->has_max || pos > h->max_pos) {
+    h->has_max = true;
+    h->max_pos = pos;
+  }
+}
+
+// An entry value: state, epoch of the request that stored it, then the data.
+struct Entry {
+  uint8_t state = 0;
+  uint64_t epoch = 0;
+  const char* data = nullptr;
+  uint32_t len = 0;
+};
+
+bool parse_entry(bufferlist& bl, Entry* e) {
+  if (bl.length() < 9) return false;
+  Decoder d(bl.c_str(), bl.length());
+  e->state = d.u8();
+  e->epoch = d.u64();
+  e->len = bl.length() - 9;
+  e->data = d.bytes(e->len);
+  return d.done() && e->state >= WRITTEN && e->state <= TRIMMED;
+}
+
+bufferlist make_entry(uint8_t state, uint64_t epoch, const char* data, uint32_t len) {
+  bufferlist bl;
+  put_u8(bl, state);
+  put_u64(bl, epoch);
+  if (len) bl.append(data, len);
+  return bl;
+}
+
+int state_error(uint8_t state) {
+  switch (state) {
+    case WRITTEN: return -ERR_WRITTEN;
+    case FILLED: return -ERR_FILLED;
+    default: return -ERR_TRIMMED;
+  }
+}
+
+// Looks up one position. Returns 0 with *found=false for unwritten.
+int get_entry(cls_method_context_t hctx, const DataHeader& h, uint64_t pos, bufferlist* bl,
+              Entry* e, bool* found) {
+  *found = false;
+  if (pos < h.trim_below) {
+    e->state = TRIMMED;
+    *found = true;
+    return 0;
+  }
+  int r = cls_cxx_map_get_val(hctx, pos_key(pos), bl);
+  if (r == -ENOENT) return 0;
+  if (r < 0) return r;
+  if (!parse_entry(*bl, e)) {
+    cls_log(0, "zlog: corrupt entry at %" PRIu64, pos);
+    return -EIO;
+  }
+  *found = true;
+  return 0;
+}
+
+// write: u64 epoch, u64 pos, u32 len, data
+int zlog_write(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  uint64_t pos = d.u64();
+  uint32_t len = d.u32();
+  const char* data = d.bytes(len);
+  if (!d.done()) return -EINVAL;
+  if (len > kMaxEntryBytes) return -ERR_TOO_BIG;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch < h.sealed_epoch) return -ERR_STALE;
+
+  bufferlist cur;
+  Entry e;
+  bool found;
+  r = get_entry(hctx, h, pos, &cur, &e, &found);
+  if (r < 0) return r;
+  if (found) return state_error(e.state);
+
+  if (!exists) {
+    r = cls_cxx_create(hctx, false);
+    if (r < 0) return r;
+    exists = true;
+  }
+  bufferlist val = make_entry(WRITTEN, epoch, data, len);
+  r = cls_cxx_map_set_val(hctx, pos_key(pos), &val);
+  if (r < 0) return r;
+  if (h.has_max && pos <= h.max_pos) return 0;
+  note_position(&h, pos);
+  return write_header(hctx, h, exists);
+}
+
+// write_many: u64 epoch, u32 n, n x (u64 pos, u32 len, data). All or nothing:
+// if any position is taken, nothing is written and its error is returned.
+int zlog_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  uint32_t n = d.u32();
+  if (!d.ok() || n == 0 || n > kMaxBatchEntries) return -EINVAL;
+  std::map<std::string, bufferlist> vals;
+  uint64_t top = 0;
+  bool too_big = false;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t pos = d.u64();
+    uint32_t len = d.u32();
+    const char* data = d.bytes(len);
+    if (!d.ok()) return -EINVAL;
+    if (len > kMaxEntryBytes) too_big = true;
+    auto ins = vals.emplace(pos_key(pos), make_entry(WRITTEN, epoch, data, len));
+    if (!ins.second) return -EINVAL;  // the same position twice
+    if (pos > top) top = pos;
+  }
+  if (!d.done()) return -EINVAL;
+  if (too_big) return -ERR_TOO_BIG;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch < h.sealed_epoch) return -ERR_STALE;
+
+  if (exists) {
+    for (auto& kv : vals) {
+      uint64_t pos = std::stoull(kv.first, nullptr, 16);
+      bufferlist cur;
+      Entry e;
+      bool found;
+      r = get_entry(hctx, h, pos, &cur, &e, &found);
+      if (r < 0) return r;
+      if (found) return state_error(e.state);
+    }
+  } else {
+    r = cls_cxx_create(hctx, false);
+    if (r < 0) return r;
+  }
+  r = cls_cxx_map_set_vals(hctx, &vals);
+  if (r < 0) return r;
+  if (h.has_max && top <= h.max_pos && exists) return 0;
+  note_position(&h, top);
+  return write_header(hctx, h, true);
+}
+
+// read: u64 epoch, u64 pos -> data
+int zlog_read(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  uint64_t pos = d.u64();
+  if (!d.done()) return -EINVAL;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch < h.sealed_epoch) return -ERR_STALE;
+  if (!exists) return -ERR_UNWRITTEN;
+
+  bufferlist cur;
+  Entry e;
+  bool found;
+  r = get_entry(hctx, h, pos, &cur, &e, &found);
+  if (r < 0) return r;
+  if (!found) return -ERR_UNWRITTEN;
+  if (e.state != WRITTEN) return state_error(e.state);
+  out->append(e.data, e.len);
+  return 0;
+}
+
+// fill: u64 epoch, u64 pos. Unwritten -> filled; filled stays filled.
+int zlog_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  uint64_t pos = d.u64();
+  if (!d.done()) return -EINVAL;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch < h.sealed_epoch) return -ERR_STALE;
+
+  bufferlist cur;
+  Entry e;
+  bool found;
+  r = get_entry(hctx, h, pos, &cur, &e, &found);
+  if (r < 0) return r;
+  if (found) return e.state == FILLED ? 0 : state_error(e.state);
+
+  if (!exists) {
+    r = cls_cxx_create(hctx, false);
+    if (r < 0) return r;
+  }
+  bufferlist val = make_entry(FILLED, epoch, nullptr, 0);
+  r = cls_cxx_map_set_val(hctx, pos_key(pos), &val);
+  if (r < 0) return r;
+  if (h.has_max && pos <= h.max_pos) return 0;
+  note_position(&h, pos);
+  return write_header(hctx, h, true);
+}
+
+// trim: u64 epoch, u64 pos. Any state -> trimmed; the data is dropped.
+int zlog_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  uint64_t pos = d.u64();
+  if (!d.done()) return -EINVAL;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch < h.sealed_epoch) return -ERR_STALE;
+  if (pos < h.trim_below) return 0;
+  if (!exists) {
+    r = write_header(hctx, h, false);
+    if (r < 0) return r;
+  }
+  bufferlist val = make_entry(TRIMMED, epoch, nullptr, 0);
+  return cls_cxx_map_set_val(hctx, pos_key(pos), &val);
+}
+
+// trim_to: u64 epoch, u64 pos. Trims every position <= pos held here.
+int zlog_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  uint64_t pos = d.u64();
+  if (!d.done()) return -EINVAL;
+  if (pos == UINT64_MAX) return -EINVAL;  // the watermark is pos + 1
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch < h.sealed_epoch) return -ERR_STALE;
+  if (pos + 1 <= h.trim_below) return 0;
+  h.trim_below = pos + 1;
+  if (exists) {
+    r = cls_cxx_map_remove_range(hctx, pos_key(0), pos_key(pos + 1));
+    if (r < 0) return r;
+  }
+  return write_header(hctx, h, exists);
+}
+
+// seal: u64 epoch. The epoch must be above the one already sealed.
+int zlog_seal(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  if (!d.done()) return -EINVAL;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch <= h.sealed_epoch) return -ERR_STALE;
+  h.sealed_epoch = epoch;
+  return write_header(hctx, h, exists);
+}
+
+// max_position: u64 epoch -> u8 has_max, u64 max_pos
+int zlog_max_position(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  if (!d.done()) return -EINVAL;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch < h.sealed_epoch) return -ERR_STALE;
+  put_u8(*out, h.has_max ? 1 : 0);
+  put_u64(*out, h.max_pos);
+  return 0;
+}
+
+// read_range: u64 epoch, u64 first, u64 last (inclusive), u32 max_entries,
+// u32 max_bytes -> u64 trim_below, u8 has_max, u64 max_pos, u64 next,
+// u32 n, n x (u64 pos, u8 state, u64 epoch, u32 len, data).
+// Every position in [first, next) held by this object and >= trim_below that
+// is not listed is unwritten; the caller resumes at `next`.
+int zlog_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  uint64_t first = d.u64();
+  uint64_t last = d.u64();
+  uint32_t max_entries = d.u32();
+  uint32_t max_bytes = d.u32();
+  if (!d.done() || last < first || last == UINT64_MAX || max_entries == 0 || max_entries > kMaxRangeEntries ||
+      max_bytes == 0 || max_bytes > kMaxRangeBytes)
+    return -EINVAL;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (epoch < h.sealed_epoch) return -ERR_STALE;
+
+  bufferlist body;
+  uint32_t n = 0;
+  uint64_t bytes = 0;
+  uint64_t next = last + 1;
+  uint64_t start = first < h.trim_below ? h.trim_below : first;
+  if (exists && start <= last) {
+    std::string after = start == 0 ? std::string() : pos_key(start - 1);
+    const std::string end_key = pos_key(last);
+    bool more = true;
+    bool stop = false;
+    while (more && !stop) {
+      std::map<std::string, bufferlist> vals;
+      r = cls_cxx_map_get_vals(hctx, after, "", max_entries - n, &vals, &more);
+      if (r < 0) return r;
+      if (vals.empty()) break;
+      for (auto& kv : vals) {
+        if (kv.first > end_key) {
+          stop = true;
+          break;
+        }
+        uint64_t pos = std::stoull(kv.first, nullptr, 16);
+        Entry e;
+        if (!parse_entry(kv.second, &e)) return -EIO;
+        if (n > 0 && bytes + e.len > max_bytes) {
+          next = pos;
+          stop = true;
+          break;
+        }
+        put_u64(body, pos);
+        put_u8(body, e.state);
+        put_u64(body, e.epoch);
+        put_bytes(body, e.data, e.len);
+        bytes += e.len;
+        n++;
+        after = kv.first;
+        if (n == max_entries) {
+          next = pos + 1;
+          stop = true;
+          break;
+        }
+      }
+    }
+  }
+  put_u64(*out, h.trim_below);
+  put_u8(*out, h.has_max ? 1 : 0);
+  put_u64(*out, h.max_pos);
+  put_u64(*out, next);
+  put_u32(*out, n);
+  out->append(body);
+  return 0;
+}
+
+// stat: (empty) -> u64 sealed_epoch, u8 has_max, u64 max_pos, u64 trim_below.
+// No epoch check: it only reports, and tools need it to pick a new epoch.
+int zlog_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
+  if (in->length() != 0) return -EINVAL;
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (!exists) return -ENOENT;
+  put_u64(*out, h.sealed_epoch);
+  put_u8(*out, h.has_max ? 1 : 0);
+  put_u64(*out, h.max_pos);
+  put_u64(*out, h.trim_below);
+  return 0;
+}
+
+// ------------------------------------------------------------ metadata objects
+//
+// Stored as the object's data: u8 version, u64 epoch, u32 config_len, config,
+// u32 nviews, nviews x (u64 epoch, u64 start, u32 width). meta_get returns
+// exactly these bytes. The config is opaque to the class (the client's JSON).
+
+struct View {
+  uint64_t epoch;
+  uint64_t start;
+  uint32_t width;
+};
+
+struct Meta {
+  uint64_t epoch = 0;
+  std::string config;
+  std::vector<View> views;
+};
+
+constexpr uint8_t kMetaVersion = 1;
+
+// Loads and validates the metadata; `raw` (optional) receives the stored bytes.
+int load_meta(cls_method_context_t hctx, Meta* m, bufferlist* raw = nullptr) {
+  uint64_t size;
+  time_t mtime;
+  int r = cls_cxx_stat(hctx, &size, &mtime);
+  if (r < 0) return r;  // -ENOENT: the log does not exist
+  bufferlist bl;
+  r = cls_cxx_read(hctx, 0, static_cast<int>(size), &bl);
+  if (r < 0) return r;
+  Decoder d(bl.c_str(), bl.length());
+  uint8_t ver = d.u8();
+  m->epoch = d.u64();
+  uint32_t clen = d.u32();
+  const char* c = d.bytes(clen);
+  uint32_t nviews = d.u32();
+  if (!d.ok() || ver != kMetaVersion || nviews == 0 || nviews > kMaxViews) return -EIO;
+  m->config.assign(c, clen);
+  m->views.clear();
+  if (raw) *raw = bl;
+  for (uint32_t i = 0; i < nviews; i++) {
+    View v;
+    v.epoch = d.u64();
+    v.start = d.u64();
+    v.width = d.u32();
+    m->views.push_back(v);
+  }
+  if (!d.done()) {
+    cls_log(0, "zlog: corrupt metadata object");
+    return -EIO;
+  }
+  return 0;
+}
+
+int store_meta(cls_method_context_t hctx, const Meta& m) {
+  bufferlist bl;
+  put_u8(bl, kMetaVersion);
+  put_u64(bl, m.epoch);
+  put_bytes(bl, m.config.data(), static_cast<uint32_t>(m.config.size()));
+  put_u32(bl, static_cast<uint32_t>(m.views.size()));
+  for (const View& v : m.views) {
+    put_u64(bl, v.epoch);
+    put_u64(bl, v.start);
+    put_u32(bl, v.width);
+  }
+  return cls_cxx_write_full(hctx, &bl);
+}
+
+// meta_create: u32 width, u32 config_len, config. Exclusive.
+int zlog_meta_create(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint32_t width = d.u32();
+  uint32_t clen = d.u32();
+  const char* c = d.bytes(clen);
+  if (!d.done() || width == 0 || width > kMaxWidth || clen > kMaxConfigBytes) return -EINVAL;
+  int r = cls_cxx_create(hctx, true);
+  if (r < 0) return r;  // -EEXIST
+  Meta m;
+  m.epoch = 1;
+  m.config.assign(c, clen);
+  m.views.push_back(View{1, 0, width});
+  return store_meta(hctx, m);
+}
+
+// meta_get: (empty) -> the stored metadata bytes.
+int zlog_meta_get(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
+  if (in->length() != 0) return -EINVAL;
+  Meta m;
+  return load_meta(hctx, &m, out);
+}
+
+// meta_new_epoch: u64 expected, u64 new_epoch. Compare-and-swap on the epoch.
+int zlog_meta_new_epoch(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t expected = d.u64();
+  uint64_t next = d.u64();
+  if (!d.done() || next <= expected) return -EINVAL;
+  Meta m;
+  int r = load_meta(hctx, &m);
+  if (r < 0) return r;
+  if (m.epoch != expected) return -ERR_CAS_LOST;
+  m.epoch = next;
+  return store_meta(hctx, m);
+}
+
+// meta_propose_view: u64 expected, u64 new_epoch, u64 start, u32 width.
+// Installs a view valid from `start` at `new_epoch` if the epoch is still
+// `expected`; a second proposer at the same epoch loses with ECANCELED.
+int zlog_meta_propose_view(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t expected = d.u64();
+  uint64_t next = d.u64();
+  uint64_t start = d.u64();
+  uint32_t width = d.u32();
+  if (!d.done() || next <= expected || width == 0 || width > kMaxWidth) return -EINVAL;
+  Meta m;
+  int r = load_meta(hctx, &m);
+  if (r < 0) return r;
+  if (m.epoch != expected) return -ERR_CAS_LOST;
+  if (start < m.views.back().start) return -EINVAL;
+  if (m.views.size() >= kMaxViews) return -ENOSPC;
+  m.epoch = next;
+  m.views.push_back(View{next, start, width});
+  return store_meta(hctx, m);
+}
+
+}  // namespace
+
+void __cls_init() {
+  cls_handle_t h;
+  cls_method_handle_t mh;
+  cls_log(0, "loading cls_zlog (max entry %" PRIu64 " bytes)", kMaxEntryBytes);
+  cls_register("zlog", &h);
+  cls_register_cxx_method(h, "write", CLS_METHOD_RD | CLS_METHOD_WR, zlog_write, &mh);
+  cls_register_cxx_method(h, "write_many", CLS_METHOD_RD | CLS_METHOD_WR, zlog_write_many, &mh);
+  cls_register_cxx_method(h, "read", CLS_METHOD_RD, zlog_read, &mh);
+  cls_register_cxx_method(h, "read_range", CLS_METHOD_RD, zlog_read_range, &mh);
+  cls_register_cxx_method(h, "fill", CLS_METHOD_RD | CLS_METHOD_WR, zlog_fill, &mh);
+  cls_register_cxx_method(h, "trim", CLS_METHOD_RD | CLS_METHOD_WR, zlog_trim, &mh);
+  cls_register_cxx_method(h, "trim_to", CLS_METHOD_RD | CLS_METHOD_WR, zlog_trim_to, &mh);
+  cls_register_cxx_method(h, "seal", CLS_METHOD_RD | CLS_METHOD_WR, zlog_seal, &mh);
+  cls_register_cxx_method(h, "max_position", CLS_METHOD_RD, zlog_max_position, &mh);
+  cls_register_cxx_method(h, "stat", CLS_METHOD_RD, zlog_stat, &mh);
+  cls_register_cxx_method(h, "meta_create", CLS_METHOD_RD | CLS_METHOD_WR, zlog_meta_create, &mh);
+  cls_register_cxx_method(h, "meta_get", CLS_METHOD_RD, zlog_meta_get, &mh);
+  cls_register_cxx_method(h, "meta_new_epoch", CLS_METHOD_RD | CLS_METHOD_WR,
+                          zlog_meta_new_epoch, &mh);
+  cls_register_cxx_method(h, "meta_propose_view", CLS_METHOD_RD | CLS_METHOD_WR,
+                          zlog_meta_propose_view, &mh);
+}

@@ -1,0 +1,14 @@
+"""pyzlog: a globally ordered, shared, append-only log on Ceph RADOS."""
+from .cluster import connect
+from .errors import (ClassNotLoaded, ClusterUnavailable, EntryTooLarge, EpochChanged, Filled,
+                     InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied,
+                     PoolNotFound, PositionError, ReadOnly, StaleEpoch, Trimmed, ZlogError)
+from .log import Log
+
+__all__ = [
+    "connect", "Log",
+    "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
+    "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
+    "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten",
+]
+__version__ = "0.1.0"

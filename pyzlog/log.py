@@ -1,0 +1,203 @@
+"""A log: its metadata, views, and the storage operations on its positions."""
+from __future__ import annotations
+
+import errno
+import json
+import random
+import time
+from typing import Any, Callable
+
+import rados
+
+from . import wire
+from .cluster import open_ioctx
+from .errors import (EntryTooLarge, InvalidRequest, NotWritten, ReadOnly, StaleEpoch, Filled,
+                     Trimmed, ZlogError, from_errno)
+from .layout import META_NAMESPACE, check_name, check_position, data_oid, oid_of, view_objects
+from .metadata import MetaStore
+from .objects import ClassIO, check
+from .tailfind import find_tail
+
+DEFAULT_WIDTH = 4
+#: how long an operation keeps refreshing its view after StaleEpoch answers
+STALE_RETRY_SECONDS = 30.0
+
+
+def _check_entry(data: bytes) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidRequest(f"entries are bytes, not {type(data).__name__}")
+    if len(data) > wire.MAX_ENTRY_BYTES:
+        raise EntryTooLarge(f"entry of {len(data)} bytes is over the limit of {wire.MAX_ENTRY_BYTES}")
+    return bytes(data)
+
+
+class Log:
+    """One log in one pool. Obtain with Log.create or Log.open."""
+
+    def __init__(self, cluster: rados.Rados, pool: str, name: str) -> None:
+        self.cluster = cluster
+        self.pool = pool
+        self.name = check_name(name)
+        self.data = ClassIO(open_ioctx(cluster, pool))
+        self.meta_store = MetaStore(ClassIO(open_ioctx(cluster, pool, META_NAMESPACE)), name)
+        self._meta: wire.Meta | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def create(cls, cluster: rados.Rados, pool: str, name: str, width: int = DEFAULT_WIDTH,
+               config: dict[str, Any] | None = None) -> "Log":
+        if not isinstance(width, int) or not 1 <= width <= wire.MAX_WIDTH:
+            raise InvalidRequest(f"stripe width must be 1..{wire.MAX_WIDTH}, not {width!r}")
+        log = cls(cluster, pool, name)
+        log.meta_store.create(width, config or {})
+        log.refresh()
+        return log
+
+    @classmethod
+    def open(cls, cluster: rados.Rados, pool: str, name: str) -> "Log":
+        log = cls(cluster, pool, name)
+        log.refresh()  # LogNotFound if missing
+        return log
+
+    @staticmethod
+    def list(cluster: rados.Rados, pool: str) -> list[str]:
+        return MetaStore.list_names(open_ioctx(cluster, pool, META_NAMESPACE))
+
+    # ------------------------------------------------------------- metadata
+    def refresh(self) -> wire.Meta:
+        self._meta = self.meta_store.get()
+        return self._meta
+
+    @property
+    def meta(self) -> wire.Meta:
+        return self._meta if self._meta is not None else self.refresh()
+
+    @property
+    def epoch(self) -> int:
+        return self.meta.epoch
+
+    @property
+    def views(self) -> tuple[wire.View, ...]:
+        return self.meta.views
+
+    @property
+    def config(self) -> dict[str, Any]:
+        raw = self.meta.config
+        return json.loads(raw) if raw else {}
+
+    def oid_of(self, position: int) -> str:
+        return oid_of(self.name, self.views, position)
+
+    # ---------------------------------------------------- position operations
+    def _call(self, method: str, position: int, payload: Callable[[int], bytes],
+              out_len: int = 64) -> bytes:
+        """One class call on the object holding `position`, tagged with the
+        current epoch; a stale epoch refreshes the view and retries."""
+        check_position(position)
+        deadline = time.monotonic() + STALE_RETRY_SECONDS
+        delay = 0.002
+        while True:
+            epoch = self.epoch
+            oid = self.oid_of(position)
+            ret, out = self.data.call_raw(oid, method, payload(epoch), out_len)
+            if ret != -errno.ESTALE:
+                break
+            if self.refresh().epoch == epoch:
+                # the object is sealed above the log's epoch: a sequencer or
+                # reconfiguration is between seal and install; give it time.
+                if time.monotonic() > deadline:
+                    raise StaleEpoch(f"{method} at {position}: epoch {epoch} stayed stale")
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 0.2)
+        if ret == -errno.ENOENT and method == "read":
+            raise NotWritten(position)  # the object was never created
+        if ret < 0:
+            raise from_errno(ret, f"{method} at position {position} of {self.name!r}", position)
+        return out
+
+    def write(self, position: int, data: bytes) -> None:
+        """Store `data` at `position` (write-once). Most users want append()."""
+        data = _check_entry(data)
+        self._call("write", position, lambda e: wire.write(e, position, data))
+
+    def read(self, position: int) -> bytes:
+        """The entry at `position`; NotWritten, Filled or Trimmed otherwise."""
+        return self._call("read", position, lambda e: wire.epoch_position(e, position),
+                          wire.MAX_ENTRY_BYTES + 64)
+
+    def fill(self, position: int) -> None:
+        """Mark an unwritten position as junk so the log can move past it."""
+        self._call("fill", position, lambda e: wire.epoch_position(e, position))
+
+    def trim(self, position: int) -> None:
+        """Reclaim one position's space; reads then raise Trimmed."""
+        self._call("trim", position, lambda e: wire.epoch_position(e, position))
+
+    def trim_to(self, position: int) -> None:
+        """Trim every position <= `position`, on every object that may hold one."""
+        check_position(position)
+        for _ in range(100):
+            epoch = self.epoch
+            oids = [oid for v in self.views if v.start <= position for oid in view_objects(self.name, v)]
+            futs = [(oid, self.data.call_async(oid, "trim_to", wire.epoch_position(epoch, position)))
+                    for oid in oids]
+            results = [(oid, f.result()[0]) for oid, f in futs]
+            if any(r == -errno.ESTALE for _, r in results):
+                self.refresh()
+                time.sleep(0.01)
+                continue
+            for oid, ret in results:
+                check(ret, "trim_to", oid)
+            return
+        raise StaleEpoch(f"trim_to {position}: epoch kept changing")
+
+    # ------------------------------------------------------------------ tail
+    def max_position(self) -> int | None:
+        """Highest position written or filled in the newest view, without sealing."""
+        view = self.views[-1]
+        futs = [(oid, self.data.call_async(oid, "max_position", wire.epoch_only(self.epoch), 64))
+                for oid in view_objects(self.name, view)]
+        top: int | None = None
+        for oid, fut in futs:
+            ret, out = fut.result()
+            if ret in (-errno.ENOENT,):
+                continue
+            if ret == -errno.ESTALE:
+                self.refresh()
+                return self.max_position()
+            check(ret, "max_position", oid)
+            pos = wire.parse_max_position(out)
+            if pos is not None and (top is None or pos > top):
+                top = pos
+        return top
+
+    def next_position_hint(self) -> int:
+        """The next position an append would try, from max_position (no seal)."""
+        top = self.max_position()
+        start = self.views[-1].start
+        return start if top is None else max(start, top + 1)
+
+    def seal_and_find_tail(self) -> tuple[int, int]:
+        """Slow tail finding: new epoch, seal, max. Returns (epoch, next position)."""
+        return find_tail(self)
+
+    def append_slow(self, data: bytes) -> int:
+        """Append without a sequencer: try the position after the highest one
+        stored and move on when another writer got there first (CORFU's slow
+        path: correct under any contention, but a round of max_position each)."""
+        data = _check_entry(data)
+        pos = self.next_position_hint()
+        while True:
+            try:
+                self.write(pos, data)
+                return pos
+            except (ReadOnly, Filled, Trimmed):
+                pos = max(pos + 1, self.next_position_hint())
+
+
+def data_objects(log: Log) -> list[str]:
+    """Every data object name the log's views can address."""
+    return [data_oid(log.name, v, i) for v in log.views for i in range(v.width)]
+
+
+__all__ = ["Log", "DEFAULT_WIDTH", "data_objects"]

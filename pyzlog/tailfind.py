@@ -1,0 +1,75 @@
+"""Slow tail finding (CORFU): seal every object of the newest view at a new
+epoch, then take the max of max_position over them. All objects are
+contacted concurrently with aio, not one after another."""
+from __future__ import annotations
+
+import errno
+import random
+import time
+from typing import TYPE_CHECKING
+
+from . import wire
+from .errors import EpochChanged, StaleEpoch, ZlogError
+from .layout import view_objects
+from .objects import ClassIO, check
+
+if TYPE_CHECKING:
+    from .log import Log
+
+
+def highest_sealed(data: ClassIO, oids: list[str]) -> int:
+    """The highest epoch sealed on any of `oids` (0 for objects not created yet)."""
+    futs = [(oid, data.call_async(oid, "stat", b"", 64)) for oid in oids]
+    top = 0
+    for oid, fut in futs:
+        ret, out = fut.result()
+        if ret == -errno.ENOENT:
+            continue
+        check(ret, "stat", oid)
+        top = max(top, wire.parse_stat(out).sealed_epoch)
+    return top
+
+
+def seal_objects(data: ClassIO, oids: list[str], epoch: int) -> int | None:
+    """Seal every object at `epoch` and return the highest position written or
+    filled in any of them (None if all are empty). Raises StaleEpoch if some
+    object is already sealed at `epoch` or above (someone else is sealing)."""
+    seals = [(oid, data.call_async(oid, "seal", wire.epoch_only(epoch))) for oid in oids]
+    for oid, fut in seals:
+        check(fut.result()[0], "seal", oid)
+    maxes = [(oid, data.call_async(oid, "max_position", wire.epoch_only(epoch), 64)) for oid in oids]
+    top: int | None = None
+    for oid, fut in maxes:
+        ret, out = fut.result()
+        check(ret, "max_position", oid)
+        pos = wire.parse_max_position(out)
+        if pos is not None and (top is None or pos > top):
+            top = pos
+    return top
+
+
+def find_tail(log: "Log", attempts: int = 50) -> tuple[int, int]:
+    """Install a new epoch on `log` and find its tail.
+
+    Returns (epoch, next_position): after this, no client at an older epoch
+    can write to the newest view's objects, and every position written so far
+    is below next_position. Concurrent callers retry with jittered backoff.
+    """
+    delay = 0.005
+    for _ in range(attempts):
+        meta = log.refresh()
+        view = meta.views[-1]
+        oids = view_objects(log.name, view)
+        epoch = max(meta.epoch, highest_sealed(log.data, oids)) + 1
+        try:
+            top = seal_objects(log.data, oids, epoch)
+            log.meta_store.new_epoch(meta.epoch, epoch)
+        except (StaleEpoch, EpochChanged):
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, 0.5)
+            continue
+        log.refresh()
+        nxt = view.start if top is None else max(view.start, top + 1)
+        return epoch, nxt
+    raise ZlogError(f"log {log.name!r}: could not seal a new epoch after {attempts} attempts "
+                    "(another sequencer or reconfiguration keeps racing)")

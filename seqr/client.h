@@ -1,0 +1,107 @@
+// Blocking sequencer client (plain non-blocking sockets + poll() deadlines).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bytebuf.h"
+#include "protocol.h"
+
+namespace seqr {
+
+// Raised when a deadline expires (-> Python TimeoutError).
+struct TimeoutError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Raised on refused/reset/closed connections and protocol violations
+// (-> Python ConnectionError or a subclass).
+struct ConnectionError : std::runtime_error {
+  enum Kind { GENERIC, REFUSED, RESET, ABORTED, BROKEN_PIPE, CLOSED };
+  ConnectionError(Kind k, const std::string& msg) : std::runtime_error(msg), kind(k) {}
+  Kind kind;
+};
+
+struct Response {
+  uint64_t request_id;
+  uint8_t status;
+  uint64_t epoch;
+  uint64_t position;
+  uint32_t count;
+};
+
+struct PipelineResult {
+  uint64_t requests = 0;
+  uint64_t ok = 0, stale = 0, retry = 0, bad_request = 0, recovery_failed = 0, other = 0;
+  uint64_t positions = 0;
+  bool have_positions = false;
+  uint64_t first_position = 0;  // lowest position handed out
+  uint64_t last_position = 0;   // highest position handed out
+  bool ascending = true;        // every OK range started where the previous ended
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  double elapsed_s = 0;
+  std::vector<std::pair<uint64_t, uint32_t>> ranges;  // (position, count) of OK replies
+};
+
+class Client {
+ public:
+  Client(const std::string& host, uint16_t port, double timeout_s = 5.0);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  Response next(const std::string& pool, const std::string& log, uint64_t epoch,
+                uint32_t count = 1);
+  Response tail(const std::string& pool, const std::string& log, uint64_t epoch);
+  uint64_t send_request(uint8_t op, const std::string& pool, const std::string& log,
+                        uint64_t epoch, uint32_t count);
+  Response recv();
+  PipelineResult pipeline_next(const std::string& pool, const std::string& log,
+                               uint64_t epoch, uint32_t count_per_request,
+                               uint64_t total_requests, uint32_t depth, bool collect);
+  PipelineResult pipeline_echo(uint32_t frame_size, uint64_t total_requests, uint32_t depth);
+  void send_raw(const std::string& data);
+  // Returns up to max_bytes (at least one) bytes, "" on orderly EOF; raises
+  // TimeoutError if nothing arrives within timeout_s.
+  std::string recv_raw(size_t max_bytes, double timeout_s);
+  void close();
+  bool closed() const { return fd_ < 0; }
+  double timeout() const { return timeout_s_; }
+  void set_timeout(double t) { timeout_s_ = t; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point deadline() const;
+  void check_open() const;
+  void encode(ByteBuf& b, uint8_t op, uint64_t rid, uint64_t epoch, uint32_t count,
+              const std::string& pool, const std::string& log);
+  void send_all(const uint8_t* p, size_t n, Clock::time_point dl);
+  // Reads whatever is available (waiting until dl for at least one byte).
+  void fill(Clock::time_point dl);
+  // Reads without blocking; returns false if nothing was available.
+  bool fill_nonblocking();
+  size_t read_into_buffer();  // 0 -> EAGAIN; throws on EOF/error
+  // Returns a complete buffered frame, or {nullptr, 0} if none.
+  bool try_frame(const uint8_t*& payload, uint32_t& len, uint32_t max_len);
+  void read_frame(const uint8_t*& payload, uint32_t& len, uint32_t max_len,
+                  Clock::time_point dl);
+  Response parse_response(const uint8_t* p, uint32_t len);
+  Response wait_for(uint64_t rid);
+  [[noreturn]] void throw_errno(const char* what, int err);
+
+  std::mutex mu_;
+  int fd_ = -1;
+  double timeout_s_;
+  std::string peer_;
+  uint64_t next_rid_ = 1;
+  std::vector<uint8_t> in_;
+  size_t rpos_ = 0, rlen_ = 0;
+  ByteBuf out_;
+};
+
+}  // namespace seqr

@@ -1,0 +1,262 @@
+#include "frame_server.h"
+
+#include <future>
+#include <stdexcept>
+#include <vector>
+
+#include "log.h"
+#include "protocol.h"
+
+namespace seqr {
+
+namespace {
+constexpr size_t kOutHighWater = 1u << 20;  // pause reading above this
+constexpr size_t kInMinCap = 64 * 1024;
+}  // namespace
+
+struct FrameServer::Conn {
+  Conn(tcp::socket s, size_t cap) : sock(std::move(s)), in(new uint8_t[cap]) {}
+  tcp::socket sock;
+  std::unique_ptr<uint8_t[]> in;
+  size_t in_len = 0;
+  ByteBuf out;
+  ByteBuf wbuf;
+  bool writing = false;
+  bool closed = false;
+  bool read_paused = false;
+};
+
+FrameServer::FrameServer(std::string host, uint16_t port, uint32_t max_connections,
+                         uint32_t min_frame, uint32_t max_frame)
+    : host_(std::move(host)),
+      req_port_(port),
+      max_connections_(max_connections),
+      min_frame_(min_frame),
+      max_frame_(max_frame),
+      in_cap_(std::max<size_t>(kInMinCap, 2 * (size_t(max_frame) + 4))) {
+  if (min_frame > max_frame) throw std::invalid_argument("min_frame > max_frame");
+}
+
+FrameServer::~FrameServer() { stop(); }
+
+void FrameServer::start() {
+  std::lock_guard<std::mutex> lk(life_mu_);
+  if (started_) throw std::logic_error("server already started");
+  tcp::resolver resolver(ioc_);
+  auto results = resolver.resolve(host_, std::to_string(req_port_),
+                                  tcp::resolver::passive | tcp::resolver::numeric_service);
+  boost::system::error_code last_ec = asio::error::host_not_found;
+  for (const auto& entry : results) {
+    boost::system::error_code ec;
+    acceptor_.open(entry.endpoint().protocol(), ec);
+    if (ec) { last_ec = ec; continue; }
+    acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    acceptor_.bind(entry.endpoint(), ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      last_ec = ec;
+      boost::system::error_code ig;
+      acceptor_.close(ig);
+      continue;
+    }
+    last_ec = {};
+    break;
+  }
+  if (last_ec) {
+    throw boost::system::system_error(last_ec, "cannot listen on " + host_ + ":" +
+                                                   std::to_string(req_port_));
+  }
+  bound_port_.store(acceptor_.local_endpoint().port());
+  guard_.emplace(asio::make_work_guard(ioc_));
+  do_accept();
+  started_ = true;
+  running_ = true;
+  running_flag_.store(true);
+  thread_ = std::thread([this] { io_main(); });
+  SEQR_LOG(LL_INFO, "listening on %s:%u", host_.c_str(), unsigned(bound_port_.load()));
+}
+
+void FrameServer::io_main() {
+  for (;;) {
+    try {
+      ioc_.run();
+      return;
+    } catch (const std::exception& e) {
+      SEQR_LOG(LL_ERROR, "exception on io thread: %s", e.what());
+    }
+  }
+}
+
+void FrameServer::stop() {
+  {
+    std::lock_guard<std::mutex> lk(life_mu_);
+    if (!running_) return;
+    running_ = false;
+    asio::post(ioc_, [this] {
+      stopping_ = true;
+      boost::system::error_code ig;
+      acceptor_.close(ig);
+      accept_timer_.cancel();
+      std::vector<ConnPtr> all;
+      all.reserve(conns_.size());
+      for (auto& kv : conns_) all.push_back(kv.second);
+      for (auto& c : all) close_conn(c);
+      guard_.reset();
+    });
+    // run() returns once the aborted handlers have drained.
+    if (thread_.joinable()) thread_.join();
+    running_flag_.store(false);
+  }
+  on_stopped();
+}
+
+void FrameServer::run_on_io(const std::function<void()>& fn) {
+  std::unique_lock<std::mutex> lk(life_mu_);
+  if (!running_) {
+    fn();
+    return;
+  }
+  std::promise<void> done;
+  auto fut = done.get_future();
+  asio::post(ioc_, [&fn, &done] {
+    try {
+      fn();
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  });
+  fut.get();  // life_mu_ held: stop() cannot run until fn has completed
+}
+
+void FrameServer::do_accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket s) {
+    if (stopping_) return;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) return;
+      SEQR_LOG(LL_WARNING, "accept failed: %s (retrying in 100 ms)", ec.message().c_str());
+      accept_timer_.expires_after(std::chrono::milliseconds(100));
+      accept_timer_.async_wait([this](const boost::system::error_code& tec) {
+        if (!tec && !stopping_) do_accept();
+      });
+      return;
+    }
+    boost::system::error_code ig;
+    if (conns_.size() >= max_connections_) {
+      connections_rejected_.fetch_add(1, std::memory_order_relaxed);
+      SEQR_LOG(LL_DEBUG, "connection limit (%u) reached, closing new connection",
+               unsigned(max_connections_));
+      s.close(ig);
+    } else {
+      connections_total_.fetch_add(1, std::memory_order_relaxed);
+      s.set_option(tcp::no_delay(true), ig);
+      auto c = std::make_shared<Conn>(std::move(s), in_cap_);
+      conns_.emplace(c.get(), c);
+      connections_open_.store(conns_.size(), std::memory_order_relaxed);
+      do_read(c);
+    }
+    do_accept();
+  });
+}
+
+void FrameServer::do_read(const ConnPtr& c) {
+  c->sock.async_read_some(
+      asio::buffer(c->in.get() + c->in_len, in_cap_ - c->in_len),
+      [this, c](const boost::system::error_code& ec, size_t n) { on_read(c, ec, n); });
+}
+
+void FrameServer::on_read(const ConnPtr& c, const boost::system::error_code& ec, size_t n) {
+  if (c->closed) return;
+  if (ec) {
+    if (ec != asio::error::eof && ec != asio::error::operation_aborted)
+      SEQR_LOG(LL_DEBUG, "read error: %s", ec.message().c_str());
+    if (c->in_len) SEQR_LOG(LL_DEBUG, "connection closed mid-frame (%zu bytes dropped)", c->in_len);
+    close_conn(c);
+    return;
+  }
+  c->in_len += n;
+  uint8_t* b = c->in.get();
+  size_t pos = 0;
+  bool bad = false;
+  uint32_t bad_len = 0;
+  while (c->in_len - pos >= 4) {
+    const uint32_t len = get_u32(b + pos);
+    if (len > max_frame_ || len < min_frame_) {
+      bad = true;
+      bad_len = len;
+      break;
+    }
+    if (c->in_len - pos - 4 < len) break;
+    handle_frame(b + pos + 4, len, c->out);
+    pos += 4 + size_t(len);
+  }
+  on_batch_done();
+  if (bad) {
+    bad_frames_.fetch_add(1, std::memory_order_relaxed);
+    SEQR_LOG(LL_DEBUG, "bad frame length %u (allowed %u..%u), closing connection",
+             unsigned(bad_len), unsigned(min_frame_), unsigned(max_frame_));
+    close_conn(c);
+    return;
+  }
+  if (pos) {
+    const size_t rest = c->in_len - pos;
+    if (rest) std::memmove(b, b + pos, rest);
+    c->in_len = rest;
+  }
+  flush(c);
+  if (c->closed) return;
+  if (c->writing && c->out.size() >= kOutHighWater) {
+    c->read_paused = true;  // resumed by the write completion
+    return;
+  }
+  do_read(c);
+}
+
+void FrameServer::flush(const ConnPtr& c) {
+  if (c->writing || c->closed || c->out.empty()) return;
+  std::swap(c->out, c->wbuf);
+  c->out.clear();
+  c->writing = true;
+  asio::async_write(c->sock, asio::buffer(c->wbuf.data(), c->wbuf.size()),
+                    [this, c](const boost::system::error_code& ec, size_t) {
+                      c->writing = false;
+                      c->wbuf.clear();
+                      if (c->closed) return;
+                      if (ec) {
+                        SEQR_LOG(LL_DEBUG, "write error: %s", ec.message().c_str());
+                        close_conn(c);
+                        return;
+                      }
+                      flush(c);
+                      if (c->read_paused && !(c->writing && c->out.size() >= kOutHighWater)) {
+                        c->read_paused = false;
+                        do_read(c);
+                      }
+                    });
+}
+
+void FrameServer::close_conn(const ConnPtr& c) {
+  if (c->closed) return;
+  c->closed = true;
+  boost::system::error_code ig;
+  c->sock.shutdown(tcp::socket::shutdown_both, ig);
+  c->sock.close(ig);
+  conns_.erase(c.get());
+  connections_open_.store(conns_.size(), std::memory_order_relaxed);
+}
+
+void EchoServer::handle_frame(const uint8_t* payload, uint32_t len, ByteBuf& out) {
+  uint8_t* p = out.extend(4 + size_t(len));
+  put_u32(p, len);
+  if (len) std::memcpy(p + 4, payload, len);
+  ++local_frames_;
+}
+
+void EchoServer::on_batch_done() {
+  if (local_frames_) {
+    frames_.fetch_add(local_frames_, std::memory_order_relaxed);
+    local_frames_ = 0;
+  }
+}
+
+}  // namespace seqr

@@ -1,0 +1,115 @@
+// A single-threaded Boost.Asio server for u32-length-prefixed frames.
+// Subclasses implement handle_frame(); everything runs on one io thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <boost/asio.hpp>
+
+#include "bytebuf.h"
+
+namespace seqr {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+class FrameServer {
+ public:
+  FrameServer(std::string host, uint16_t port, uint32_t max_connections,
+              uint32_t min_frame, uint32_t max_frame);
+  virtual ~FrameServer();
+  FrameServer(const FrameServer&) = delete;
+  FrameServer& operator=(const FrameServer&) = delete;
+
+  // Binds, listens and starts the io thread. Throws boost::system::system_error
+  // if the address cannot be bound, std::logic_error if already started.
+  void start();
+  // Closes the acceptor and all connections and joins the io thread.
+  // Idempotent. Subclasses must call it from their destructor.
+  void stop();
+  uint16_t port() const { return bound_port_.load(); }
+  const std::string& host() const { return host_; }
+  bool running() const { return running_flag_.load(); }
+
+  uint64_t connections_open() const { return connections_open_.load(std::memory_order_relaxed); }
+  uint64_t connections_total() const { return connections_total_.load(std::memory_order_relaxed); }
+  uint64_t connections_rejected() const { return connections_rejected_.load(std::memory_order_relaxed); }
+  uint64_t bad_frames() const { return bad_frames_.load(std::memory_order_relaxed); }
+
+ protected:
+  // Called on the io thread for every complete frame whose length is in
+  // [min_frame, max_frame]; appends the response frame(s) to out.
+  virtual void handle_frame(const uint8_t* payload, uint32_t len, ByteBuf& out) = 0;
+  // Called on the io thread after each batch of frames read in one go.
+  virtual void on_batch_done() {}
+  // Called at the end of stop() (caller's thread).
+  virtual void on_stopped() {}
+
+  // Runs fn on the io thread and waits for it (or runs it inline when the
+  // io thread is not running). Exceptions from fn propagate to the caller.
+  void run_on_io(const std::function<void()>& fn);
+
+  asio::io_context ioc_{1};
+
+ private:
+  struct Conn;
+  using ConnPtr = std::shared_ptr<Conn>;
+
+  void io_main();
+  void do_accept();
+  void do_read(const ConnPtr& c);
+  void on_read(const ConnPtr& c, const boost::system::error_code& ec, size_t n);
+  void flush(const ConnPtr& c);
+  void close_conn(const ConnPtr& c);
+
+  const std::string host_;
+  const uint16_t req_port_;
+  const uint32_t max_connections_;
+  const uint32_t min_frame_;
+  const uint32_t max_frame_;
+  const size_t in_cap_;
+
+  std::atomic<uint16_t> bound_port_{0};
+  std::mutex life_mu_;
+  bool started_ = false;
+  bool running_ = false;
+  std::atomic<bool> running_flag_{false};
+  bool stopping_ = false;  // io thread only
+  std::thread thread_;
+  tcp::acceptor acceptor_{ioc_};
+  asio::steady_timer accept_timer_{ioc_};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_;
+  std::unordered_map<Conn*, ConnPtr> conns_;
+
+  std::atomic<uint64_t> connections_open_{0};
+  std::atomic<uint64_t> connections_total_{0};
+  std::atomic<uint64_t> connections_rejected_{0};
+  std::atomic<uint64_t> bad_frames_{0};
+};
+
+// Echoes every frame back unchanged: the "network floor" for benchmarks.
+class EchoServer : public FrameServer {
+ public:
+  EchoServer(std::string host, uint16_t port, uint32_t max_frame = 1u << 20)
+      : FrameServer(std::move(host), port, 1024, 0, max_frame) {}
+  ~EchoServer() override { stop(); }
+  uint64_t frames() const { return frames_.load(std::memory_order_relaxed); }
+
+ protected:
+  void handle_frame(const uint8_t* payload, uint32_t len, ByteBuf& out) override;
+  void on_batch_done() override;
+
+ private:
+  uint64_t local_frames_ = 0;
+  std::atomic<uint64_t> frames_{0};
+};
+
+}  // namespace seqr

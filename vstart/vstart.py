@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""A real single-machine Ceph dev cluster for pyzlog, from Debian's Ceph packages.
+
+    vstart.py start  [--dir D] [--osds N] [--bluestore] [--pool P] [--cls-lib PATH] [--mgr]
+    vstart.py status [--dir D]
+    vstart.py stop   [--dir D]
+    vstart.py osd-stop ID [--signal KILL] / osd-start ID   (for fault tests)
+
+One mon (and a mgr on request), N OSDs (memstore by default: fast, but a killed
+OSD loses its data; --bluestore gives file-backed OSDs that survive a kill),
+cephx on, cls_zlog loaded, one pool for logs. Every daemon writes its pid file
+under DIR/run; `stop` signals exactly those pids and nothing else.
+
+Standard library only, so it runs before anything else is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+DEFAULT_DIR = Path(__file__).resolve().parent.parent / "run" / "cluster"
+SYSTEM_CLASS_DIR = Path("/usr/lib/x86_64-linux-gnu/rados-classes")
+STATE_FILE = "cluster.json"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(cmd: list[str], timeout: float = 60, check: bool = True) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise ClusterError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}") from e
+    if check and p.returncode != 0:
+        raise ClusterError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr.strip()}")
+    return p.stdout
+
+
+def _find_cls_lib() -> Path:
+    """The built libcls_zlog.so: installed inside the pyzlog package."""
+    try:
+        import pyzlog  # noqa: PLC0415 - only needed when no path was given
+
+        p = Path(pyzlog.__file__).parent / "cls" / "libcls_zlog.so"
+        if p.exists():
+            return p
+    except ImportError:
+        pass
+    raise ClusterError("libcls_zlog.so not found: build with `pip install .` or pass --cls-lib")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _owned_pid(pidfile: Path, conf: Path) -> int | None:
+    """The pid in `pidfile` if that process is a Ceph daemon of this cluster."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _pid_alive(pid):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if str(conf).encode() not in cmdline:
+        return None  # pid reused by something that is not ours
+    return pid
+
+
+class Cluster:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory.resolve()
+        self.conf = self.dir / "ceph.conf"
+        self.run_dir = self.dir / "run"
+        self.log_dir = self.dir / "log"
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict | None:
+        try:
+            return json.loads((self.dir / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def daemons(self) -> dict[str, int]:
+        """name -> pid of every live daemon this cluster started."""
+        out: dict[str, int] = {}
+        if not self.run_dir.exists():
+            return out
+        for pidfile in sorted(self.run_dir.glob("*.pid")):
+            pid = _owned_pid(pidfile, self.conf)
+            if pid is not None:
+                out[pidfile.stem] = pid
+        return out
+
+    def ceph(self, *args: str, timeout: float = 30) -> str:
+        return _run(["ceph", "-c", str(self.conf), "--connect-timeout", "15", *args], timeout=timeout)
+
+    # ------------------------------------------------------------------ start
+    def start(self, osds: int = 1, bluestore: bool = False, pool: str = "zlog",
+              cls_lib: Path | None = None, mgr: bool = False, pg_num: int = 16) -> dict:
+        st = self.state()
+        if st and self.daemons():
+            if len(self.daemons()) >= 1 + st["osds"]:
+                return st  # already running: starting twice is safe
+            self.stop()
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        for d in (self.dir, self.run_dir, self.log_dir, self.dir / "classes"):
+            d.mkdir(parents=True, exist_ok=True)
+
+        lib = (cls_lib or _find_cls_lib()).resolve()
+        if not lib.exists():
+            raise ClusterError(f"object class library not found: {lib}")
+        # The OSD loads classes from one directory: ours plus Ceph's own.
+        classes = self.dir / "classes"
+        if SYSTEM_CLASS_DIR.exists():
+            for so in SYSTEM_CLASS_DIR.glob("*.so"):
+                (classes / so.name).symlink_to(so)
+        shutil.copy2(lib, classes / "libcls_zlog.so")
+
+        fsid = str(uuid.uuid4())
+        port = _free_port()
+        size = min(osds, 3)
+        self._write_conf(fsid, port, bluestore, size, min(size, 2) if size >= 3 else 1)
+        keyring = self.dir / "keyring"
+        _run(["ceph-authtool", "--create-keyring", str(keyring), "--gen-key", "-n", "mon.",
+              "--cap", "mon", "allow *"])
+        _run(["ceph-authtool", str(keyring), "--gen-key", "-n", "client.admin",
+              "--cap", "mon", "allow *", "--cap", "osd", "allow *",
+              "--cap", "mgr", "allow *", "--cap", "mds", "allow *"])
+        monmap = self.dir / "monmap"
+        _run(["monmaptool", "--create", "--fsid", fsid, "--addv", "a",
+              f"[v2:127.0.0.1:{port}]", str(monmap)])
+        _run(["ceph-mon", "-c", str(self.conf), "--mkfs", "-i", "a", "--monmap", str(monmap),
+              "--keyring", str(keyring)])
+        _run(["ceph-mon", "-c", str(self.conf), "-i", "a"])
+
+        if mgr:
+            mgr_dir = self.dir / "mgr.x"
+            mgr_dir.mkdir()
+            self.ceph("auth", "get-or-create", "mgr.x", "mon", "allow profile mgr", "osd", "allow *",
+                      "mds", "allow *", "-o", str(mgr_dir / "keyring"))
+            _run(["ceph-mgr", "-c", str(self.conf), "-i", "x"])
+
+        for i in range(osds):
+            self._create_osd(i, bluestore)
+        for i in range(osds):
+            self.start_osd(i)
+
+        self.ceph("osd", "pool", "create", pool, str(pg_num), str(pg_num))
+        self.ceph("osd", "pool", "application", "enable", pool, "zlog")
+        st = {"conf": str(self.conf), "keyring": str(keyring), "pool": pool, "osds": osds,
+              "bluestore": bluestore, "mon_port": port, "fsid": fsid}
+        (self.dir / STATE_FILE).write_text(json.dumps(st, indent=2))
+        self.wait_ready(pool)
+        return st
+
+    def _write_conf(self, fsid: str, port: int, bluestore: bool, size: int, min_size: int) -> None:
+        d = self.dir
+        store = (
+            "osd objectstore = bluestore\nbluestore block create = true\n"
+            "bluestore block size = 4294967296\nbluestore fsck on mount = false\n"
+            "bluestore cache size = 268435456\n"
+            if bluestore else
+            "osd objectstore = memstore\nmemstore device bytes = 4294967296\n"
+        )
+        self.conf.write_text(f"""[global]
+fsid = {fsid}
+mon host = [v2:127.0.0.1:{port}]
+public addr = 127.0.0.1
+ms bind msgr1 = false
+auth cluster required = cephx
+auth service required = cephx
+auth client required = cephx
+keyring = {d}/keyring
+run dir = {d}/run
+admin socket = {d}/run/$name.asok
+pid file = {d}/run/$name.pid
+log file = {d}/log/$name.log
+mon cluster log file = {d}/log/cluster.log
+mon data = {d}/$name
+osd data = {d}/$name
+mgr data = {d}/$name
+mon allow pool size one = true
+mon allow pool delete = true
+mon warn on pool no redundancy = false
+mon warn on insecure global id reclaim allowed = false
+osd pool default size = {size}
+osd pool default min size = {min_size}
+osd pool default pg autoscale mode = off
+osd crush chooseleaf type = 0
+osd class dir = {d}/classes
+osd class load list = *
+osd class default list = *
+{store}osd op num shards = 2
+osd op num threads per shard = 1
+osd memory target = 1073741824
+osd heartbeat grace = 8
+osd heartbeat interval = 2
+mon osd down out interval = 0
+[osd]
+keyring = {d}/$name/keyring
+[mgr]
+keyring = {d}/$name/keyring
+mgr disabled modules = dashboard prometheus restful
+""")
+
+    def _create_osd(self, i: int, bluestore: bool) -> None:
+        osd_uuid = str(uuid.uuid4())
+        got = self.ceph("osd", "new", osd_uuid).strip()
+        if got != str(i):
+            raise ClusterError(f"expected osd.{i}, the mon made osd.{got}")
+        osd_dir = self.dir / f"osd.{i}"
+        osd_dir.mkdir()
+        key = osd_dir / "keyring"
+        _run(["ceph-authtool", "--create-keyring", str(key), "--gen-key", "-n", f"osd.{i}"])
+        self.ceph("auth", "add", f"osd.{i}", "osd", "allow *", "mon", "allow profile osd",
+                  "mgr", "allow profile osd", "-i", str(key))
+        _run(["ceph-osd", "-c", str(self.conf), "-i", str(i), "--mkfs", "--osd-uuid", osd_uuid],
+             timeout=120)
+
+    # ------------------------------------------------------------ OSD control
+    def start_osd(self, i: int) -> None:
+        _run(["ceph-osd", "-c", str(self.conf), "-i", str(i)], timeout=60)
+
+    def stop_osd(self, i: int, sig: int = signal.SIGTERM) -> None:
+        pid = self.daemons().get(f"osd.{i}")
+        if pid is None:
+            raise ClusterError(f"osd.{i} is not running")
+        os.kill(pid, sig)
+        if sig in (signal.SIGSTOP, signal.SIGCONT):
+            return
+        _wait_gone([pid], 30)
+
+    def wait_ready(self, pool: str, timeout: float = 60) -> None:
+        """Until a real write to the pool succeeds: PGs active, OSDs up."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                _run(["rados", "-c", str(self.conf), "-p", pool, "put", "vstart.probe", "/dev/null"],
+                     timeout=10)
+                _run(["rados", "-c", str(self.conf), "-p", pool, "rm", "vstart.probe"], timeout=10)
+                return
+            except ClusterError as e:
+                last = str(e)
+                time.sleep(0.5)
+        raise ClusterError(f"cluster not ready after {timeout:.0f}s: {last}\nlogs: {self.log_dir}")
+
+    # ------------------------------------------------------------------- stop
+    def stop(self) -> list[str]:
+        running = self.daemons()
+        for name, pid in running.items():
+            try:
+                os.kill(pid, signal.SIGCONT)  # a paused daemon cannot handle SIGTERM
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        left = _wait_gone(list(running.values()), 15)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _wait_gone(left, 10)
+        return sorted(running)
+
+    def status(self) -> dict:
+        st = self.state() or {}
+        return {"dir": str(self.dir), "conf": str(self.conf) if st else None,
+                "pool": st.get("pool"), "daemons": self.daemons()}
+
+
+def _wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if _pid_alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if _pid_alive(p)]
+    return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="pyzlog's single-machine Ceph dev cluster")
+    ap.add_argument("--dir", type=Path, default=Path(os.environ.get("ZLOG_VSTART_DIR", DEFAULT_DIR)),
+                    help="cluster directory (default: %(default)s)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start", help="start a cluster (a no-op if it is running)")
+    s.add_argument("--osds", type=int, default=1)
+    s.add_argument("--bluestore", action="store_true", help="file-backed OSDs (survive kill -9)")
+    s.add_argument("--pool", default="zlog")
+    s.add_argument("--cls-lib", type=Path, default=None, help="libcls_zlog.so to load")
+    s.add_argument("--mgr", action="store_true", help="also run a ceph-mgr")
+    sub.add_parser("status", help="show the daemons and config")
+    sub.add_parser("stop", help="stop every daemon this cluster started")
+    for name in ("osd-start", "osd-stop"):
+        o = sub.add_parser(name)
+        o.add_argument("id", type=int)
+        if name == "osd-stop":
+            o.add_argument("--signal", default="TERM", choices=["TERM", "KILL", "STOP", "CONT"])
+    args = ap.parse_args(argv)
+    c = Cluster(args.dir)
+    try:
+        if args.cmd == "start":
+            t0 = time.monotonic()
+            st = c.start(args.osds, args.bluestore, args.pool, args.cls_lib, args.mgr)
+            print(f"cluster up in {time.monotonic() - t0:.1f}s: {len(c.daemons())} daemons")
+            print(f"  ceph.conf: {st['conf']}\n  pool:      {st['pool']}")
+            print(f"  use it:    export CEPH_CONF={st['conf']}")
+        elif args.cmd == "status":
+            st = c.status()
+            print(json.dumps(st, indent=2))
+            return 0 if st["daemons"] else 3
+        elif args.cmd == "stop":
+            stopped = c.stop()
+            print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+        elif args.cmd == "osd-start":
+            c.start_osd(args.id)
+        elif args.cmd == "osd-stop":
+            c.stop_osd(args.id, getattr(signal, "SIG" + args.signal))
+    except ClusterError as e:
+        print(f"vstart: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
