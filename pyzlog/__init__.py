@@ -2,11 +2,13 @@
 from .cluster import connect
 from .errors import (ClassNotLoaded, ClusterUnavailable, EntryTooLarge, EpochChanged, Filled,
                      InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied,
-                     PoolNotFound, PositionError, ReadOnly, StaleEpoch, Trimmed, ZlogError)
+                     PoolNotFound, PositionError, ReadOnly, SequencerUnavailable, StaleEpoch,
+                     Trimmed, ZlogError)
 from .log import Log
+from .sequencer import SequencerClient
 
 __all__ = [
-    "connect", "Log",
+    "connect", "Log", "SequencerClient", "SequencerUnavailable",
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten",

@@ -101,3 +101,7 @@ def from_errno(err: int, what: str, position: int | None = None) -> ZlogError:
     if err in (_errno.EACCES, _errno.EPERM):
         return PermissionDenied(f"{what}: permission denied")
     return ZlogError(f"{what}: {_errno.errorcode.get(err, 'errno')} ({err})")
+
+
+class SequencerUnavailable(ZlogError):
+    """No sequencer answered (not running, unreachable, or timed out)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import random
 import time
 from typing import Any, Callable
@@ -11,16 +12,26 @@ import rados
 
 from . import wire
 from .cluster import open_ioctx
-from .errors import (EntryTooLarge, InvalidRequest, NotWritten, ReadOnly, StaleEpoch, Filled,
-                     Trimmed, ZlogError, from_errno)
+from .errors import (EntryTooLarge, Filled, InvalidRequest, NotWritten, ReadOnly,
+                     SequencerUnavailable, StaleEpoch, Trimmed, ZlogError, from_errno)
 from .layout import META_NAMESPACE, check_name, check_position, data_oid, oid_of, view_objects
 from .metadata import MetaStore
 from .objects import ClassIO, check
+from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
 from .tailfind import find_tail
+
+logger = logging.getLogger("pyzlog")
 
 DEFAULT_WIDTH = 4
 #: how long an operation keeps refreshing its view after StaleEpoch answers
 STALE_RETRY_SECONDS = 30.0
+#: how long an append waits for a sequencer that answers "log initialising"
+#: before it appends by slow tail finding instead
+SEQUENCER_RETRY_SECONDS = 10.0
+#: after the sequencer failed, go back to it no sooner than this
+SEQUENCER_RECHECK_SECONDS = 1.0
+#: an append gives up (and raises) after this long without storing its entry
+APPEND_DEADLINE_SECONDS = 120.0
 
 
 def _check_entry(data: bytes) -> bytes:
@@ -34,28 +45,34 @@ def _check_entry(data: bytes) -> bytes:
 class Log:
     """One log in one pool. Obtain with Log.create or Log.open."""
 
-    def __init__(self, cluster: rados.Rados, pool: str, name: str) -> None:
+    def __init__(self, cluster: rados.Rados, pool: str, name: str,
+                 sequencer: SequencerClient | str | None = None) -> None:
         self.cluster = cluster
         self.pool = pool
         self.name = check_name(name)
         self.data = ClassIO(open_ioctx(cluster, pool))
         self.meta_store = MetaStore(ClassIO(open_ioctx(cluster, pool, META_NAMESPACE)), name)
         self._meta: wire.Meta | None = None
+        self.sequencer = SequencerClient(sequencer) if isinstance(sequencer, str) else sequencer
+        self._seqr_down = False
+        self._seqr_recheck_at = 0.0
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, cluster: rados.Rados, pool: str, name: str, width: int = DEFAULT_WIDTH,
-               config: dict[str, Any] | None = None) -> "Log":
-        if not isinstance(width, int) or not 1 <= width <= wire.MAX_WIDTH:
+               config: dict[str, Any] | None = None,
+               sequencer: SequencerClient | str | None = None) -> "Log":
+        if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= wire.MAX_WIDTH:
             raise InvalidRequest(f"stripe width must be 1..{wire.MAX_WIDTH}, not {width!r}")
-        log = cls(cluster, pool, name)
+        log = cls(cluster, pool, name, sequencer)
         log.meta_store.create(width, config or {})
         log.refresh()
         return log
 
     @classmethod
-    def open(cls, cluster: rados.Rados, pool: str, name: str) -> "Log":
-        log = cls(cluster, pool, name)
+    def open(cls, cluster: rados.Rados, pool: str, name: str,
+             sequencer: SequencerClient | str | None = None) -> "Log":
+        log = cls(cluster, pool, name, sequencer)
         log.refresh()  # LogNotFound if missing
         return log
 
@@ -180,6 +197,69 @@ class Log:
     def seal_and_find_tail(self) -> tuple[int, int]:
         """Slow tail finding: new epoch, seal, max. Returns (epoch, next position)."""
         return find_tail(self)
+
+    # ---------------------------------------------------------------- append
+    def append(self, data: bytes) -> int:
+        """Append one entry and return its position.
+
+        The position comes from the sequencer; without one (or while it is
+        unreachable) from slow tail finding. A stale epoch refreshes the view
+        and takes a new position; so does a position someone else wrote or
+        filled first. Success is reported only for data that is stored."""
+        data = _check_entry(data)
+        deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
+        while time.monotonic() < deadline:
+            pos = self._position_from_sequencer()
+            if pos is None:
+                return self.append_slow(data)
+            epoch = self.epoch
+            ret, _ = self.data.call_raw(self.oid_of(pos), "write", wire.write(epoch, pos, data))
+            if ret == 0:
+                return pos
+            if ret == -errno.ESTALE:
+                if self.refresh().epoch == epoch:
+                    time.sleep(0.005)  # sealed above the log's epoch: a new epoch is being installed
+            elif ret not in (-errno.EROFS, -errno.ENOMSG, -errno.EIDRM):
+                raise from_errno(ret, f"append to {self.name!r}", pos)
+        raise ZlogError(f"append to {self.name!r}: no position could be written in "
+                        f"{APPEND_DEADLINE_SECONDS:.0f}s")
+
+    def _position_from_sequencer(self, count: int = 1) -> int | None:
+        """First of `count` new positions, or None to use slow tail finding."""
+        if self.sequencer is None or time.monotonic() < self._seqr_recheck_at:
+            return None
+        retry_until = time.monotonic() + SEQUENCER_RETRY_SECONDS
+        delay = 0.001
+        while True:
+            try:
+                status, seqr_epoch, pos, _ = self.sequencer.next(self.pool, self.name, self.epoch, count)
+            except SequencerUnavailable as e:
+                if not self._seqr_down:
+                    logger.warning("%s; appending to %r by slow tail finding until it is back", e, self.name)
+                self._seqr_down = True
+                self._seqr_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
+                return None
+            if self._seqr_down:
+                logger.warning("sequencer %s is back; appends to %r use it again",
+                               self.sequencer.address, self.name)
+                self._seqr_down = False
+            if status == OK:
+                return int(pos)
+            if status == STALE_EPOCH:
+                if self.refresh().epoch < seqr_epoch:
+                    time.sleep(0.001)
+                continue
+            if status == RETRY and time.monotonic() < retry_until:
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 0.05)
+                continue
+            if status in (RETRY, RECOVERY_FAILED):
+                logger.warning("sequencer %s cannot serve %r (%s); using slow tail finding",
+                               self.sequencer.address, self.name,
+                               "still initialising" if status == RETRY else "its recovery failed")
+                self._seqr_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
+                return None
+            raise InvalidRequest(f"sequencer {self.sequencer.address} refused the request (status {status})")
 
     def append_slow(self, data: bytes) -> int:
         """Append without a sequencer: try the position after the highest one

@@ -62,7 +62,6 @@ PYBIND11_MODULE(_seqr, m) {
   m.attr("RECOVERY_FAILED") = int(ST_RECOVERY_FAILED);
   m.attr("OP_NEXT") = int(OP_NEXT);
   m.attr("OP_TAIL") = int(OP_TAIL);
-  m.attr("STATUS_NAMES") = py::dict(py::arg("0") = "OK");  // replaced below
   {
     py::dict names;
     names[py::int_(int(ST_OK))] = "OK";

@@ -251,7 +251,17 @@ mgr disabled modules = dashboard prometheus restful
 
     # ------------------------------------------------------------ OSD control
     def start_osd(self, i: int) -> None:
-        _run(["ceph-osd", "-c", str(self.conf), "-i", str(i)], timeout=60)
+        # A just-killed OSD can hold its pid file lock for a moment while the
+        # kernel tears it down: retry that one failure briefly.
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                _run(["ceph-osd", "-c", str(self.conf), "-i", str(i)], timeout=60)
+                return
+            except ClusterError as e:
+                if "failed to lock pidfile" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
 
     def stop_osd(self, i: int, sig: int = signal.SIGTERM) -> None:
         pid = self.daemons().get(f"osd.{i}")

@@ -1,0 +1,241 @@
+"""Sequencer micro-benchmark (no Ceph needed).
+
+``run_seqr_bench()`` starts a ``pyzlog._seqr.Server`` in this process, installs
+one log directly (as the recovery daemon would) and measures, against it:
+
+* ``depth1``       one NEXT at a time on one connection (round-trip latency bound)
+* ``pipelined``    NEXT count=1, ``depth`` requests in flight on one connection
+* ``batched_16``   NEXT count=16, pipelined
+* ``batched_64``   NEXT count=64, pipelined
+* ``processes``    ``processes`` client processes, one connection each, pipelined
+* ``echo_depth1`` / ``echo_pipelined`` / ``echo_processes``: the same load
+  against ``EchoServer`` with the same request frame size, i.e. the network /
+  syscall floor; ``vs_echo`` is the sequencer's request rate divided by it.
+
+Only the standard library and ``pyzlog._seqr`` are used.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+from pyzlog import _seqr
+
+HOST = "127.0.0.1"
+POOL = "bench"
+LOG = "seqr-bench"
+EPOCH = 1
+# u8 op + u64 id + u64 epoch + u32 count + u16 + pool + u16 + log
+FRAME_SIZE = 25 + len(POOL) + len(LOG)
+TARGET_PIPELINED_RPS = 250_000
+TARGET_BATCHED_PPS = 2_000_000
+
+
+def _drive(client: Any, kind: str, count: int, depth: int, duration_s: float) -> dict[str, float]:
+    """Runs pipeline_next / pipeline_echo in chunks for about duration_s."""
+    requests = positions = 0
+    elapsed = 0.0
+    chunk = 2000 if depth > 1 else 200
+    deadline = time.perf_counter() + duration_s
+    while True:
+        if kind == "echo":
+            r = client.pipeline_echo(FRAME_SIZE, chunk, depth)
+            pos = 0
+        else:
+            r = client.pipeline_next(POOL, LOG, EPOCH, count, chunk, depth)
+            if r["ok"] != chunk:
+                raise RuntimeError(f"sequencer answered non-OK during the benchmark: {r}")
+            pos = r["positions"]
+        requests += r["requests"]
+        positions += pos
+        elapsed += r["elapsed_s"]
+        now = time.perf_counter()
+        if now >= deadline:
+            break
+        # aim for ~0.1 s per chunk
+        rate = r["requests"] / max(r["elapsed_s"], 1e-6)
+        chunk = max(100, min(int(rate * 0.1), 5_000_000))
+    return {"requests": requests, "positions": positions, "elapsed_s": elapsed}
+
+
+def _proc_main(port: int, kind: str, count: int, depth: int, duration_s: float,
+               barrier: Any, out: Any) -> None:
+    try:
+        c = _seqr.Client(HOST, port, timeout_s=10.0)
+        # warm up the connection before the synchronised start
+        if kind == "echo":
+            c.pipeline_echo(FRAME_SIZE, 100, depth)
+        else:
+            c.pipeline_next(POOL, LOG, EPOCH, count, 100, depth)
+        barrier.wait(30)
+        t0 = time.perf_counter()
+        r = _drive(c, kind, count, depth, duration_s)
+        r["wall_s"] = time.perf_counter() - t0
+        c.close()
+        out.put(("ok", r))
+    except BaseException as e:  # report instead of hanging the parent
+        out.put(("error", repr(e)))
+
+
+def _multi(port: int, kind: str, count: int, depth: int, duration_s: float,
+           processes: int) -> dict[str, float]:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(processes)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_proc_main,
+                         args=(port, kind, count, depth, duration_s, barrier, out),
+                         daemon=True) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        for _ in procs:
+            status, r = out.get(timeout=duration_s + 60)
+            if status != "ok":
+                raise RuntimeError(f"benchmark client process failed: {r}")
+            results.append(r)
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.terminate()
+    wall = max(r["wall_s"] for r in results)
+    return {
+        "requests": sum(r["requests"] for r in results),
+        "positions": sum(r["positions"] for r in results),
+        "elapsed_s": wall,
+    }
+
+
+def _case(name: str, r: dict[str, float], count: int, depth: int, connections: int) -> dict[str, Any]:
+    el = max(r["elapsed_s"], 1e-9)
+    rps = r["requests"] / el
+    return {
+        "name": name,
+        "count": count,
+        "depth": depth,
+        "connections": connections,
+        "requests": int(r["requests"]),
+        "positions": int(r["positions"]),
+        "elapsed_s": r["elapsed_s"],
+        "requests_per_s": rps,
+        "positions_per_s": r["positions"] / el,
+        "latency_us": (1e6 * depth / rps) if rps else None,
+    }
+
+
+def run_seqr_bench(duration_s: float = 3.0, processes: int = 2, depth: int = 128) -> dict[str, Any]:
+    """Benchmarks the sequencer against the echo floor.
+
+    ``duration_s`` is the measuring time of *each* case (there are 8 cases, so
+    the whole run takes about 8 x duration_s plus process start-up).
+    Returns a dict: ``cases`` (name -> figures: requests_per_s, positions_per_s,
+    latency_us, ...), ``ratios`` (sequencer rate / echo rate for the same load),
+    ``targets`` and the parameters used.
+    """
+    if duration_s <= 0:
+        raise ValueError("duration_s must be > 0")
+    if processes < 1:
+        raise ValueError("processes must be >= 1")
+    srv = _seqr.Server(HOST, 0)
+    echo = _seqr.EchoServer(HOST, 0)
+    cases: dict[str, dict[str, Any]] = {}
+    try:
+        srv.start()
+        echo.start()
+        srv.install(POOL, LOG, EPOCH, 0)
+        c = _seqr.Client(HOST, srv.port, timeout_s=10.0)
+        e = _seqr.Client(HOST, echo.port, timeout_s=10.0)
+        # warm-up
+        c.pipeline_next(POOL, LOG, EPOCH, 1, 20_000, depth)
+        e.pipeline_echo(FRAME_SIZE, 20_000, depth)
+
+        cases["depth1"] = _case("depth1", _drive(c, "next", 1, 1, duration_s), 1, 1, 1)
+        cases["echo_depth1"] = _case("echo_depth1", _drive(e, "echo", 0, 1, duration_s), 0, 1, 1)
+        cases["pipelined"] = _case("pipelined", _drive(c, "next", 1, depth, duration_s), 1, depth, 1)
+        cases["echo_pipelined"] = _case("echo_pipelined", _drive(e, "echo", 0, depth, duration_s),
+                                        0, depth, 1)
+        cases["batched_16"] = _case("batched_16", _drive(c, "next", 16, depth, duration_s),
+                                    16, depth, 1)
+        cases["batched_64"] = _case("batched_64", _drive(c, "next", 64, depth, duration_s),
+                                    64, depth, 1)
+        c.close()
+        e.close()
+        cases["processes"] = _case("processes",
+                                   _multi(srv.port, "next", 1, depth, duration_s, processes),
+                                   1, depth, processes)
+        cases["echo_processes"] = _case("echo_processes",
+                                        _multi(echo.port, "echo", 0, depth, duration_s, processes),
+                                        0, depth, processes)
+        stats = srv.stats()
+        logs = srv.logs()
+    finally:
+        srv.stop()
+        echo.stop()
+
+    # every position handed out exactly once: the counter equals the total
+    handed = sum(cs["positions"] for n, cs in cases.items() if not n.startswith("echo"))
+    next_pos = logs[0]["next"] if logs else 0
+
+    def ratio(a: str, b: str) -> float:
+        return cases[a]["requests_per_s"] / max(cases[b]["requests_per_s"], 1e-9)
+
+    ratios = {
+        "depth1_vs_echo": ratio("depth1", "echo_depth1"),
+        "pipelined_vs_echo": ratio("pipelined", "echo_pipelined"),
+        "batched_16_vs_echo": ratio("batched_16", "echo_pipelined"),
+        "batched_64_vs_echo": ratio("batched_64", "echo_pipelined"),
+        "processes_vs_echo": ratio("processes", "echo_processes"),
+    }
+    for name, base in [("depth1", "echo_depth1"), ("pipelined", "echo_pipelined"),
+                       ("batched_16", "echo_pipelined"), ("batched_64", "echo_pipelined"),
+                       ("processes", "echo_processes")]:
+        cases[name]["vs_echo"] = ratio(name, base)
+    best_pipelined = max(cases["pipelined"]["requests_per_s"], cases["processes"]["requests_per_s"])
+    return {
+        "duration_s": duration_s,
+        "processes": processes,
+        "depth": depth,
+        "frame_size": FRAME_SIZE,
+        "cases": cases,
+        "ratios": ratios,
+        "server_stats": stats,
+        # the benchmark's own consistency check (positions from warm-up included)
+        "positions_consistent": next_pos >= handed,
+        "targets": {
+            "pipelined_requests_per_s": TARGET_PIPELINED_RPS,
+            "batched_positions_per_s": TARGET_BATCHED_PPS,
+            "pipelined_met": cases["pipelined"]["requests_per_s"] >= TARGET_PIPELINED_RPS,
+            "batched_met": cases["batched_64"]["positions_per_s"] >= TARGET_BATCHED_PPS,
+            "best_pipelined_requests_per_s": best_pipelined,
+        },
+    }
+
+
+def format_seqr_bench(result: dict[str, Any]) -> str:
+    """Plain-text table of a run_seqr_bench() result."""
+    lines = [f"{'case':<16}{'conns':>6}{'depth':>7}{'count':>7}{'req/s':>14}{'pos/s':>16}"
+             f"{'lat us':>9}{'vs echo':>9}"]
+    for cs in result["cases"].values():
+        vs = cs.get("vs_echo")
+        lat = cs.get("latency_us")
+        lines.append(
+            f"{cs['name']:<16}{cs['connections']:>6}{cs['depth']:>7}{cs['count']:>7}"
+            f"{cs['requests_per_s']:>14,.0f}{cs['positions_per_s']:>16,.0f}"
+            f"{(f'{lat:.1f}' if lat else '-'):>9}{(f'{vs:.2f}' if vs else '-'):>9}")
+    t = result["targets"]
+    lines.append(f"targets: pipelined >= {t['pipelined_requests_per_s']:,} req/s: "
+                 f"{'met' if t['pipelined_met'] else 'NOT met'}; batched >= "
+                 f"{t['batched_positions_per_s']:,} pos/s: {'met' if t['batched_met'] else 'NOT met'}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import json
+    import sys
+
+    res = run_seqr_bench(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0)
+    print(format_seqr_bench(res))
+    print(json.dumps(res["ratios"], indent=2))

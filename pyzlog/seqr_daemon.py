@@ -1,0 +1,120 @@
+"""zlog-seqr: the sequencer daemon.
+
+The C++ server (pyzlog._seqr) answers position requests from memory. When it
+meets a log it does not serve yet, or a client shows an epoch newer than its
+own (a reconfiguration or another sequencer), it queues a recovery request;
+the threads here take a new epoch from the log's metadata object, seal every
+data object of the newest view, run slow tail finding and install the counter
+at max + 1. Until then that log's clients get RETRY; other logs are served.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import click
+import rados
+
+from . import _seqr
+from .cluster import connect
+from .errors import ZlogError
+from .log import Log
+
+log = logging.getLogger("zlog-seqr")
+
+
+class SequencerDaemon:
+    def __init__(self, cluster: rados.Rados, host: str = "127.0.0.1", port: int = 5678,
+                 recovery_threads: int = 4) -> None:
+        self.cluster = cluster
+        self.server = _seqr.Server(host, port)
+        self._pool = ThreadPoolExecutor(recovery_threads, thread_name_prefix="recovery")
+        self._running: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.server.port)
+
+    def start(self) -> None:
+        self.server.start()
+        self._thread = threading.Thread(target=self._serve_recoveries, name="recovery-queue", daemon=True)
+        self._thread.start()
+        log.info("serving on %s:%d", self.server.host, self.port)
+
+    def _serve_recoveries(self) -> None:
+        while not self._stop.is_set() and self.server.running:
+            for pool, name, client_epoch in self.server.wait_recovery(0.5):
+                key = (pool, name)
+                with self._lock:
+                    if key in self._running:
+                        continue  # the running recovery will install a newer epoch
+                    self._running.add(key)
+                self._pool.submit(self._recover, pool, name, client_epoch)
+
+    def _recover(self, pool: str, name: str, client_epoch: int) -> None:
+        try:
+            lg = Log.open(self.cluster, pool, name)
+            epoch, nxt = lg.seal_and_find_tail()
+            self.server.install(pool, name, epoch, nxt)
+            log.info("log %s/%s: sealed epoch %d, serving from position %d (client was at epoch %d)",
+                     pool, name, epoch, nxt, client_epoch)
+        except ZlogError as e:
+            log.warning("log %s/%s: recovery failed: %s", pool, name, e)
+            self.server.fail(pool, name, str(e))
+        except Exception as e:  # noqa: BLE001 - a bug must not kill the daemon
+            log.exception("log %s/%s: recovery crashed", pool, name)
+            self.server.fail(pool, name, f"internal error: {e}")
+        finally:
+            with self._lock:
+                self._running.discard((pool, name))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.server.stop()
+        if self._thread:
+            self._thread.join(5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        log.info("stopped: %s", self.server.stats())
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to bind; loopback unless you mean to expose it (there is no authentication)")
+@click.option("--port", default=5678, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--conf", envvar="CEPH_CONF", default=None, help="ceph.conf [env: CEPH_CONF]")
+@click.option("--keyring", default=None)
+@click.option("--client", default="client.admin", show_default=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def main(host: str, port: int, conf: str | None, keyring: str | None, client: str, log_level: str) -> None:
+    """Run the zlog sequencer: hands out log positions from memory."""
+    logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    _seqr.set_log_level("debug" if log_level == "debug" else "warning")
+    try:
+        cluster = connect(conf, keyring=keyring, client=client)
+    except ZlogError as e:
+        raise click.ClickException(str(e)) from None
+    daemon = SequencerDaemon(cluster, host, port)
+    try:
+        daemon.start()
+    except OSError as e:
+        cluster.shutdown()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("shutting down")
+    daemon.stop()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()

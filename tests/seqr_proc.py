@@ -1,0 +1,59 @@
+"""Run zlog-seqr as a real subprocess for tests; always killed by its pid."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SeqrProcess:
+    def __init__(self, conf: str, port: int | None = None, log_path: Path | None = None) -> None:
+        self.conf = conf
+        self.port = port or free_port()
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "SeqrProcess":
+        exe = shutil.which("zlog-seqr", path=str(Path(sys.executable).parent)) or "zlog-seqr"
+        self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # type: ignore[assignment]
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--conf", self.conf],
+                                     stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"zlog-seqr exited with {self.proc.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("zlog-seqr did not start listening")
+
+    def kill(self, sig: int = signal.SIGKILL) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        return self.proc.returncode if self.proc else None
+
+    def stop(self) -> int | None:
+        return self.kill(signal.SIGTERM)

@@ -1,0 +1,352 @@
+"""cls_zlog against a pure-Python model of one data object.
+
+A hypothesis state machine drives random sequences of every data method
+(write, write_many, read, fill, trim, trim_to, seal, max_position, read_range)
+at one real object, a fresh one per example, and at the model below, and
+asserts the same return code and the same bytes for every step. Positions are
+0..15 and epochs small so that collisions, trims over data and stale epochs
+are common; request epochs are drawn, not always the sealed one.
+"""
+from __future__ import annotations
+
+import errno
+import uuid
+from dataclasses import dataclass, field
+from typing import Union
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from pyzlog import wire
+from pyzlog.objects import ClassIO
+from pyzlog.wire import EntryState, ObjectStat, RangeEntry, RangeReply
+
+from clsobj import Obj
+
+OK = 0
+STALE = -errno.ESTALE
+WRITTEN = -errno.EROFS
+FILLED = -errno.ENOMSG
+TRIMMED = -errno.EIDRM
+UNWRITTEN = -errno.ENODATA
+EINVAL = -errno.EINVAL
+TOO_BIG = -errno.EFBIG
+NOENT = -errno.ENOENT  # the OSD's answer to a read-only method on a missing object
+
+STATE_ERROR = {EntryState.WRITTEN: WRITTEN, EntryState.FILLED: FILLED, EntryState.TRIMMED: TRIMMED}
+BIG = b"x" * (wire.MAX_ENTRY_BYTES + 1)
+
+
+def errname(ret: int) -> str:
+    """'OK' or the errno name, for hypothesis' statistics (--hypothesis-show-statistics)."""
+    return "OK" if ret == 0 else errno.errorcode.get(-ret, str(ret))
+
+
+# --------------------------------------------------------------------- model
+
+
+@dataclass
+class Model:
+    """What cls_zlog should hold for one data object."""
+
+    exists: bool = False
+    sealed: int = 0
+    trim_below: int = 0  # every position below it is trimmed
+    max_pos: int | None = None  # highest position written or filled
+    entries: dict[int, tuple[EntryState, int, bytes]] = field(default_factory=dict)  # (state, epoch, data)
+
+    def _taken(self, pos: int) -> int | None:
+        """The error for storing at `pos`, or None if it is unwritten."""
+        if pos < self.trim_below:
+            return TRIMMED
+        e = self.entries.get(pos)
+        return None if e is None else STATE_ERROR[e[0]]
+
+    def _note(self, pos: int) -> None:
+        if self.max_pos is None or pos > self.max_pos:
+            self.max_pos = pos
+
+    def write(self, epoch: int, pos: int, data: bytes) -> int:
+        if len(data) > wire.MAX_ENTRY_BYTES:
+            return TOO_BIG
+        if epoch < self.sealed:
+            return STALE
+        err = self._taken(pos)
+        if err is not None:
+            return err
+        self.entries[pos] = (EntryState.WRITTEN, epoch, data)
+        self.exists = True
+        self._note(pos)
+        return OK
+
+    def write_many(self, epoch: int, batch: list[tuple[int, bytes]]) -> int:
+        positions = [p for p, _ in batch]
+        if not batch or len(set(positions)) != len(positions):
+            return EINVAL
+        if any(len(d) > wire.MAX_ENTRY_BYTES for _, d in batch):
+            return TOO_BIG
+        if epoch < self.sealed:
+            return STALE
+        for p in sorted(positions):  # the first taken position, in position order
+            err = self._taken(p)
+            if err is not None:
+                return err
+        for p, d in batch:
+            self.entries[p] = (EntryState.WRITTEN, epoch, d)
+            self._note(p)
+        self.exists = True
+        return OK
+
+    def read(self, epoch: int, pos: int) -> tuple[int, bytes]:
+        if not self.exists:
+            return NOENT, b""
+        if epoch < self.sealed:
+            return STALE, b""
+        if pos < self.trim_below:
+            return TRIMMED, b""
+        e = self.entries.get(pos)
+        if e is None:
+            return UNWRITTEN, b""
+        if e[0] != EntryState.WRITTEN:
+            return STATE_ERROR[e[0]], b""
+        return OK, e[2]
+
+    def fill(self, epoch: int, pos: int) -> int:
+        if epoch < self.sealed:
+            return STALE
+        err = self._taken(pos)
+        if err == FILLED:
+            return OK  # idempotent; the stored epoch stays the first fill's
+        if err is not None:
+            return err
+        self.entries[pos] = (EntryState.FILLED, epoch, b"")
+        self.exists = True
+        self._note(pos)
+        return OK
+
+    def trim(self, epoch: int, pos: int) -> int:
+        if epoch < self.sealed:
+            return STALE
+        self.exists = True
+        if pos >= self.trim_below:
+            self.entries[pos] = (EntryState.TRIMMED, epoch, b"")  # a re-trim stores the new epoch
+        return OK
+
+    def trim_to(self, epoch: int, pos: int) -> int:
+        if epoch < self.sealed:
+            return STALE
+        self.exists = True
+        if pos + 1 > self.trim_below:
+            self.trim_below = pos + 1
+            self.entries = {p: e for p, e in self.entries.items() if p > pos}
+        return OK
+
+    def seal(self, epoch: int) -> int:
+        if epoch <= self.sealed:
+            return STALE
+        self.sealed = epoch
+        self.exists = True
+        return OK
+
+    def max_position(self, epoch: int) -> tuple[int, int | None]:
+        if not self.exists:
+            return NOENT, None
+        if epoch < self.sealed:
+            return STALE, None
+        return OK, self.max_pos
+
+    def read_range(self, epoch: int, first: int, last: int, max_entries: int,
+                   max_bytes: int) -> tuple[int, RangeReply | None]:
+        if not self.exists:
+            return NOENT, None
+        if last < first or max_entries == 0 or max_bytes == 0:
+            return EINVAL, None
+        if epoch < self.sealed:
+            return STALE, None
+        out: list[RangeEntry] = []
+        nbytes = 0
+        nxt = last + 1
+        for p in sorted(self.entries):
+            if p < max(first, self.trim_below) or p > last:
+                continue
+            state, e_epoch, data = self.entries[p]
+            if out and nbytes + len(data) > max_bytes:
+                nxt = p
+                break
+            out.append(RangeEntry(p, state, e_epoch, data))
+            nbytes += len(data)
+            if len(out) == max_entries:
+                nxt = p + 1
+                break
+        return OK, RangeReply(self.trim_below, self.max_pos, nxt, out)
+
+    def stat(self) -> tuple[int, ObjectStat | None]:
+        if not self.exists:
+            return NOENT, None
+        return OK, ObjectStat(self.sealed, self.max_pos, self.trim_below)
+
+
+# ------------------------------------------------------------- strategies
+
+
+@dataclass(frozen=True)
+class AtSealed:
+    """A request epoch relative to the object's sealed epoch (sealed + delta)."""
+
+    delta: int
+
+    def __repr__(self) -> str:
+        return f"sealed+{self.delta}"
+
+
+@dataclass(frozen=True)
+class Held:
+    """A position the object holds an entry for (the i-th, cyclically), so that
+    writes, fills, reads and trims land on written/filled/trimmed positions often."""
+
+    i: int
+
+    def __repr__(self) -> str:
+        return f"held[{self.i}]"
+
+
+Epoch = Union[int, AtSealed]
+Pos = Union[int, Held]
+
+POSITIONS = st.integers(0, 15)
+# Any position, or one that is already written, filled or trimmed.
+TARGETS = st.one_of(POSITIONS, st.builds(Held, st.integers(0, 15)))
+DATA = st.binary(max_size=8)
+# Absolute small epochs (often stale once something is sealed) or the sealed one / next.
+EPOCHS = st.one_of(st.integers(0, 5), st.builds(AtSealed, st.integers(0, 1)))
+SEAL_EPOCHS = st.one_of(st.integers(0, 6), st.builds(AtSealed, st.integers(0, 1)))
+# Now and then an entry over the size limit.
+OVERSIZE = st.integers(0, 11).map(lambda i: i == 0)
+
+
+class ClsZlogMachine(RuleBasedStateMachine):
+    io: ClassIO | None = None  # set by the fixture below
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert self.io is not None, "use the machine_io fixture"
+        self.obj = Obj(self.io, f"m.{uuid.uuid4().hex}")
+        self.model = Model()
+
+    def epoch(self, e: Epoch) -> int:
+        return self.model.sealed + e.delta if isinstance(e, AtSealed) else e
+
+    def pos(self, p: Pos) -> int:
+        if isinstance(p, Held):
+            held = sorted(self.model.entries)
+            return held[p.i % len(held)] if held else p.i
+        return p
+
+    @rule(epoch=EPOCHS, pos=TARGETS, data=DATA, oversize=OVERSIZE)
+    def write(self, epoch: Epoch, pos: Pos, data: bytes, oversize: bool) -> None:
+        e, pos = self.epoch(epoch), self.pos(pos)
+        data = BIG if oversize else data
+        got = self.obj.write(e, pos, data)
+        event(f"write {errname(got)}")
+        assert got == self.model.write(e, pos, data)
+
+    @rule(epoch=EPOCHS, batch=st.lists(st.tuples(POSITIONS, DATA), max_size=4), oversize=OVERSIZE)
+    def write_many(self, epoch: Epoch, batch: list[tuple[int, bytes]], oversize: bool) -> None:
+        e = self.epoch(epoch)
+        if oversize and batch:
+            batch = [(batch[0][0], BIG)] + batch[1:]
+        got = self.obj.write_many(e, batch)
+        event(f"write_many {errname(got)}")
+        assert got == self.model.write_many(e, batch)
+
+    @rule(epoch=EPOCHS, pos=TARGETS)
+    def read(self, epoch: Epoch, pos: Pos) -> None:
+        e, pos = self.epoch(epoch), self.pos(pos)
+        got = self.obj.read(e, pos)
+        event(f"read {errname(got[0])}")
+        assert got == self.model.read(e, pos)
+
+    @rule(epoch=EPOCHS, pos=TARGETS)
+    def fill(self, epoch: Epoch, pos: Pos) -> None:
+        e, pos = self.epoch(epoch), self.pos(pos)
+        got = self.obj.fill(e, pos)
+        event(f"fill {errname(got)}")
+        assert got == self.model.fill(e, pos)
+
+    @rule(epoch=EPOCHS, pos=TARGETS)
+    def trim(self, epoch: Epoch, pos: Pos) -> None:
+        e, pos = self.epoch(epoch), self.pos(pos)
+        got = self.obj.trim(e, pos)
+        event(f"trim {errname(got)}")
+        assert got == self.model.trim(e, pos)
+
+    @rule(epoch=EPOCHS, pos=POSITIONS)
+    def trim_to(self, epoch: Epoch, pos: int) -> None:
+        e = self.epoch(epoch)
+        got = self.obj.trim_to(e, pos)
+        event(f"trim_to {errname(got)}")
+        assert got == self.model.trim_to(e, pos)
+
+    @rule(epoch=SEAL_EPOCHS)
+    def seal(self, epoch: Epoch) -> None:
+        e = self.epoch(epoch)
+        got = self.obj.seal(e)
+        event(f"seal {errname(got)}")
+        assert got == self.model.seal(e)
+
+    @rule(epoch=EPOCHS)
+    def max_position(self, epoch: Epoch) -> None:
+        e = self.epoch(epoch)
+        got = self.obj.max_position(e)
+        event(f"max_position {errname(got[0])}")
+        assert got == self.model.max_position(e)
+
+    @rule(epoch=EPOCHS, first=st.integers(0, 17), span=st.integers(-1, 17) | st.just(wire.MAX_POSITION),
+          max_entries=st.sampled_from([1, 2, 3, 4, 0]), max_bytes=st.sampled_from([8, 1, 4, 16, 64, 0]))
+    def read_range(self, epoch: Epoch, first: int, span: int, max_entries: int, max_bytes: int) -> None:
+        """Walk [first, last] page by page, as a reader would, comparing every page.
+        (span -1 asks for last < first; 0 for max_entries or max_bytes is refused too.)"""
+        e = self.epoch(epoch)
+        last = min(first + span, wire.MAX_POSITION)
+        if last < 0:
+            first, last = 1, 0
+        cur = first
+        for _ in range(64):
+            got = self.obj.read_range(e, cur, last, max_entries, max_bytes)
+            want = self.model.read_range(e, cur, last, max_entries, max_bytes)
+            event(f"read_range {errname(got[0])}" + (" (page)" if cur != first else ""))
+            assert got == want, f"read_range({e}, {cur}, {last}, {max_entries}, {max_bytes})"
+            if got[0] != OK:
+                return
+            reply = got[1]
+            assert reply is not None and reply.next > cur
+            if reply.next > last:
+                return
+            cur = reply.next
+        raise AssertionError("read_range walk did not finish")
+
+    @invariant()
+    def stat_matches(self) -> None:
+        # stat has no epoch check: a cheap view of the header after every step.
+        assert self.obj.stat() == self.model.stat()
+
+
+SETTINGS = settings(
+    max_examples=50,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.fixture
+def machine_io(data_io: ClassIO):  # type: ignore[no-untyped-def]
+    ClsZlogMachine.io = data_io
+    yield data_io
+    ClsZlogMachine.io = None
+
+
+def test_cls_zlog_matches_model(machine_io: ClassIO) -> None:
+    run_state_machine_as_test(ClsZlogMachine, settings=SETTINGS)

@@ -1,0 +1,324 @@
+"""cls_zlog, method by method: every state move and every error code."""
+from __future__ import annotations
+
+import errno
+import threading
+
+import pytest
+
+from pyzlog import wire
+from pyzlog.wire import EntryState
+
+from clsobj import Obj
+
+OK = 0
+STALE = -errno.ESTALE
+WRITTEN = -errno.EROFS
+FILLED = -errno.ENOMSG
+TRIMMED = -errno.EIDRM
+UNWRITTEN = -errno.ENODATA
+EINVAL = -errno.EINVAL
+
+
+@pytest.fixture
+def obj(data_io, oid) -> Obj:  # type: ignore[no-untyped-def]
+    return Obj(data_io, oid)
+
+
+def put_in_state(o: Obj, state: str, pos: int) -> None:
+    o.write(0, pos + 1000, b"anchor")  # the object exists whatever the state
+    if state == "written":
+        assert o.write(0, pos, b"payload") == OK
+    elif state == "filled":
+        assert o.fill(0, pos) == OK
+    elif state == "trimmed":
+        assert o.write(0, pos, b"payload") == OK
+        assert o.trim(0, pos) == OK
+    elif state == "trimmed_to":
+        assert o.write(0, pos, b"payload") == OK
+        assert o.trim_to(0, pos) == OK
+
+
+# state -> (write, read, fill, trim) outcome
+TRANSITIONS = {
+    "unwritten": (OK, UNWRITTEN, OK, OK),
+    "written": (WRITTEN, OK, WRITTEN, OK),
+    "filled": (FILLED, FILLED, OK, OK),
+    "trimmed": (TRIMMED, TRIMMED, TRIMMED, OK),
+    "trimmed_to": (TRIMMED, TRIMMED, TRIMMED, OK),
+}
+
+
+@pytest.mark.parametrize("state", list(TRANSITIONS))
+@pytest.mark.parametrize("op", ["write", "read", "fill", "trim"])
+def test_state_moves(obj: Obj, state: str, op: str) -> None:
+    pos = 7
+    put_in_state(obj, state, pos)
+    expected = TRANSITIONS[state][["write", "read", "fill", "trim"].index(op)]
+    if op == "write":
+        assert obj.write(0, pos, b"second") == expected
+    elif op == "read":
+        ret, data = obj.read(0, pos)
+        assert ret == expected
+        if state == "written":
+            assert data == b"payload"
+    elif op == "fill":
+        assert obj.fill(0, pos) == expected
+    else:
+        assert obj.trim(0, pos) == expected
+
+    # the state after the move is what the table implies
+    after = {"unwritten": {"write": "written", "fill": "filled", "trim": "trimmed"},
+             "written": {"trim": "trimmed"}, "filled": {"trim": "trimmed"}}.get(state, {}).get(op, state)
+    want_read = {"unwritten": UNWRITTEN, "written": OK, "filled": FILLED,
+                 "trimmed": TRIMMED, "trimmed_to": TRIMMED}[after]
+    ret, data = obj.read(0, pos)
+    assert ret == want_read
+    if after == "written":
+        assert data == (b"second" if state == "unwritten" else b"payload")
+
+
+def test_read_of_missing_object_is_enoent(obj: Obj) -> None:
+    # The OSD answers ENOENT before the class runs; the client maps it to NotWritten.
+    assert obj.read(0, 3)[0] == -errno.ENOENT
+
+
+def test_write_keeps_first_data_and_epoch(obj: Obj) -> None:
+    assert obj.write(3, 10, b"first") == OK
+    assert obj.write(3, 10, b"other") == WRITTEN
+    ret, rr = obj.read_range(3, 0, 100)
+    assert ret == OK and rr is not None
+    assert [(e.position, e.state, e.epoch, e.data) for e in rr.entries] == \
+        [(10, EntryState.WRITTEN, 3, b"first")]
+
+
+def test_empty_entry_is_allowed(obj: Obj) -> None:
+    assert obj.write(0, 1, b"") == OK
+    assert obj.read(0, 1) == (OK, b"")
+
+
+def test_entry_size_limit(obj: Obj) -> None:
+    assert obj.write(0, 1, b"x" * wire.MAX_ENTRY_BYTES) == OK
+    assert obj.write(0, 2, b"x" * (wire.MAX_ENTRY_BYTES + 1)) == -errno.EFBIG
+    assert obj.read(0, 2)[0] == UNWRITTEN
+    assert obj.read(0, 1) == (OK, b"x" * wire.MAX_ENTRY_BYTES)
+
+
+# ------------------------------------------------------------------ seal
+
+
+def test_seal_rules(obj: Obj) -> None:
+    assert obj.seal(0) == STALE  # not above the initial epoch 0
+    assert obj.seal(5) == OK
+    assert obj.seal(5) == STALE
+    assert obj.seal(4) == STALE
+    assert obj.stat()[1] == wire.ObjectStat(5, None, 0)
+    # every method refuses an epoch below the sealed one
+    assert obj.write(4, 1, b"a") == STALE
+    assert obj.read(4, 1)[0] == STALE
+    assert obj.fill(4, 1) == STALE
+    assert obj.trim(4, 1) == STALE
+    assert obj.trim_to(4, 1) == STALE
+    assert obj.max_position(4)[0] == STALE
+    assert obj.read_range(4, 0, 10)[0] == STALE
+    assert obj.write_many(4, [(1, b"a")]) == STALE
+    # the sealed epoch and later ones are accepted
+    assert obj.write(5, 1, b"a") == OK
+    assert obj.write(9, 2, b"b") == OK
+    assert obj.seal(6) == OK
+    assert obj.read(5, 1)[0] == STALE
+    assert obj.read(6, 1) == (OK, b"a")
+
+
+def test_seal_creates_object(obj: Obj) -> None:
+    assert obj.stat()[0] == -errno.ENOENT
+    assert obj.seal(1) == OK
+    assert obj.stat() == (OK, wire.ObjectStat(1, None, 0))
+
+
+# ----------------------------------------------------------- max_position
+
+
+def test_max_position(obj: Obj) -> None:
+    assert obj.seal(1) == OK
+    assert obj.max_position(1) == (OK, None)
+    assert obj.write(1, 10, b"a") == OK
+    assert obj.max_position(1) == (OK, 10)
+    assert obj.write(1, 5, b"a") == OK
+    assert obj.max_position(1) == (OK, 10)
+    assert obj.fill(1, 20) == OK
+    assert obj.max_position(1) == (OK, 20)
+    assert obj.trim(1, 30) == OK  # trimming does not write or fill
+    assert obj.max_position(1) == (OK, 20)
+    assert obj.max_position(2) == (OK, 20)  # a later epoch may ask too
+
+
+# ---------------------------------------------------------------- trim_to
+
+
+def test_trim_to(obj: Obj) -> None:
+    for p in range(0, 20, 2):
+        assert obj.write(0, p, b"d%d" % p) == OK
+    assert obj.trim_to(0, 9) == OK
+    for p in range(0, 10):
+        assert obj.read(0, p)[0] == TRIMMED
+        assert obj.write(0, p, b"x") == TRIMMED
+        assert obj.fill(0, p) == TRIMMED
+    assert obj.read(0, 10) == (OK, b"d10")
+    assert obj.read(0, 11)[0] == UNWRITTEN
+    assert obj.stat()[1] == wire.ObjectStat(0, 18, 10)
+    assert obj.trim_to(0, 4) == OK  # lower watermark: no-op
+    assert obj.stat()[1] == wire.ObjectStat(0, 18, 10)
+    ret, rr = obj.read_range(0, 0, 30)
+    assert rr is not None and rr.trim_below == 10
+    assert [e.position for e in rr.entries] == [10, 12, 14, 16, 18]
+    assert obj.trim_to(0, wire.MAX_POSITION + 1) == EINVAL
+
+
+# -------------------------------------------------------------- write_many
+
+
+def test_write_many(obj: Obj) -> None:
+    entries = [(p, b"v%d" % p) for p in range(0, 40, 4)]
+    assert obj.write_many(0, entries) == OK
+    for p, d in entries:
+        assert obj.read(0, p) == (OK, d)
+    assert obj.max_position(0) == (OK, 36)
+
+
+def test_write_many_is_all_or_nothing(obj: Obj) -> None:
+    assert obj.write(0, 8, b"taken") == OK
+    assert obj.fill(0, 9) == OK
+    assert obj.write_many(0, [(4, b"a"), (8, b"b"), (12, b"c")]) == WRITTEN
+    assert obj.write_many(0, [(4, b"a"), (9, b"b")]) == FILLED
+    assert obj.read(0, 4)[0] == UNWRITTEN
+    assert obj.read(0, 12)[0] == UNWRITTEN
+    assert obj.read(0, 8) == (OK, b"taken")
+
+
+def test_write_many_bad_batches(obj: Obj) -> None:
+    assert obj.write_many(0, []) == EINVAL
+    assert obj.write_many(0, [(1, b"a"), (1, b"b")]) == EINVAL
+    assert obj.write_many(0, [(p, b"") for p in range(wire.MAX_BATCH_ENTRIES + 1)]) == EINVAL
+    assert obj.write_many(0, [(1, b"a"), (2, b"x" * (wire.MAX_ENTRY_BYTES + 1))]) == -errno.EFBIG
+    assert obj.read(0, 1)[0] == -errno.ENOENT  # nothing was written, not even the object
+
+
+# -------------------------------------------------------------- read_range
+
+
+def test_read_range_states_and_budgets(obj: Obj) -> None:
+    for p in range(0, 30, 3):
+        assert obj.write(0, p, b"x" * 100) == OK
+    assert obj.fill(0, 31) == OK
+    assert obj.trim(0, 3) == OK
+    ret, rr = obj.read_range(0, 0, 40)
+    assert ret == OK and rr is not None
+    assert rr.next == 41 and rr.max_position == 31 and rr.trim_below == 0
+    states = {e.position: e.state for e in rr.entries}
+    assert states[0] == EntryState.WRITTEN and states[3] == EntryState.TRIMMED
+    assert states[31] == EntryState.FILLED and len(states) == 11
+    # count budget: resumes right after the last entry returned
+    ret, rr = obj.read_range(0, 0, 40, max_entries=4)
+    assert rr is not None and [e.position for e in rr.entries] == [0, 3, 6, 9] and rr.next == 10
+    # byte budget: at least one entry, then stop before going over
+    ret, rr = obj.read_range(0, 0, 40, max_bytes=250)
+    # (3 is trimmed: no bytes) 0 + 3 + 6 = 200 bytes; 9 would make 300
+    assert rr is not None and [e.position for e in rr.entries] == [0, 3, 6] and rr.next == 9
+    ret, rr = obj.read_range(0, 1, 1, max_bytes=1)
+    assert rr is not None and rr.entries == [] and rr.next == 2
+    # a sub-range
+    ret, rr = obj.read_range(0, 10, 20)
+    assert rr is not None and [e.position for e in rr.entries] == [12, 15, 18] and rr.next == 21
+
+
+def test_read_range_walks_whole_object(obj: Obj) -> None:
+    want = {p: b"%d" % p for p in range(0, 3000, 3)}
+    batch = list(want.items())
+    for i in range(0, len(batch), 500):
+        assert obj.write_many(0, batch[i:i + 500]) == OK
+    got: dict[int, bytes] = {}
+    first = 0
+    while first <= 3000:
+        ret, rr = obj.read_range(0, first, 3000, max_entries=128)
+        assert ret == OK and rr is not None
+        got.update({e.position: e.data for e in rr.entries})
+        first = rr.next
+    assert got == want
+
+
+def test_read_range_bad_arguments(obj: Obj) -> None:
+    obj.write(0, 1, b"a")
+    assert obj.read_range(0, 10, 5)[0] == EINVAL
+    assert obj.read_range(0, 0, 5, max_entries=0)[0] == EINVAL
+    assert obj.read_range(0, 0, 5, max_entries=wire.MAX_RANGE_ENTRIES + 1)[0] == EINVAL
+    assert obj.read_range(0, 0, 5, max_bytes=0)[0] == EINVAL
+
+
+def test_unknown_method(obj: Obj) -> None:
+    assert obj.call("no_such_method")[0] == -errno.EOPNOTSUPP
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def meta(data_io, oid: str):  # type: ignore[no-untyped-def]
+    return Obj(data_io, oid)
+
+
+def test_meta_create_get(data_io, oid) -> None:  # type: ignore[no-untyped-def]
+    m = Obj(data_io, oid)
+    assert m.call("meta_get")[0] == -errno.ENOENT
+    assert m.call("meta_create", wire.meta_create(4, b'{"a":1}'))[0] == OK
+    assert m.call("meta_create", wire.meta_create(2, b""))[0] == -errno.EEXIST
+    ret, out = m.call("meta_get")
+    assert wire.parse_meta(out) == wire.Meta(1, b'{"a":1}', (wire.View(1, 0, 4),))
+    assert m.call("meta_create", wire.meta_create(0, b""))[0] == EINVAL
+    assert Obj(data_io, oid + "x").call("meta_create", wire.meta_create(wire.MAX_WIDTH + 1, b""))[0] == EINVAL
+
+
+def test_meta_epoch_cas(data_io, oid) -> None:  # type: ignore[no-untyped-def]
+    m = Obj(data_io, oid)
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(1, 2))[0] == -errno.ENOENT
+    m.call("meta_create", wire.meta_create(1, b""))
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(1, 2))[0] == OK
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(1, 3))[0] == -errno.ECANCELED
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(2, 2))[0] == EINVAL
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(2, 7))[0] == OK
+    assert wire.parse_meta(m.call("meta_get")[1]).epoch == 7
+
+
+def test_meta_propose_view(data_io, oid) -> None:  # type: ignore[no-untyped-def]
+    m = Obj(data_io, oid)
+    m.call("meta_create", wire.meta_create(2, b""))
+    assert m.call("meta_propose_view", wire.meta_propose_view(1, 2, 100, 8))[0] == OK
+    assert m.call("meta_propose_view", wire.meta_propose_view(1, 3, 200, 8))[0] == -errno.ECANCELED
+    assert m.call("meta_propose_view", wire.meta_propose_view(2, 3, 50, 8))[0] == EINVAL  # start moves back
+    assert m.call("meta_propose_view", wire.meta_propose_view(2, 3, 200, 0))[0] == EINVAL
+    got = wire.parse_meta(m.call("meta_get")[1])
+    assert got.epoch == 2 and got.views == (wire.View(1, 0, 2), wire.View(2, 100, 8))
+
+
+def test_meta_two_proposers_one_wins(data_io, oid) -> None:  # type: ignore[no-untyped-def]
+    m = Obj(data_io, oid)
+    m.call("meta_create", wire.meta_create(2, b""))
+    for round_ in range(10):
+        expected = wire.parse_meta(m.call("meta_get")[1]).epoch
+        results: dict[int, int] = {}
+        barrier = threading.Barrier(2)
+
+        def propose(width: int) -> None:
+            barrier.wait()
+            results[width] = m.call("meta_propose_view",
+                                    wire.meta_propose_view(expected, expected + 1, 1000 * (round_ + 1), width))[0]
+
+        ts = [threading.Thread(target=propose, args=(w,)) for w in (3, 5)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert sorted(results.values()) == [-errno.ECANCELED, OK]
+        winner = next(w for w, r in results.items() if r == OK)
+        got = wire.parse_meta(m.call("meta_get")[1])
+        assert got.epoch == expected + 1 and got.views[-1] == wire.View(expected + 1, 1000 * (round_ + 1), winner)
+        assert len(got.views) == round_ + 2

@@ -1,0 +1,250 @@
+"""The Python core: logs, typed errors, slow tail finding, concurrent writers."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import pyzlog
+from pyzlog import Log, wire
+from pyzlog.objects import ClassIO
+
+
+@pytest.fixture
+def log(rados_cluster, ceph, log_name):  # type: ignore[no-untyped-def]
+    return Log.create(rados_cluster, ceph.pool, log_name, width=3)
+
+
+def test_create_open_list(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    created = Log.create(rados_cluster, ceph.pool, log_name, width=5, config={"x": 1})
+    assert created.views == (wire.View(1, 0, 5),) and created.config == {"x": 1}
+    with pytest.raises(pyzlog.LogExists):
+        Log.create(rados_cluster, ceph.pool, log_name)
+    opened = Log.open(rados_cluster, ceph.pool, log_name)
+    assert opened.meta == created.meta
+    assert log_name in Log.list(rados_cluster, ceph.pool)
+    with pytest.raises(pyzlog.LogNotFound, match="does not exist"):
+        Log.open(rados_cluster, ceph.pool, log_name + "-missing")
+    with pytest.raises(pyzlog.PoolNotFound, match="no-such-pool"):
+        Log.open(rados_cluster, "no-such-pool", log_name)
+
+
+@pytest.mark.parametrize("name", ["", "-lead", "a/b", "x" * 201, "sp ace", "ünï"])
+def test_bad_names(rados_cluster, ceph, name: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(pyzlog.InvalidRequest, match="bad log name"):
+        Log.create(rados_cluster, ceph.pool, name)
+
+
+@pytest.mark.parametrize("width", [0, -1, wire.MAX_WIDTH + 1, 2.5])
+def test_bad_width(rados_cluster, ceph, log_name, width) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(pyzlog.InvalidRequest, match="stripe width"):
+        Log.create(rados_cluster, ceph.pool, log_name, width=width)
+    with pytest.raises(pyzlog.LogNotFound):
+        Log.open(rados_cluster, ceph.pool, log_name)
+
+
+def test_position_operations(log: Log) -> None:
+    log.write(4, b"four")
+    assert log.read(4) == b"four"
+    with pytest.raises(pyzlog.ReadOnly) as ei:
+        log.write(4, b"again")
+    assert ei.value.position == 4
+    with pytest.raises(pyzlog.NotWritten):
+        log.read(5)
+    with pytest.raises(pyzlog.NotWritten):
+        log.read(10**12)  # an object that was never created
+    log.fill(5)
+    with pytest.raises(pyzlog.Filled):
+        log.read(5)
+    with pytest.raises(pyzlog.Filled):
+        log.write(5, b"late")
+    log.trim(4)
+    with pytest.raises(pyzlog.Trimmed):
+        log.read(4)
+
+
+def test_trim_to_covers_every_object(log: Log) -> None:
+    for p in range(12):
+        log.write(p, b"%d" % p)
+    log.trim_to(7)
+    for p in range(8):
+        with pytest.raises(pyzlog.Trimmed):
+            log.read(p)
+    assert [log.read(p) for p in range(8, 12)] == [b"8", b"9", b"10", b"11"]
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, wire.MAX_POSITION + 1, "3", 1.0, True])
+def test_bad_positions(log: Log, bad) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(pyzlog.InvalidRequest, match="bad position"):
+        log.read(bad)
+    with pytest.raises(pyzlog.InvalidRequest, match="bad position"):
+        log.write(bad, b"x")
+
+
+def test_entry_limits(log: Log) -> None:
+    with pytest.raises(pyzlog.EntryTooLarge):
+        log.write(1, b"x" * (wire.MAX_ENTRY_BYTES + 1))
+    with pytest.raises(pyzlog.InvalidRequest, match="bytes"):
+        log.write(1, "text")  # type: ignore[arg-type]
+    with pytest.raises(pyzlog.NotWritten):
+        log.read(1)
+    log.write(1, b"")
+    assert log.read(1) == b""
+
+
+# ------------------------------------------------------------ tail finding
+
+
+def test_slow_tail_finding(log: Log) -> None:
+    assert log.seal_and_find_tail() == (2, 0)  # empty log
+    for p in (0, 1, 7, 20):
+        log.write(p, b"x")
+    log.fill(31)
+    epoch, nxt = log.seal_and_find_tail()
+    assert (epoch, nxt) == (3, 32)
+    assert log.epoch == 3
+    # every object of the view is sealed at the new epoch: old-epoch writes are refused
+    for i in range(3):
+        obj_stat = log.data.call(f"zlog.{log.name}.1.{i}", "stat", b"", 64)
+        assert wire.parse_stat(obj_stat).sealed_epoch == 3
+    stale = log.data.call_raw(log.oid_of(40), "write", wire.write(2, 40, b"old"))[0]
+    assert isinstance(pyzlog.errors.from_errno(stale, "write"), pyzlog.StaleEpoch)
+    # a client holding the old epoch refreshes by itself and succeeds
+    other = Log.open(log.cluster, log.pool, log.name)
+    other._meta = wire.Meta(2, other.meta.config, other.views)
+    other.write(41, b"fresh")
+    assert other.epoch == 3 and log.read(41) == b"fresh"
+
+
+def test_tail_finding_uses_aio_only(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects are contacted concurrently: no blocking per-object call."""
+    def blocking(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("slow tail finding made a blocking per-object call")
+
+    log.write(3, b"x")
+    real_call_raw = ClassIO.call_raw
+    monkeypatch.setattr(ClassIO, "call_raw", blocking)
+    seen: list[str] = []
+    real_async = ClassIO.call_async
+
+    def counting(self, oid, method, payload=b"", out_len=256):  # type: ignore[no-untyped-def]
+        seen.append(method)
+        return real_async(self, oid, method, payload, out_len)
+
+    monkeypatch.setattr(ClassIO, "call_async", counting)
+    # the metadata object itself is still read with a plain call
+    monkeypatch.setattr(log.meta_store.io, "call_raw", real_call_raw.__get__(log.meta_store.io), raising=False)
+    epoch, nxt = log.seal_and_find_tail()
+    assert nxt == 4
+    assert seen.count("seal") == 3 and seen.count("max_position") == 3
+
+
+def test_concurrent_tail_finders(log: Log) -> None:
+    for p in range(10):
+        log.write(p, b"x")
+    results: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            mine = Log.open(log.cluster, log.pool, log.name)
+            for _ in range(5):
+                results.append(mine.seal_and_find_tail())
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=run) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    epochs = [e for e, _ in results]
+    assert len(set(epochs)) == len(epochs) == 20  # every finder got its own epoch
+    assert {n for _, n in results} == {10}
+    assert log.refresh().epoch == max(epochs)
+
+
+def test_append_slow(log: Log) -> None:
+    positions = [log.append_slow(b"e%d" % i) for i in range(30)]
+    assert positions == list(range(30))
+    log.fill(40)
+    assert log.append_slow(b"after the fill") == 41
+
+
+# ------------------------------------------------- concurrency across processes
+
+
+def _writer(conf: str, pool: str, name: str, wid: int, positions: list[int], q) -> None:  # type: ignore[no-untyped-def]
+    cluster = pyzlog.connect(conf)
+    log = Log.open(cluster, pool, name)
+    won = []
+    for p in positions:
+        try:
+            log.write(p, b"writer-%d-pos-%d" % (wid, p))
+            won.append(p)
+        except pyzlog.ReadOnly:
+            pass
+    reads = {p: log.read(p) for p in positions}
+    q.put((wid, won, reads))
+    cluster.shutdown()
+
+
+def test_processes_race_for_positions(log: Log, ceph) -> None:  # type: ignore[no-untyped-def]
+    positions = list(range(150))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(ceph.conf, ceph.pool, log.name, w, positions, q))
+             for w in range(4)]
+    for p in procs:
+        p.start()
+    out = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    winners: dict[int, int] = {}
+    for wid, won, _ in out:
+        for p in won:
+            assert p not in winners, f"position {p} won twice"
+            winners[p] = wid
+    assert sorted(winners) == positions  # exactly one winner for each
+    for _, _, reads in out:  # every reader saw the winner's bytes
+        assert reads == {p: b"writer-%d-pos-%d" % (winners[p], p) for p in positions}
+
+
+# ------------------------------------------------------ cluster-level errors
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cluster_down_times_out(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    conf = tmp_path / "ceph.conf"
+    keyring = Path(ceph.conf).parent / "keyring"
+    shutil.copy(keyring, tmp_path / "keyring")
+    conf.write_text(f"[global]\nmon host = [v2:127.0.0.1:{_free_port()}]\n"
+                    f"keyring = {tmp_path}/keyring\nauth client required = cephx\n")
+    t0 = time.monotonic()
+    with pytest.raises(pyzlog.ClusterUnavailable, match="cannot reach"):
+        pyzlog.connect(conf, connect_timeout=3)
+    assert time.monotonic() - t0 < 30  # a timeout, not a hang
+
+
+def test_missing_conf() -> None:
+    with pytest.raises(pyzlog.ClusterUnavailable, match="ceph.conf not found"):
+        pyzlog.connect("/nonexistent/ceph.conf")
+
+
+def test_client_without_key_is_refused(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "keyring"
+    bad.write_text("[client.admin]\n\tkey = AQBm2mNkAAAAABAAmm0o6wxI3Qx0A2UhC0W0Ag==\n")
+    with pytest.raises((pyzlog.PermissionDenied, pyzlog.ClusterUnavailable)):
+        pyzlog.connect(ceph.conf, keyring=str(bad), connect_timeout=5)
