@@ -5,10 +5,11 @@ from .errors import (ClassNotLoaded, ClusterUnavailable, EntryTooLarge, EpochCha
                      PoolNotFound, PositionError, ReadOnly, SequencerUnavailable, StaleEpoch,
                      Trimmed, ZlogError)
 from .log import Log
+from .reader import Record, RecordKind
 from .sequencer import SequencerClient
 
 __all__ = [
-    "connect", "Log", "SequencerClient", "SequencerUnavailable",
+    "connect", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten",

@@ -6,19 +6,24 @@ import json
 import logging
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
 
 import rados
 
 from . import wire
 from .cluster import open_ioctx
-from .errors import (EntryTooLarge, Filled, InvalidRequest, NotWritten, ReadOnly,
+from .errors import (EntryTooLarge, EpochChanged, Filled, InvalidRequest, NotWritten, ReadOnly,
                      SequencerUnavailable, StaleEpoch, Trimmed, ZlogError, from_errno)
 from .layout import META_NAMESPACE, check_name, check_position, data_oid, oid_of, view_objects
+from .aio import DEFAULT_MAX_IN_FLIGHT, AsyncOps
+from .codec import check_codec, codec_for
 from .metadata import MetaStore
 from .objects import ClassIO, check
 from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
-from .tailfind import find_tail
+from .reader import HOLE_WAIT_SECONDS, Record, Stream, check_stream_args
+from .tailfind import find_tail, highest_sealed, seal_objects
 
 logger = logging.getLogger("pyzlog")
 
@@ -42,11 +47,25 @@ def _check_entry(data: bytes) -> bytes:
     return bytes(data)
 
 
+def _batches(items: list[tuple[int, bytes]], max_bytes: int = 8 << 20) -> list[list[tuple[int, bytes]]]:
+    """Split (position, data) pairs into write_many calls within the class's limits."""
+    out: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for item in items:
+        if out[-1] and (len(out[-1]) >= wire.MAX_BATCH_ENTRIES or size + len(item[1]) > max_bytes):
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += len(item[1])
+    return out
+
+
 class Log:
     """One log in one pool. Obtain with Log.create or Log.open."""
 
     def __init__(self, cluster: rados.Rados, pool: str, name: str,
-                 sequencer: SequencerClient | str | None = None) -> None:
+                 sequencer: SequencerClient | str | None = None,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
         self.cluster = cluster
         self.pool = pool
         self.name = check_name(name)
@@ -56,23 +75,32 @@ class Log:
         self.sequencer = SequencerClient(sequencer) if isinstance(sequencer, str) else sequencer
         self._seqr_down = False
         self._seqr_recheck_at = 0.0
+        self._slow_next = 0  # next position slow tail finding will try
+        self._async = AsyncOps(self, max_in_flight)
+        self.encode, self.decode = codec_for({})
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
     def create(cls, cluster: rados.Rados, pool: str, name: str, width: int = DEFAULT_WIDTH,
                config: dict[str, Any] | None = None,
-               sequencer: SequencerClient | str | None = None) -> "Log":
-        if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= wire.MAX_WIDTH:
-            raise InvalidRequest(f"stripe width must be 1..{wire.MAX_WIDTH}, not {width!r}")
-        log = cls(cluster, pool, name, sequencer)
-        log.meta_store.create(width, config or {})
+               sequencer: SequencerClient | str | None = None, *, compression: str = "none",
+               max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> "Log":
+        """A new log striped over `width` objects; LogExists if the name is taken.
+        `compression` ("none" or "zstd") is recorded in the log's metadata."""
+        _check_width(width)
+        config = dict(config or {})
+        config.setdefault("compression", check_codec(compression))
+        codec_for(config)  # refuse an unknown codec before creating anything
+        log = cls(cluster, pool, name, sequencer, max_in_flight)
+        log.meta_store.create(width, config)
         log.refresh()
         return log
 
     @classmethod
     def open(cls, cluster: rados.Rados, pool: str, name: str,
-             sequencer: SequencerClient | str | None = None) -> "Log":
-        log = cls(cluster, pool, name, sequencer)
+             sequencer: SequencerClient | str | None = None,
+             max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> "Log":
+        log = cls(cluster, pool, name, sequencer, max_in_flight)
         log.refresh()  # LogNotFound if missing
         return log
 
@@ -82,8 +110,11 @@ class Log:
 
     # ------------------------------------------------------------- metadata
     def refresh(self) -> wire.Meta:
-        self._meta = self.meta_store.get()
-        return self._meta
+        meta = self.meta_store.get()
+        if self._meta is None or meta.config != self._meta.config:
+            self.encode, self.decode = codec_for(json.loads(meta.config) if meta.config else {})
+        self._meta = meta
+        return meta
 
     @property
     def meta(self) -> wire.Meta:
@@ -134,13 +165,13 @@ class Log:
 
     def write(self, position: int, data: bytes) -> None:
         """Store `data` at `position` (write-once). Most users want append()."""
-        data = _check_entry(data)
-        self._call("write", position, lambda e: wire.write(e, position, data))
+        stored = self._stored(data)
+        self._call("write", position, lambda e: wire.write(e, position, stored))
 
     def read(self, position: int) -> bytes:
         """The entry at `position`; NotWritten, Filled or Trimmed otherwise."""
-        return self._call("read", position, lambda e: wire.epoch_position(e, position),
-                          wire.MAX_ENTRY_BYTES + 64)
+        return self.decode(self._call("read", position, lambda e: wire.epoch_position(e, position),
+                                      wire.MAX_ENTRY_BYTES + 64))
 
     def fill(self, position: int) -> None:
         """Mark an unwritten position as junk so the log can move past it."""
@@ -194,6 +225,25 @@ class Log:
         start = self.views[-1].start
         return start if top is None else max(start, top + 1)
 
+    def tail(self) -> int:
+        """The next position an append would get (the sequencer's counter, or
+        without a sequencer the position after the highest one stored)."""
+        if self.sequencer is not None and time.monotonic() >= self._seqr_recheck_at:
+            try:
+                for _ in range(1000):
+                    status, seqr_epoch, pos, _ = self.sequencer.tail(self.pool, self.name, self.epoch)
+                    if status == OK:
+                        return int(pos)
+                    if status == STALE_EPOCH:
+                        self.refresh()
+                    elif status == RETRY:
+                        time.sleep(0.01)
+                    else:
+                        break
+            except SequencerUnavailable:
+                pass
+        return self.next_position_hint()
+
     def seal_and_find_tail(self) -> tuple[int, int]:
         """Slow tail finding: new epoch, seal, max. Returns (epoch, next position)."""
         return find_tail(self)
@@ -206,14 +256,12 @@ class Log:
         unreachable) from slow tail finding. A stale epoch refreshes the view
         and takes a new position; so does a position someone else wrote or
         filled first. Success is reported only for data that is stored."""
-        data = _check_entry(data)
+        stored = self._stored(data)
         deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
         while time.monotonic() < deadline:
-            pos = self._position_from_sequencer()
-            if pos is None:
-                return self.append_slow(data)
+            pos = self.take_positions(1)
             epoch = self.epoch
-            ret, _ = self.data.call_raw(self.oid_of(pos), "write", wire.write(epoch, pos, data))
+            ret, _ = self.data.call_raw(self.oid_of(pos), "write", wire.write(epoch, pos, stored))
             if ret == 0:
                 return pos
             if ret == -errno.ESTALE:
@@ -261,18 +309,152 @@ class Log:
                 return None
             raise InvalidRequest(f"sequencer {self.sequencer.address} refused the request (status {status})")
 
+    def take_positions(self, count: int) -> int:
+        """First of `count` fresh positions: from the sequencer, or without one
+        from slow tail finding (the position after the highest one stored; a
+        write that finds it taken just asks again)."""
+        pos = self._position_from_sequencer(count)
+        if pos is not None:
+            return pos
+        first = max(self._slow_next, self.next_position_hint())
+        self._slow_next = first + count
+        return first
+
+    def _stored(self, data: bytes) -> bytes:
+        """The bytes stored for `data`: checked, encoded, within the size limit."""
+        stored = self.encode(_check_entry(data))
+        if len(stored) > wire.MAX_ENTRY_BYTES:
+            raise EntryTooLarge(f"encoded entry of {len(stored)} bytes is over the limit of {wire.MAX_ENTRY_BYTES}")
+        return stored
+
+    def append_many(self, entries: list[bytes]) -> list[int]:
+        """Append entries with one sequencer request and one write_many call
+        per object. Positions are increasing in entry order unless a write is
+        refused (a position filled or taken meanwhile): that entry is appended
+        again at a later position. Returns the position of each entry."""
+        todo = [(i, self._stored(d)) for i, d in enumerate(entries)]
+        positions: list[int] = [-1] * len(todo)
+        deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
+        while todo:
+            if time.monotonic() > deadline:
+                raise ZlogError(f"append_many to {self.name!r}: {len(todo)} entries not stored in time")
+            first = self.take_positions(len(todo))
+            epoch = self.epoch
+            by_oid: dict[str, list[tuple[int, bytes]]] = {}
+            owner: dict[int, int] = {}
+            for k, (i, stored) in enumerate(todo):
+                pos = first + k
+                owner[pos] = i
+                by_oid.setdefault(self.oid_of(pos), []).append((pos, stored))
+            calls = [(oid, batch, self.data.call_async(oid, "write_many", wire.write_many(epoch, batch)))
+                     for oid, items in by_oid.items() for batch in _batches(items)]
+            retry: list[tuple[int, bytes]] = []
+            stale = False
+            for oid, batch, fut in calls:
+                ret = fut.result()[0]
+                if ret == 0:
+                    for pos, _ in batch:
+                        positions[owner[pos]] = pos
+                elif ret == -errno.ESTALE:
+                    stale = True
+                    retry.extend((owner[pos], d) for pos, d in batch)
+                elif ret in (-errno.EROFS, -errno.ENOMSG, -errno.EIDRM):
+                    # all or nothing refused: store what can be stored one by one
+                    for pos, d in batch:
+                        r, _ = self.data.call_raw(oid, "write", wire.write(epoch, pos, d))
+                        if r == 0:
+                            positions[owner[pos]] = pos
+                        elif r in (-errno.ESTALE, -errno.EROFS, -errno.ENOMSG, -errno.EIDRM):
+                            stale = stale or r == -errno.ESTALE
+                            retry.append((owner[pos], d))
+                        else:
+                            raise from_errno(r, f"append_many to {self.name!r}", pos)
+                else:
+                    check(ret, "write_many", oid)
+            if stale:
+                self.refresh()
+            todo = sorted(retry)
+        return positions
+
     def append_slow(self, data: bytes) -> int:
-        """Append without a sequencer: try the position after the highest one
-        stored and move on when another writer got there first (CORFU's slow
-        path: correct under any contention, but a round of max_position each)."""
-        data = _check_entry(data)
+        """Append by slow tail finding, without asking any sequencer."""
+        stored = self._stored(data)
         pos = self.next_position_hint()
         while True:
-            try:
-                self.write(pos, data)
+            ret, _ = self.data.call_raw(self.oid_of(pos), "write", wire.write(self.epoch, pos, stored))
+            if ret == 0:
                 return pos
-            except (ReadOnly, Filled, Trimmed):
-                pos = max(pos + 1, self.next_position_hint())
+            if ret == -errno.ESTALE:
+                self.refresh()
+            elif ret not in (-errno.EROFS, -errno.ENOMSG, -errno.EIDRM):
+                raise from_errno(ret, f"append to {self.name!r}", pos)
+            pos = max(pos + 1, self.next_position_hint())
+
+    # ----------------------------------------------------------------- async
+    def append_async(self, data: bytes) -> Future[int]:
+        """Append without waiting: a Future of the position. Blocks only while
+        max_in_flight operations are outstanding."""
+        return self._async.append(self._stored(data))
+
+    def read_async(self, position: int) -> Future[bytes]:
+        check_position(position)
+        return self._async.read(position)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for every async operation to finish."""
+        self._async.flush(timeout)
+
+    def close(self) -> None:
+        self._async.close()
+        if self.sequencer is not None:
+            self.sequencer.close()
+
+    def __enter__(self) -> "Log":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- stream
+    def stream(self, start: int = 0, end: int | None = None, *, follow: bool = False,
+               hole_wait: float = HOLE_WAIT_SECONDS) -> Iterator[Record]:
+        """Records for positions start, start+1, ... in order: DATA, or a gap
+        (FILLED, TRIMMED, or LOST for a hole this reader filled after waiting
+        `hole_wait` seconds for its writer). Stops before `end`, or at the tail
+        unless `follow` is set, in which case it waits for new entries."""
+        check_stream_args(start, end)
+        return Stream(self, start, end, follow=follow, hole_wait=hole_wait, decode=self.decode)
+
+    # -------------------------------------------------------- reconfiguration
+    def reconfigure(self, width: int) -> wire.View:
+        """Stripe new positions over `width` objects: seal the newest view at a
+        new epoch, find its tail, and install a view starting after it. Old
+        positions stay where they were written; other clients refresh when
+        their old epoch is refused."""
+        _check_width(width)
+        delay = 0.005
+        for _ in range(50):
+            meta = self.refresh()
+            view = meta.views[-1]
+            oids = view_objects(self.name, view)
+            epoch = max(meta.epoch, highest_sealed(self.data, oids)) + 1
+            try:
+                top = seal_objects(self.data, oids, epoch)
+                start = view.start if top is None else max(view.start, top + 1)
+                self.meta_store.propose_view(meta.epoch, epoch, start, width)
+            except (StaleEpoch, EpochChanged):
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 0.5)
+                continue
+            self.refresh()
+            logger.info("log %r: view %d from position %d over %d objects", self.name, epoch, start, width)
+            return self.views[-1]
+        raise ZlogError(f"reconfigure {self.name!r}: the epoch kept changing under us")
+
+
+def _check_width(width: int) -> None:
+    if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= wire.MAX_WIDTH:
+        raise InvalidRequest(f"stripe width must be 1..{wire.MAX_WIDTH}, not {width!r}")
 
 
 def data_objects(log: Log) -> list[str]:

@@ -1,0 +1,256 @@
+"""Streaming reads: positions in order, gaps as typed records, holes filled.
+
+A stream walks the log one view at a time. For each data object of the view
+an ObjectCursor keeps a window of that object's entries, fetched with the
+class's read_range (one call returns up to `per_call` entries) and refilled
+ahead of the reader with aio, so a stream costs one OSD round trip per
+`per_call` entries per object, not one per entry.
+
+A position below the tail that is still unwritten is a hole: the writer that
+took the number is slow or dead. The reader waits up to `hole_wait` seconds
+for it, then fills it, and reports it as LOST so the log moves on.
+"""
+from __future__ import annotations
+
+import errno
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from . import wire
+from .errors import Filled, InvalidRequest, ReadOnly, Trimmed, from_errno
+from .layout import check_position, data_oid, view_end, view_of
+
+if TYPE_CHECKING:
+    from .log import Log
+
+#: default seconds a reader waits on an unwritten position below the tail
+HOLE_WAIT_SECONDS = 2.0
+#: entries asked of one object per read_range call
+PER_CALL = 512
+#: byte budget of one read_range reply
+CALL_BYTES = 4 << 20
+#: follow mode: longest pause between polls of an idle tail
+MAX_POLL_SECONDS = 0.25
+
+
+class RecordKind(str, Enum):
+    DATA = "data"        # an entry
+    FILLED = "filled"    # junk, filled by some client: never data
+    TRIMMED = "trimmed"  # reclaimed: the data is gone
+    LOST = "lost"        # a hole this reader filled after waiting: its writer never wrote
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    position: int
+    kind: RecordKind
+    data: bytes | None
+    epoch: int  # epoch of the request that stored it (0 if unknown, e.g. trimmed)
+
+
+class ObjectCursor:
+    """One data object's entries in [first, last], fetched ahead with aio."""
+
+    def __init__(self, log: "Log", oid: str, first: int, last: int, stride: int,
+                 per_call: int = PER_CALL, call_bytes: int = CALL_BYTES) -> None:
+        self.log = log
+        self.oid = oid
+        self.last = last
+        self.per_call = per_call
+        self.call_bytes = call_bytes
+        self.known_upto = first  # every position of this object < known_upto is accounted for
+        self.entries: deque[wire.RangeEntry] = deque()
+        self.trim_below = 0
+        self.max_position: int | None = None
+        self._pending: Future[tuple[int, bytes]] | None = None
+        self._pending_from = first
+        self._pending_epoch = 0
+        self._stride = stride  # the object holds every stride-th position
+
+    def _issue(self) -> None:
+        if self._pending is None and self.known_upto <= self.last:
+            first = self.known_upto
+            last = min(self.last, first + self._stride * self.per_call - 1)
+            self._pending_from = first
+            self._pending_epoch = self.log.epoch
+            self._pending = self.log.data.call_async(
+                self.oid, "read_range",
+                wire.read_range(self.log.epoch, first, last, self.per_call, self.call_bytes),
+                wire.range_reply_size(self.per_call, self.call_bytes))
+
+    def _wait(self) -> None:
+        self._issue()
+        assert self._pending is not None
+        fut, self._pending = self._pending, None
+        ret, out = fut.result()
+        if ret == -errno.ESTALE:
+            if self.log.refresh().epoch == self._pending_epoch:
+                time.sleep(0.005)  # a new epoch is being installed
+            return  # the caller loops and re-issues at the new epoch
+        if ret == -errno.ENOENT:  # object never created: nothing stored in the range
+            self.known_upto = min(self.last, self._pending_from + self._stride * self.per_call - 1) + 1
+            return
+        if ret < 0:
+            raise from_errno(ret, f"read_range on {self.oid}")
+        reply = wire.parse_range_reply(out)
+        self.trim_below = max(self.trim_below, reply.trim_below)
+        if reply.max_position is not None:
+            self.max_position = max(self.max_position or 0, reply.max_position)
+        self.entries.extend(e for e in reply.entries if e.position >= self.known_upto)
+        self.known_upto = max(self.known_upto, reply.next)
+
+    def lookup(self, position: int) -> wire.RangeEntry | None:
+        """The entry stored at `position`, a TRIMMED stand-in under the trim
+        watermark, or None when it is unwritten (as of the last fetch).
+        Positions must be asked in increasing order."""
+        while self.known_upto <= position:
+            self._wait()
+        while self.entries and self.entries[0].position < position:
+            self.entries.popleft()
+        if len(self.entries) < self.per_call // 4:
+            self._issue()  # read ahead while the caller works through this window
+        if self.entries and self.entries[0].position == position:
+            return self.entries.popleft()
+        if position < self.trim_below:
+            return wire.RangeEntry(position, wire.EntryState.TRIMMED, 0, b"")
+        return None
+
+    def forget_from(self, position: int) -> None:
+        """Drop what is known from `position` on, so it is read again."""
+        self._pending = None  # a late reply would be about the old state
+        self.known_upto = min(self.known_upto, position)
+        while self.entries and self.entries[-1].position >= position:
+            self.entries.pop()
+
+
+class Stream:
+    """Iterator over positions [start, end) of a log; see Log.stream."""
+
+    def __init__(self, log: "Log", start: int = 0, end: int | None = None, *, follow: bool = False,
+                 hole_wait: float = HOLE_WAIT_SECONDS, per_call: int = PER_CALL,
+                 decode: Callable[[bytes], bytes] | None = None, stride_index: int | None = None,
+                 known_tail: int | None = None) -> None:
+        self.log = log
+        self.position = start
+        self.end = end
+        self.follow = follow
+        self.hole_wait = hole_wait
+        self.per_call = per_call
+        self.decode = decode or (lambda b: b)
+        self.stride_index = stride_index  # only the positions of one object (Spark partitions)
+        self.known_tail = known_tail  # the caller knows every position below this was handed out
+        self._view: wire.View | None = None
+        self._view_end: int | None = None
+        self._cursors: list[ObjectCursor] = []
+        self._views: tuple[wire.View, ...] | None = None
+        self._hole_since: dict[int, float] = {}
+        self._idle_since: float | None = None
+
+    def __iter__(self) -> Iterator[Record]:
+        return self
+
+    # ----------------------------------------------------------- view segments
+    def _enter_view(self) -> None:
+        views = self._views = self.log.views
+        view = view_of(views, self.position)
+        self._view = view
+        self._view_end = view_end(views, view)
+        last = (self._view_end - 1) if self._view_end is not None else wire.MAX_POSITION
+        if self.end is not None:
+            last = min(last, self.end - 1)
+        self._cursors = []
+        for i in range(view.width):
+            self._cursors.append(ObjectCursor(self.log, data_oid(self.log.name, view, i), self.position,
+                                              last, view.width, self.per_call))
+        if self.stride_index is not None:
+            off = (self.stride_index - self.position) % view.width
+            self.position += off
+
+    def _below_tail(self, position: int) -> bool:
+        """Has some later position been written or filled (so this one was handed out)?"""
+        if self._view_end is not None:
+            return True  # a later view exists: everything in this one is below the tail
+        if self.known_tail is not None and position < self.known_tail:
+            return True
+        tops = [c.max_position for c in self._cursors if c.max_position is not None]
+        return bool(tops) and max(tops) > position
+
+    def _advance(self) -> None:
+        step = self._view.width if (self.stride_index is not None and self._view) else 1
+        self.position += step
+
+    def __next__(self) -> Record:
+        while True:
+            if self.end is not None and self.position >= self.end:
+                raise StopIteration
+            if self._views is not self.log.views and self._view is not None:
+                # the view history changed (reconfiguration): the current view may end now
+                self._views = self.log.views
+                self._view_end = view_end(self._views, self._view)
+            if self._view is None or (self._view_end is not None and self.position >= self._view_end):
+                self._enter_view()
+                continue
+            cursor = self._cursors[self.position % self._view.width]
+            entry = cursor.lookup(self.position)
+            rec = self._record(entry) if entry is not None else self._unwritten(cursor)
+            if rec is not None:
+                self._hole_since.pop(self.position, None)
+                self._idle_since = None
+                self._advance()
+                return rec
+
+    def _record(self, e: wire.RangeEntry) -> Record:
+        if e.state == wire.EntryState.WRITTEN:
+            return Record(e.position, RecordKind.DATA, self.decode(e.data), e.epoch)
+        kind = RecordKind.FILLED if e.state == wire.EntryState.FILLED else RecordKind.TRIMMED
+        return Record(e.position, kind, None, e.epoch)
+
+    def _unwritten(self, cursor: ObjectCursor) -> Record | None:
+        """An unwritten position: a hole to wait on and then fill, or the tail.
+        None means "look again"."""
+        pos = self.position
+        if not self._below_tail(pos):
+            if not self.follow:
+                raise StopIteration  # reached the tail
+            self._wait_at_tail(pos)
+            return None
+        now = time.monotonic()
+        since = self._hole_since.setdefault(pos, now)
+        if now - since < self.hole_wait:
+            time.sleep(min(0.01 + (now - since) / 4, 0.2, self.hole_wait - (now - since)))
+            cursor.forget_from(pos)
+            return None
+        try:
+            self.log.fill(pos)
+            return Record(pos, RecordKind.LOST, None, self.log.epoch)
+        except Filled:
+            return Record(pos, RecordKind.FILLED, None, 0)
+        except Trimmed:
+            return Record(pos, RecordKind.TRIMMED, None, 0)
+        except ReadOnly:
+            cursor.forget_from(pos)  # written at the last moment: read it
+            return None
+
+    def _wait_at_tail(self, pos: int) -> None:
+        """Follow mode: sleep with backoff, then re-read every object from `pos`
+        (a write anywhere ahead reveals `pos` as a hole) and the view history."""
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        time.sleep(min(0.002 * 2 ** min((now - self._idle_since) * 10, 7), MAX_POLL_SECONDS))
+        for c in self._cursors:
+            c.forget_from(pos)
+        self.log.refresh()
+
+
+def check_stream_args(start: int, end: int | None) -> None:
+    check_position(start)
+    if end is not None:
+        check_position(end)
+        if end < start:
+            raise InvalidRequest(f"bad range: end {end} is before start {start}")

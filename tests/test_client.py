@@ -1,0 +1,219 @@
+"""The client API end to end: appends (sync, batched, async), reads, streams
+with every gap kind, reconfiguration under load, sequencer failover, zstd."""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import pyzlog
+from pyzlog import Log, RecordKind, wire
+
+from seqr_proc import SeqrProcess
+
+
+@pytest.fixture(scope="module")
+def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
+    p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
+    yield p
+    p.kill()
+
+
+@pytest.fixture(params=["sequencer", "no-sequencer"])
+def log(request, rados_cluster, ceph, log_name, seqr):  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=3,
+                    sequencer=seqr.address if request.param == "sequencer" else None)
+    yield lg
+    lg.close()
+
+
+def test_append_read_tail(log: Log) -> None:
+    assert log.tail() == 0
+    positions = [log.append(b"entry-%d" % i) for i in range(50)]
+    assert positions == list(range(50))
+    assert [log.read(p) for p in positions] == [b"entry-%d" % i for i in range(50)]
+    assert log.tail() == 50
+
+
+def test_append_many(log: Log) -> None:
+    positions = log.append_many([b"b%d" % i for i in range(300)])
+    assert positions == list(range(300))
+    assert all(log.read(p) == b"b%d" % i for i, p in enumerate(positions))
+
+
+def test_append_many_moves_past_taken_positions(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    log.fill(3)  # the slow path will try 0.. and find 3 taken
+    log._slow_next = 0
+    log.max_position = lambda: None  # type: ignore[method-assign]  # force positions 0..5 to be tried
+    positions = log.append_many([b"x%d" % i for i in range(6)])
+    assert len(set(positions)) == 6 and 3 not in positions
+    assert all(log.read(p) == b"x%d" % i for i, p in enumerate(positions))
+
+
+def test_async_hundreds_in_flight(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=4, sequencer=seqr.address, max_in_flight=256)
+    futs = [log.append_async(b"a%d" % i) for i in range(2000)]
+    positions = [f.result(timeout=60) for f in futs]
+    assert sorted(positions) == list(range(2000))
+    reads = [log.read_async(p) for p in positions]
+    assert [f.result(timeout=60) for f in reads] == [b"a%d" % i for i in range(2000)]
+    with pytest.raises(pyzlog.NotWritten):
+        log.read_async(5000).result(timeout=10)
+    log.flush(timeout=10)
+    log.close()
+
+
+def test_stream_reports_every_gap_kind(log: Log) -> None:
+    for p in range(12):
+        if p not in (4, 7, 9):
+            log.write(p, b"d%d" % p)
+    log.fill(4)
+    log.trim(7)
+    # 9 stays unwritten below the tail: a hole the reader fills after the wait
+    t0 = time.monotonic()
+    recs = list(log.stream(0, hole_wait=0.3))
+    assert time.monotonic() - t0 >= 0.3
+    assert [r.position for r in recs] == list(range(12))
+    kinds = {r.position: r.kind for r in recs}
+    assert kinds[4] == RecordKind.FILLED and kinds[7] == RecordKind.TRIMMED and kinds[9] == RecordKind.LOST
+    assert all(r.data == b"d%d" % r.position for r in recs if r.kind == RecordKind.DATA)
+    with pytest.raises(pyzlog.Filled):  # the reader filled the hole for good
+        log.read(9)
+    assert [r.kind for r in log.stream(9, 10)] == [RecordKind.FILLED]
+    log.trim_to(5)
+    assert [r.kind for r in log.stream(0, 6)] == [RecordKind.TRIMMED] * 6
+
+
+def test_stream_a_long_range_in_order(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=5)
+    n = 5000
+    log.append_many([b"%06d" % i for i in range(n)])
+    recs = list(log.stream(0))
+    assert [r.position for r in recs] == list(range(n))
+    assert [r.data for r in recs] == [b"%06d" % i for i in range(n)]
+    assert [r.position for r in log.stream(1234, 1240)] == list(range(1234, 1240))
+
+
+def test_follow_sees_new_entries_and_holes(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+    got: list[pyzlog.Record] = []
+
+    def follow() -> None:
+        for rec in Log.open(rados_cluster, ceph.pool, log_name).stream(0, follow=True, hole_wait=0.3):
+            got.append(rec)
+            if len(got) == 6:
+                return
+
+    t = threading.Thread(target=follow)
+    t.start()
+    time.sleep(0.3)
+    for i in range(3):
+        log.append(b"f%d" % i)
+    hole = log.take_positions(1)  # a writer takes a number and dies
+    log.append(b"after-hole")
+    log.append(b"last")
+    t.join(30)
+    assert not t.is_alive()
+    assert [r.position for r in got] == list(range(6))
+    assert got[hole].kind == RecordKind.LOST
+    assert [r.data for r in got if r.kind == RecordKind.DATA] == [b"f0", b"f1", b"f2", b"after-hole", b"last"]
+
+
+def test_reconfigure_while_appending(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    acked: dict[int, bytes] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[Exception] = []
+
+    def appender(wid: int) -> None:
+        lg = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+        k = 0
+        while not stop.is_set():
+            data = b"w%d-%d" % (wid, k)
+            try:
+                pos = lg.append(data)
+            except pyzlog.ZlogError as e:
+                errors.append(e)
+                return
+            with lock:
+                assert pos not in acked
+                acked[pos] = data
+            k += 1
+
+    ts = [threading.Thread(target=appender, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    admin = Log.open(rados_cluster, ceph.pool, log_name)
+    for width in (4, 1, 3):
+        time.sleep(0.5)
+        view = admin.reconfigure(width)
+        assert view.width == width
+    time.sleep(0.5)
+    stop.set()
+    for t in ts:
+        t.join(60)
+    assert not errors
+    views = admin.refresh().views
+    assert [v.width for v in views] == [2, 4, 1, 3]
+    assert all(views[i].start <= views[i + 1].start for i in range(len(views) - 1))
+    assert max(acked) >= views[-1].start  # appends went on in the newest view
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    assert all(reader.read(p) == d for p, d in acked.items())
+    streamed = {r.position: r.data for r in reader.stream(0, hole_wait=0.2) if r.kind == RecordKind.DATA}
+    assert streamed == acked
+
+
+def test_sequencer_down_and_back(rados_cluster, ceph, log_name, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    s = SeqrProcess(ceph.conf, log_path=tmp_path / "s.log").start()
+    try:
+        log = Log.create(rados_cluster, ceph.pool, log_name, sequencer=s.address)
+        first = [log.append(b"a%d" % i) for i in range(20)]
+        s.kill(signal.SIGKILL)
+        with caplog.at_level("WARNING", logger="pyzlog"):
+            during = [log.append(b"b%d" % i) for i in range(20)]
+        assert "slow tail finding" in caplog.text
+        s.start()
+        time.sleep(1.2)  # clients look for the sequencer again after a second
+        after = [log.append(b"c%d" % i) for i in range(20)]
+        assert not log._seqr_down
+        allpos = first + during + after
+        assert len(set(allpos)) == 60
+        assert [log.read(p) for p in allpos] == [b"%s%d" % (c, i) for c in (b"a", b"b", b"c") for i in range(20)]
+    finally:
+        s.kill()
+
+
+def test_zstd_compression(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    log = Log.create(rados_cluster, ceph.pool, log_name, compression="zstd")
+    payload = b"compressible " * 500
+    pos = log.append(payload)
+    assert log.read(pos) == payload
+    stored = log.data.call(log.oid_of(pos), "read", wire.epoch_position(log.epoch, pos), 1 << 20)
+    assert len(stored) < len(payload) // 10
+    # a reader that was not told about compression decodes by itself
+    other = Log.open(rados_cluster, ceph.pool, log_name)
+    assert other.config["compression"] == "zstd"
+    assert [r.data for r in other.stream(0)] == [payload]
+    assert other.read_async(pos).result(10) == payload
+    with pytest.raises(pyzlog.InvalidRequest, match="unknown compression"):
+        Log.create(rados_cluster, ceph.pool, log_name + "x", compression="lz5")
+
+
+def test_bad_arguments(log: Log) -> None:
+    with pytest.raises(pyzlog.InvalidRequest, match="bad range"):
+        log.stream(10, 5)
+    with pytest.raises(pyzlog.InvalidRequest, match="bad position"):
+        log.stream(-1)
+    with pytest.raises(pyzlog.InvalidRequest):
+        log.append("not bytes")  # type: ignore[arg-type]
+    with pytest.raises(pyzlog.EntryTooLarge):
+        log.append_async(b"x" * (wire.MAX_ENTRY_BYTES + 1))
+    with pytest.raises(pyzlog.InvalidRequest, match="stripe width"):
+        log.reconfigure(0)
+    with pytest.raises(pyzlog.InvalidRequest, match="sequencer address"):
+        Log.open(log.cluster, log.pool, log.name, sequencer="nohostport")
