@@ -46,6 +46,10 @@ constexpr int ERR_TOO_BIG = EFBIG;       // entry over the size limit
 constexpr int ERR_CAS_LOST = ECANCELED;  // metadata changed under a proposer
 
 constexpr uint64_t kMaxEntryBytes = ZLOG_MAX_ENTRY_BYTES;
+// Positions and epochs stop one short of 2^64 - 1, so that "max + 1" (the next
+// position, the next epoch) and read_range's "last + 1" never overflow.
+constexpr uint64_t kMaxPosition = UINT64_MAX - 1;
+constexpr uint64_t kMaxEpoch = UINT64_MAX - 1;
 constexpr uint32_t kMaxBatchEntries = 1024;
 constexpr uint32_t kMaxRangeEntries = 4096;
 constexpr uint32_t kMaxRangeBytes = 16u << 20;
@@ -187,7 +191,7 @@ int zlog_write(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   uint64_t pos = d.u64();
   uint32_t len = d.u32();
   const char* data = d.bytes(len);
-  if (!d.done()) return -EINVAL;
+  if (!d.done() || pos > kMaxPosition) return -EINVAL;
   if (len > kMaxEntryBytes) return -ERR_TOO_BIG;
 
   DataHeader h;
@@ -230,7 +234,7 @@ int zlog_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
     uint64_t pos = d.u64();
     uint32_t len = d.u32();
     const char* data = d.bytes(len);
-    if (!d.ok()) return -EINVAL;
+    if (!d.ok() || pos > kMaxPosition) return -EINVAL;
     if (len > kMaxEntryBytes) too_big = true;
     auto ins = vals.emplace(pos_key(pos), make_entry(WRITTEN, epoch, data, len));
     if (!ins.second) return -EINVAL;  // the same position twice
@@ -271,7 +275,7 @@ int zlog_read(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
   Decoder d(in->c_str(), in->length());
   uint64_t epoch = d.u64();
   uint64_t pos = d.u64();
-  if (!d.done()) return -EINVAL;
+  if (!d.done() || pos > kMaxPosition) return -EINVAL;
 
   DataHeader h;
   bool exists;
@@ -296,7 +300,7 @@ int zlog_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t epoch = d.u64();
   uint64_t pos = d.u64();
-  if (!d.done()) return -EINVAL;
+  if (!d.done() || pos > kMaxPosition) return -EINVAL;
 
   DataHeader h;
   bool exists;
@@ -328,7 +332,7 @@ int zlog_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t epoch = d.u64();
   uint64_t pos = d.u64();
-  if (!d.done()) return -EINVAL;
+  if (!d.done() || pos > kMaxPosition) return -EINVAL;
 
   DataHeader h;
   bool exists;
@@ -349,7 +353,7 @@ int zlog_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t epoch = d.u64();
   uint64_t pos = d.u64();
-  if (!d.done()) return -EINVAL;
+  if (!d.done() || pos > kMaxPosition) return -EINVAL;
   if (pos == UINT64_MAX) return -EINVAL;  // the watermark is pos + 1
 
   DataHeader h;
@@ -370,7 +374,7 @@ int zlog_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
 int zlog_seal(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t epoch = d.u64();
-  if (!d.done()) return -EINVAL;
+  if (!d.done() || epoch > kMaxEpoch) return -EINVAL;
 
   DataHeader h;
   bool exists;
@@ -409,7 +413,7 @@ int zlog_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out) 
   uint64_t last = d.u64();
   uint32_t max_entries = d.u32();
   uint32_t max_bytes = d.u32();
-  if (!d.done() || last < first || last == UINT64_MAX || max_entries == 0 || max_entries > kMaxRangeEntries ||
+  if (!d.done() || last < first || last > kMaxPosition || max_entries == 0 || max_entries > kMaxRangeEntries ||
       max_bytes == 0 || max_bytes > kMaxRangeBytes)
     return -EINVAL;
 
@@ -582,7 +586,7 @@ int zlog_meta_new_epoch(cls_method_context_t hctx, bufferlist* in, bufferlist*) 
   Decoder d(in->c_str(), in->length());
   uint64_t expected = d.u64();
   uint64_t next = d.u64();
-  if (!d.done() || next <= expected) return -EINVAL;
+  if (!d.done() || next <= expected || next > kMaxEpoch) return -EINVAL;
   Meta m;
   int r = load_meta(hctx, &m);
   if (r < 0) return r;
@@ -600,7 +604,9 @@ int zlog_meta_propose_view(cls_method_context_t hctx, bufferlist* in, bufferlist
   uint64_t next = d.u64();
   uint64_t start = d.u64();
   uint32_t width = d.u32();
-  if (!d.done() || next <= expected || width == 0 || width > kMaxWidth) return -EINVAL;
+  if (!d.done() || next <= expected || next > kMaxEpoch || start > kMaxPosition || width == 0 ||
+      width > kMaxWidth)
+    return -EINVAL;
   Meta m;
   int r = load_meta(hctx, &m);
   if (r < 0) return r;

@@ -306,17 +306,26 @@ class ClsZlogMachine(RuleBasedStateMachine):
     @rule(epoch=EPOCHS, first=st.integers(0, 17), span=st.integers(-1, 17) | st.just(wire.MAX_POSITION),
           max_entries=st.sampled_from([1, 2, 3, 4, 0]), max_bytes=st.sampled_from([8, 1, 4, 16, 64, 0]))
     def read_range(self, epoch: Epoch, first: int, span: int, max_entries: int, max_bytes: int) -> None:
-        """Walk [first, last] page by page, as a reader would, comparing every page.
-        (span -1 asks for last < first; 0 for max_entries or max_bytes is refused too.)"""
-        e = self.epoch(epoch)
+        """Any range and budget (span -1 asks for last < first; a 0 budget is refused too)."""
         last = min(first + span, wire.MAX_POSITION)
         if last < 0:
             first, last = 1, 0
+        self.walk(self.epoch(epoch), first, last, max_entries, max_bytes)
+
+    @rule(delta=st.integers(0, 1), first=st.integers(0, 4), max_entries=st.integers(1, 3),
+          max_bytes=st.integers(1, 12))
+    def read_range_paged(self, delta: int, first: int, max_entries: int, max_bytes: int) -> None:
+        """A valid epoch and tight budgets: exercises the paging edges (byte budget met
+        exactly, the first entry over budget, count budget)."""
+        self.walk(self.model.sealed + delta, first, 20, max_entries, max_bytes)
+
+    def walk(self, e: int, first: int, last: int, max_entries: int, max_bytes: int) -> None:
+        """Walk [first, last] page by page, as a reader would, comparing every page."""
         cur = first
         for _ in range(64):
             got = self.obj.read_range(e, cur, last, max_entries, max_bytes)
             want = self.model.read_range(e, cur, last, max_entries, max_bytes)
-            event(f"read_range {errname(got[0])}" + (" (page)" if cur != first else ""))
+            event(f"read_range {errname(got[0])}" + (" (later page)" if cur != first else ""))
             assert got == want, f"read_range({e}, {cur}, {last}, {max_entries}, {max_bytes})"
             if got[0] != OK:
                 return
@@ -328,9 +337,13 @@ class ClsZlogMachine(RuleBasedStateMachine):
         raise AssertionError("read_range walk did not finish")
 
     @invariant()
-    def stat_matches(self) -> None:
-        # stat has no epoch check: a cheap view of the header after every step.
+    def object_matches(self) -> None:
+        """After every step, the whole object: its header (stat has no epoch check) and
+        every entry with its state, epoch and data (a read_range at the highest epoch)."""
         assert self.obj.stat() == self.model.stat()
+        top = (1 << 64) - 1  # never below the sealed epoch
+        got = self.obj.read_range(top, 0, wire.MAX_POSITION, wire.MAX_RANGE_ENTRIES, 1 << 16)
+        assert got == self.model.read_range(top, 0, wire.MAX_POSITION, wire.MAX_RANGE_ENTRIES, 1 << 16)
 
 
 SETTINGS = settings(

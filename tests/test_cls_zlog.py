@@ -255,6 +255,26 @@ def test_read_range_bad_arguments(obj: Obj) -> None:
     assert obj.read_range(0, 0, 5, max_bytes=0)[0] == EINVAL
 
 
+def test_position_and_epoch_bounds(obj: Obj) -> None:
+    """2^64 - 1 is refused, so max + 1 and last + 1 never overflow."""
+    top = 2**64 - 1
+    assert wire.MAX_POSITION == top - 1
+    assert obj.write(0, top, b"x") == EINVAL
+    assert obj.write_many(0, [(top, b"x")]) == EINVAL
+    assert obj.fill(0, top) == EINVAL
+    assert obj.trim(0, top) == EINVAL
+    assert obj.trim_to(0, top) == EINVAL
+    assert obj.seal(top) == EINVAL
+    assert obj.stat()[0] == -errno.ENOENT  # none of that created the object
+    assert obj.write(0, top - 1, b"last") == OK
+    assert obj.read(0, top - 1) == (OK, b"last")
+    assert obj.read(0, top)[0] == EINVAL
+    assert obj.max_position(0) == (OK, top - 1)
+    ret, rr = obj.read_range(0, top - 1, top - 1)
+    assert rr is not None and [e.position for e in rr.entries] == [top - 1] and rr.next == top
+    assert obj.seal(top - 1) == OK
+
+
 def test_unknown_method(obj: Obj) -> None:
     assert obj.call("no_such_method")[0] == -errno.EOPNOTSUPP
 

@@ -22,7 +22,8 @@ def log(rados_cluster, ceph, log_name):  # type: ignore[no-untyped-def]
 
 def test_create_open_list(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
     created = Log.create(rados_cluster, ceph.pool, log_name, width=5, config={"x": 1})
-    assert created.views == (wire.View(1, 0, 5),) and created.config == {"x": 1}
+    assert created.views == (wire.View(1, 0, 5),)
+    assert created.config == {"x": 1, "compression": "none"}
     with pytest.raises(pyzlog.LogExists):
         Log.create(rados_cluster, ceph.pool, log_name)
     opened = Log.open(rados_cluster, ceph.pool, log_name)
