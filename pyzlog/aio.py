@@ -9,6 +9,7 @@ and gets a new position; its future resolves only once the entry is stored.
 from __future__ import annotations
 
 import errno
+import functools
 import threading
 import time
 from collections import deque
@@ -26,7 +27,7 @@ _RETRYABLE = (-errno.ESTALE, -errno.EROFS, -errno.ENOMSG, -errno.EIDRM)
 
 
 class AsyncOps:
-    def __init__(self, log: "Log", max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+    def __init__(self, log: Log, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.log = log
@@ -84,7 +85,7 @@ class AsyncOps:
                     continue
                 pos = first + k
                 call = self.log.data.call_async(self.log.oid_of(pos), "write", wire.write(epoch, pos, stored))
-                call.add_done_callback(lambda c, s=stored, f=fut, p=pos, t=t0: self._written(c, s, f, p, t))
+                call.add_done_callback(functools.partial(self._written, stored=stored, fut=fut, pos=pos, t0=t0))
 
     def _written(self, call: Future[tuple[int, bytes]], stored: bytes, fut: Future[int], pos: int,
                  t0: float) -> None:

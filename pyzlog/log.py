@@ -1,6 +1,7 @@
 """A log: its metadata, views, and the storage operations on its positions."""
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import logging
@@ -8,21 +9,36 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Self
 
 import rados
 
 from . import wire
-from .cluster import open_ioctx
-from .errors import (EntryTooLarge, EpochChanged, Filled, InvalidRequest, NotWritten, ReadOnly,
-                     SequencerUnavailable, StaleEpoch, Trimmed, ZlogError, from_errno)
-from .layout import META_NAMESPACE, check_name, check_position, data_oid, oid_of, view_objects
 from .aio import DEFAULT_MAX_IN_FLIGHT, AsyncOps
+from .cluster import open_ioctx
 from .codec import check_codec, codec_for
+from .errors import (
+    EntryTooLarge,
+    EpochChanged,
+    InvalidRequest,
+    NotWritten,
+    SequencerUnavailable,
+    StaleEpoch,
+    ZlogError,
+    from_errno,
+)
+from .layout import (
+    META_NAMESPACE,
+    check_name,
+    check_position,
+    data_oid,
+    oid_of,
+    view_objects,
+)
 from .metadata import MetaStore
 from .objects import ClassIO, check
-from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
 from .reader import HOLE_WAIT_SECONDS, Record, Stream, check_stream_args
+from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
 from .tailfind import find_tail, highest_sealed, seal_objects
 
 logger = logging.getLogger("pyzlog")
@@ -84,7 +100,7 @@ class Log:
     def create(cls, cluster: rados.Rados, pool: str, name: str, width: int = DEFAULT_WIDTH,
                config: dict[str, Any] | None = None,
                sequencer: SequencerClient | str | None = None, *, compression: str = "none",
-               max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> "Log":
+               max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Log:
         """A new log striped over `width` objects; LogExists if the name is taken.
         `compression` ("none" or "zstd") is recorded in the log's metadata."""
         _check_width(width)
@@ -99,13 +115,13 @@ class Log:
     @classmethod
     def open(cls, cluster: rados.Rados, pool: str, name: str,
              sequencer: SequencerClient | str | None = None,
-             max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> "Log":
+             max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Log:
         log = cls(cluster, pool, name, sequencer, max_in_flight)
         log.refresh()  # LogNotFound if missing
         return log
 
     @staticmethod
-    def list(cluster: rados.Rados, pool: str) -> list[str]:
+    def list(cluster: rados.Rados, pool: str) -> builtins.list[str]:
         return MetaStore.list_names(open_ioctx(cluster, pool, META_NAMESPACE))
 
     # ------------------------------------------------------------- metadata
@@ -231,7 +247,7 @@ class Log:
         if self.sequencer is not None and time.monotonic() >= self._seqr_recheck_at:
             try:
                 for _ in range(1000):
-                    status, seqr_epoch, pos, _ = self.sequencer.tail(self.pool, self.name, self.epoch)
+                    status, _seqr_epoch, pos, _ = self.sequencer.tail(self.pool, self.name, self.epoch)
                     if status == OK:
                         return int(pos)
                     if status == STALE_EPOCH:
@@ -327,20 +343,20 @@ class Log:
             raise EntryTooLarge(f"encoded entry of {len(stored)} bytes is over the limit of {wire.MAX_ENTRY_BYTES}")
         return stored
 
-    def append_many(self, entries: list[bytes]) -> list[int]:
+    def append_many(self, entries: builtins.list[bytes]) -> builtins.list[int]:
         """Append entries with one sequencer request and one write_many call
         per object. Positions are increasing in entry order unless a write is
         refused (a position filled or taken meanwhile): that entry is appended
         again at a later position. Returns the position of each entry."""
         todo = [(i, self._stored(d)) for i, d in enumerate(entries)]
-        positions: list[int] = [-1] * len(todo)
+        positions: builtins.list[int] = [-1] * len(todo)
         deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
         while todo:
             if time.monotonic() > deadline:
                 raise ZlogError(f"append_many to {self.name!r}: {len(todo)} entries not stored in time")
             first = self.take_positions(len(todo))
             epoch = self.epoch
-            by_oid: dict[str, list[tuple[int, bytes]]] = {}
+            by_oid: dict[str, builtins.list[tuple[int, bytes]]] = {}
             owner: dict[int, int] = {}
             for k, (i, stored) in enumerate(todo):
                 pos = first + k
@@ -348,7 +364,7 @@ class Log:
                 by_oid.setdefault(self.oid_of(pos), []).append((pos, stored))
             calls = [(oid, batch, self.data.call_async(oid, "write_many", wire.write_many(epoch, batch)))
                      for oid, items in by_oid.items() for batch in _batches(items)]
-            retry: list[tuple[int, bytes]] = []
+            retry: builtins.list[tuple[int, bytes]] = []
             stale = False
             for oid, batch, fut in calls:
                 ret = fut.result()[0]
@@ -409,7 +425,7 @@ class Log:
         if self.sequencer is not None:
             self.sequencer.close()
 
-    def __enter__(self) -> "Log":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -462,4 +478,4 @@ def data_objects(log: Log) -> list[str]:
     return [data_oid(log.name, v, i) for v in log.views for i in range(v.width)]
 
 
-__all__ = ["Log", "DEFAULT_WIDTH", "data_objects"]
+__all__ = ["DEFAULT_WIDTH", "Log", "data_objects"]

@@ -48,7 +48,7 @@ class ClassIO:
 
         def done(completion: rados.Completion, data: bytes) -> None:
             ret = completion.get_return_value()
-            fut.set_result((ret if ret < 0 else 0, bytes(data) if ret >= 0 and data else b""))
+            fut.set_result((min(0, ret), bytes(data) if ret >= 0 and data else b""))
 
         try:
             self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done)

@@ -56,7 +56,7 @@ class Record:
 class ObjectCursor:
     """One data object's entries in [first, last], fetched ahead with aio."""
 
-    def __init__(self, log: "Log", oid: str, first: int, last: int, stride: int,
+    def __init__(self, log: Log, oid: str, first: int, last: int, stride: int,
                  per_call: int = PER_CALL, call_bytes: int = CALL_BYTES) -> None:
         self.log = log
         self.oid = oid
@@ -131,7 +131,7 @@ class ObjectCursor:
 class Stream:
     """Iterator over positions [start, end) of a log; see Log.stream."""
 
-    def __init__(self, log: "Log", start: int = 0, end: int | None = None, *, follow: bool = False,
+    def __init__(self, log: Log, start: int = 0, end: int | None = None, *, follow: bool = False,
                  hole_wait: float = HOLE_WAIT_SECONDS, per_call: int = PER_CALL,
                  decode: Callable[[bytes], bytes] | None = None, stride_index: int | None = None,
                  known_tail: int | None = None) -> None:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 import rados
 
-from . import _seqr
+from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import connect
 from .errors import ZlogError
 from .log import Log
@@ -67,7 +67,7 @@ class SequencerDaemon:
         except ZlogError as e:
             log.warning("log %s/%s: recovery failed: %s", pool, name, e)
             self.server.fail(pool, name, str(e))
-        except Exception as e:  # noqa: BLE001 - a bug must not kill the daemon
+        except Exception as e:
             log.exception("log %s/%s: recovery crashed", pool, name)
             self.server.fail(pool, name, f"internal error: {e}")
         finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from . import _seqr
+from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .errors import InvalidRequest, SequencerUnavailable
 
 DEFAULT_ADDRESS = "127.0.0.1:5678"
@@ -51,8 +51,8 @@ class SequencerClient:
             try:
                 conn = self._client()
                 if op == "next":
-                    return tuple(conn.next(pool, log, epoch, count))  # type: ignore[return-value]
-                return tuple(conn.tail(pool, log, epoch))  # type: ignore[return-value]
+                    return tuple(conn.next(pool, log, epoch, count))
+                return tuple(conn.tail(pool, log, epoch))
             except (OSError, TimeoutError) as e:
                 self.close_locked()
                 raise SequencerUnavailable(f"sequencer {self.address}: {e}") from None

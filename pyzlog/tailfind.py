@@ -48,7 +48,7 @@ def seal_objects(data: ClassIO, oids: list[str], epoch: int) -> int | None:
     return top
 
 
-def find_tail(log: "Log", attempts: int = 50) -> tuple[int, int]:
+def find_tail(log: Log, attempts: int = 50) -> tuple[int, int]:
     """Install a new epoch on `log` and find its tail.
 
     Returns (epoch, next_position): after this, no client at an older epoch

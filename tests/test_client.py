@@ -8,11 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from seqr_proc import SeqrProcess
 
 import pyzlog
 from pyzlog import Log, RecordKind, wire
-
-from seqr_proc import SeqrProcess
 
 
 @pytest.fixture(scope="module")

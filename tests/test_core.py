@@ -140,7 +140,7 @@ def test_tail_finding_uses_aio_only(log: Log, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(ClassIO, "call_async", counting)
     # the metadata object itself is still read with a plain call
     monkeypatch.setattr(log.meta_store.io, "call_raw", real_call_raw.__get__(log.meta_store.io), raising=False)
-    epoch, nxt = log.seal_and_find_tail()
+    _epoch, nxt = log.seal_and_find_tail()
     assert nxt == 4
     assert seen.count("seal") == 3 and seen.count("max_position") == 3
 

@@ -7,12 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+from seqr_proc import SeqrProcess
 
 import pyzlog
 from pyzlog import Log, SequencerClient, wire
 from pyzlog import sequencer as sq
-
-from seqr_proc import SeqrProcess
 
 
 @pytest.fixture

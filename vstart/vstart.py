@@ -55,7 +55,7 @@ def _run(cmd: list[str], timeout: float = 60, check: bool = True) -> str:
 def _find_cls_lib() -> Path:
     """The built libcls_zlog.so: installed inside the pyzlog package."""
     try:
-        import pyzlog  # noqa: PLC0415 - only needed when no path was given
+        import pyzlog
 
         p = Path(pyzlog.__file__).parent / "cls" / "libcls_zlog.so"
         if p.exists():
@@ -290,7 +290,7 @@ mgr disabled modules = dashboard prometheus restful
     # ------------------------------------------------------------------- stop
     def stop(self) -> list[str]:
         running = self.daemons()
-        for name, pid in running.items():
+        for pid in running.values():
             try:
                 os.kill(pid, signal.SIGCONT)  # a paused daemon cannot handle SIGTERM
                 os.kill(pid, signal.SIGTERM)
