@@ -102,14 +102,15 @@ class AsyncOps:
             self._finish(fut, error=from_errno(ret, f"append to {self.log.name!r}", pos))
 
     def _finish(self, fut: Future, result: object = None, error: BaseException | None = None) -> None:  # type: ignore[type-arg]
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
+        # free the slot first: a done-callback that submits again must not block
         self._slots.release()
         with self._cv:
             self._in_flight -= 1
             self._cv.notify_all()
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
 
     # ----------------------------------------------------------------- reads
     def read(self, position: int) -> Future[bytes]:

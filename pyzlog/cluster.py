@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 from pathlib import Path
 
@@ -29,10 +30,13 @@ def connect(conf: str | os.PathLike[str] | None = None, *, keyring: str | None =
             op_timeout: float = DEFAULT_OP_TIMEOUT) -> rados.Rados:
     """A connected rados.Rados. Raises ClusterUnavailable or PermissionDenied."""
     path = resolve_conf(conf)
+    # Ceph takes whole seconds, and 0 would mean "wait forever".
+    connect_s = max(1, math.ceil(connect_timeout))
+    op_s = max(1, math.ceil(op_timeout))
     opts = {
-        "rados_mon_op_timeout": str(int(connect_timeout)),
-        "client_mount_timeout": str(int(connect_timeout)),
-        "rados_osd_op_timeout": str(int(op_timeout)),
+        "rados_mon_op_timeout": str(connect_s),
+        "client_mount_timeout": str(connect_s),
+        "rados_osd_op_timeout": str(op_s),
     }
     if keyring:
         opts["keyring"] = str(keyring)
@@ -41,14 +45,18 @@ def connect(conf: str | os.PathLike[str] | None = None, *, keyring: str | None =
     except rados.Error as e:
         raise ClusterUnavailable(f"bad client configuration ({path}): {e}") from None
     try:
-        cluster.connect(timeout=int(connect_timeout))
+        cluster.connect(timeout=connect_s)
     except rados.PermissionDeniedError:
         cluster.shutdown()
         raise PermissionDenied(f"cephx refused {client} (check the keyring)") from None
     except (rados.TimedOut, rados.Error) as e:
         cluster.shutdown()
-        if isinstance(e, rados.Error) and getattr(e, "errno", None) == errno.EACCES:
+        code = getattr(e, "errno", None)
+        if code == errno.EACCES:
             raise PermissionDenied(f"cephx refused {client} (check the keyring)") from None
+        if code == errno.ENOENT:
+            raise PermissionDenied(f"no key for {client}: keyring {keyring or '(from ceph.conf)'} "
+                                   "not found or without that client") from None
         raise ClusterUnavailable(
             f"cannot reach the Ceph cluster of {path} within {connect_timeout:.0f}s: {e}") from None
     return cluster

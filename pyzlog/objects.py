@@ -1,7 +1,10 @@
 """Calls to cls_zlog methods on one RADOS I/O context, sync and async."""
 from __future__ import annotations
 
+import atexit
 import errno
+import threading
+import weakref
 from concurrent.futures import Future
 
 import rados
@@ -19,6 +22,9 @@ class ClassIO:
 
     def __init__(self, ioctx: rados.Ioctx) -> None:
         self.ioctx = ioctx
+        self._in_flight = 0
+        self._idle = threading.Condition()
+        _live.add(self)
 
     def call(self, oid: str, method: str, payload: bytes = b"", out_len: int = 256,
              position: int | None = None) -> bytes:
@@ -48,13 +54,38 @@ class ClassIO:
 
         def done(completion: rados.Completion, data: bytes) -> None:
             ret = completion.get_return_value()
+            self._done_one()
             fut.set_result((min(0, ret), bytes(data) if ret >= 0 and data else b""))
 
+        with self._idle:
+            self._in_flight += 1
         try:
             self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done)
         except rados.Error as e:
+            self._done_one()
             fut.set_result((-abs(getattr(e, "errno", None) or errno.EIO), b""))
         return fut
+
+    def _done_one(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.notify_all()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait for this context's aio calls (e.g. a stream's read-ahead that
+        nobody will consume): librados must not be torn down under them."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+
+
+_live: weakref.WeakSet[ClassIO] = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_all() -> None:
+    for io in list(_live):
+        io.drain()
 
 
 def check(ret: int, method: str, oid: str, position: int | None = None) -> None:

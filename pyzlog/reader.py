@@ -71,6 +71,7 @@ class ObjectCursor:
         self._pending_from = first
         self._pending_epoch = 0
         self._stride = stride  # the object holds every stride-th position
+        self.max_fresh = False  # has a fetch completed since the last forget_from?
 
     def _issue(self) -> None:
         if self._pending is None and self.known_upto <= self.last:
@@ -94,6 +95,7 @@ class ObjectCursor:
             return  # the caller loops and re-issues at the new epoch
         if ret == -errno.ENOENT:  # object never created: nothing stored in the range
             self.known_upto = min(self.last, self._pending_from + self._stride * self.per_call - 1) + 1
+            self.max_fresh = True
             return
         if ret < 0:
             raise from_errno(ret, f"read_range on {self.oid}")
@@ -103,6 +105,16 @@ class ObjectCursor:
             self.max_position = max(self.max_position or 0, reply.max_position)
         self.entries.extend(e for e in reply.entries if e.position >= self.known_upto)
         self.known_upto = max(self.known_upto, reply.next)
+        self.max_fresh = True
+
+    def start(self) -> None:
+        """Begin fetching (so many objects are read concurrently)."""
+        self._issue()
+
+    def refresh_max(self) -> None:
+        """Make max_position current: at least one fetch since the last forget."""
+        while not self.max_fresh and self.known_upto <= self.last:
+            self._wait()
 
     def lookup(self, position: int) -> wire.RangeEntry | None:
         """The entry stored at `position`, a TRIMMED stand-in under the trim
@@ -123,6 +135,7 @@ class ObjectCursor:
     def forget_from(self, position: int) -> None:
         """Drop what is known from `position` on, so it is read again."""
         self._pending = None  # a late reply would be about the old state
+        self.max_fresh = False
         self.known_upto = min(self.known_upto, position)
         while self.entries and self.entries[-1].position >= position:
             self.entries.pop()
@@ -170,6 +183,9 @@ class Stream:
         if self.stride_index is not None:
             off = (self.stride_index - self.position) % view.width
             self.position += off
+        else:
+            for c in self._cursors:
+                c.start()
 
     def _below_tail(self, position: int) -> bool:
         """Has some later position been written or filled (so this one was handed out)?"""
@@ -177,6 +193,8 @@ class Stream:
             return True  # a later view exists: everything in this one is below the tail
         if self.known_tail is not None and position < self.known_tail:
             return True
+        for c in self._cursors:
+            c.refresh_max()  # every object, not only those read so far
         tops = [c.max_position for c in self._cursors if c.max_position is not None]
         return bool(tops) and max(tops) > position
 
@@ -245,6 +263,7 @@ class Stream:
         time.sleep(min(0.002 * 2 ** min((now - self._idle_since) * 10, 7), MAX_POLL_SECONDS))
         for c in self._cursors:
             c.forget_from(pos)
+            c.start()
         self.log.refresh()
 
 

@@ -1,0 +1,701 @@
+"""Benchmarks behind `zlog bench append|read|seqr`.
+
+Each benchmark runs every case for a bounded time, prints a Markdown table
+(stdout), shows a progress bar (stderr) and writes a JSON results file with
+the figures, the parameters and the machine it ran on. `append` also plots
+throughput against depth (PNG beside the JSON).
+
+Baselines are raw librados operations of the same size, at the same depth, on
+the same pool (no object class): the cost of zlog is the ratio to them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from .errors import ZlogError
+
+APPEND_TARGET_RATIO = 0.8
+READ_TARGET_RATIO = 5.0
+#: raw objects the read baseline writes (and removes) at most
+RAW_READ_OBJECTS = 4096
+
+console = Console(stderr=True)
+
+Done = Callable[[BaseException | None], None]
+
+
+# ---------------------------------------------------------------- figures
+def _pct(sorted_vals: list[float], q: float) -> float | None:
+    if not sorted_vals:
+        return None
+    i = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
+    return sorted_vals[i]
+
+
+def summarize(name: str, system: str, depth: int, ops: int, elapsed: float, size: int,
+              latencies: list[float], **extra: Any) -> dict[str, Any]:
+    """One case's figures. `latencies` are seconds per operation (or call)."""
+    lat = sorted(latencies)
+    el = max(elapsed, 1e-9)
+    return {
+        "name": name, "system": system, "depth": depth, "ops": ops, "elapsed_s": round(elapsed, 4),
+        "ops_per_s": ops / el, "mb_per_s": ops * size / el / 1e6, "entry_bytes": size,
+        "latency_ms": {
+            "p50": None if not lat else _pct(lat, 0.50) * 1e3,  # type: ignore[operator]
+            "p99": None if not lat else _pct(lat, 0.99) * 1e3,  # type: ignore[operator]
+            "mean": None if not lat else sum(lat) / len(lat) * 1e3,
+            "samples": len(lat),
+        },
+        **extra,
+    }
+
+
+# ----------------------------------------------------------------- drivers
+class _Ticker:
+    """Advances a progress task by wall time, at most every 0.1 s."""
+
+    def __init__(self, progress: Progress | None, task: Any, duration: float) -> None:
+        self.progress, self.task, self.duration = progress, task, duration
+        self.t0 = time.perf_counter()
+        self.next = 0.0
+
+    def __call__(self, now: float) -> None:
+        if self.progress is not None and now >= self.next:
+            self.progress.update(self.task, completed=min(now - self.t0, self.duration))
+            self.next = now + 0.1
+
+    def finish(self) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=self.duration)
+
+
+def run_sync(op: Callable[[int], Any], duration: float, tick: _Ticker) -> tuple[int, float, list[float]]:
+    """op(i) one at a time for `duration`: (ops, elapsed, latencies)."""
+    lats: list[float] = []
+    t0 = time.perf_counter()
+    end = t0 + duration
+    i = 0
+    now = t0
+    while now < end:
+        ts = now
+        op(i)
+        now = time.perf_counter()
+        lats.append(now - ts)
+        i += 1
+        tick(now)
+    tick.finish()
+    return i, now - t0, lats
+
+
+def run_async(start: Callable[[int, Done], None], depth: int, duration: float,
+              tick: _Ticker, drain_timeout: float = 120.0) -> tuple[int, float, list[float]]:
+    """Keeps `depth` operations in flight for `duration`.
+
+    start(i, done) begins operation i and arranges done(error or None) to be
+    called when it completes; latency is from that call to done()."""
+    sem = threading.Semaphore(depth)
+    lats: list[float] = []
+    errors: list[BaseException] = []
+    t0 = time.perf_counter()
+    end = t0 + duration
+    i = 0
+    now = t0
+    while now < end and not errors:
+        sem.acquire()
+        ts = time.perf_counter()
+
+        def done(err: BaseException | None, ts: float = ts) -> None:
+            lats.append(time.perf_counter() - ts)
+            if err is not None:
+                errors.append(err)
+            sem.release()
+
+        try:
+            start(i, done)
+        except BaseException:
+            sem.release()
+            raise
+        i += 1
+        now = time.perf_counter()
+        tick(now)
+    deadline = time.monotonic() + drain_timeout
+    for _ in range(depth):
+        if not sem.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise ZlogError(f"benchmark: operations still in flight after {drain_timeout:.0f}s")
+    elapsed = time.perf_counter() - t0
+    tick.finish()
+    if errors:
+        raise errors[0]
+    return len(lats), elapsed, lats
+
+
+def _future_done(fut: Future[Any], done: Done) -> None:
+    fut.add_done_callback(lambda f: done(f.exception()))
+
+
+def _rados_done(done: Done, what: str) -> Callable[..., None]:
+    def cb(completion: Any, *_: Any) -> None:
+        ret = completion.get_return_value()
+        done(None if ret >= 0 else ZlogError(f"raw {what}: errno {-ret}"))
+    return cb
+
+
+# ------------------------------------------------------------ environment
+def machine_info(cluster: Any = None) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "nproc": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "hostname": socket.gethostname(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["mem_gb"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+                break
+    except OSError:
+        pass
+    if cluster is not None:
+        try:
+            ret, out, _ = cluster.mon_command(json.dumps({"prefix": "osd metadata", "format": "json"}),
+                                              b"", timeout=10)
+            if ret == 0:
+                osds = json.loads(out)
+                info["cluster_osds"] = len(osds)
+                info["objectstore"] = sorted({o.get("osd_objectstore", "?") for o in osds})
+                info["ceph_version"] = sorted({o.get("ceph_version_short") or o.get("ceph_version", "?")
+                                               for o in osds})
+        except Exception as e:  # noqa: BLE001 - machine info is best effort
+            info["cluster_error"] = str(e)
+        try:
+            info["librados"] = ".".join(map(str, cluster.version()))
+        except Exception:  # noqa: BLE001
+            pass
+    return info
+
+
+class SeqrProcess:
+    """A zlog-seqr subprocess on a free loopback port; stopped by its pid."""
+
+    def __init__(self, conf: str, keyring: str | None, client: str) -> None:
+        self.conf, self.keyring, self.client = conf, keyring, client
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self._log = tempfile.TemporaryFile()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "SeqrProcess":
+        exe = shutil.which("zlog-seqr", path=str(Path(sys.executable).parent)) or shutil.which("zlog-seqr")
+        if not exe:
+            raise ZlogError("zlog-seqr not found next to this Python or on PATH")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [exe, "--port", str(self.port), "--conf", self.conf, "--client", self.client,
+               "--log-level", "warning"]
+        if self.keyring:
+            cmd += ["--keyring", self.keyring]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ZlogError(f"zlog-seqr exited with {self.proc.returncode}: {self.output()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise ZlogError(f"zlog-seqr did not listen within {timeout:.0f}s")
+
+    def output(self) -> str:
+        self._log.seek(0)
+        lines = self._log.read().decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+
+
+class _Bench:
+    """What a Ceph benchmark needs: cluster, pool, a sequencer, cleanup."""
+
+    def __init__(self, env: Any) -> None:
+        from .cluster import resolve_conf
+
+        self.env = env
+        self.cluster = env.cluster
+        self.pool = env.pool
+        self.run_id = uuid.uuid4().hex[:12]
+        self.seqr_proc: SeqrProcess | None = None
+        self.seqr = env.seqr
+        if not self.seqr:
+            self.seqr_proc = SeqrProcess(resolve_conf(env.conf), env.keyring, env.client).start()
+            self.seqr = self.seqr_proc.address
+        from .cluster import open_ioctx
+
+        self.ioctx = open_ioctx(self.cluster, self.pool)
+        self.raw_objects: list[str] = []
+        self.logs: list[Any] = []
+
+    def new_log(self, width: int) -> Any:
+        from .log import Log
+
+        name = f"bench-{self.run_id}-{uuid.uuid4().hex[:6]}"
+        Log.create(self.cluster, self.pool, name, width=width)
+        return name
+
+    def open(self, name: str, max_in_flight: int | None = None) -> Any:
+        from .log import Log
+
+        kw = {} if max_in_flight is None else {"max_in_flight": max_in_flight}
+        log = Log.open(self.cluster, self.pool, name, sequencer=self.seqr, **kw)
+        self.logs.append(log)
+        return log
+
+    def raw_oid(self) -> str:
+        oid = f"bench-{self.run_id}.raw.{len(self.raw_objects)}"
+        self.raw_objects.append(oid)
+        return oid
+
+    def warm_up(self, log: Any) -> bool:
+        """Appends until the sequencer serves the log; True if it does."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            log.append(b"warm-up")
+            if not getattr(log, "_seqr_down", False) and \
+                    getattr(log, "_seqr_recheck_at", 0.0) <= time.monotonic():
+                for _ in range(20):
+                    log.append(b"warm-up")
+                return True
+            time.sleep(0.2)
+        return False
+
+    def close(self) -> None:
+        for log in self.logs:
+            try:
+                log.close()
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        try:
+            if self.raw_objects:
+                self._remove_raw()
+        finally:
+            try:
+                self.ioctx.close()
+            finally:
+                if self.seqr_proc is not None:
+                    self.seqr_proc.stop()
+
+    def _remove_raw(self) -> None:
+        sem = threading.Semaphore(128)
+        for oid in self.raw_objects:
+            sem.acquire()
+            try:
+                self.ioctx.aio_remove(oid, oncomplete=lambda *_: sem.release())
+            except Exception:  # noqa: BLE001 - best effort
+                sem.release()
+        for _ in range(128):
+            sem.acquire(timeout=30)
+        self.raw_objects.clear()
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description:<28}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                    TimeRemainingColumn(), console=console, transient=False)
+
+
+def _case_runner(progress: Progress, duration: float) -> Callable[[str], _Ticker]:
+    def new(desc: str) -> _Ticker:
+        return _Ticker(progress, progress.add_task(desc, total=duration, info=""), duration)
+    return new
+
+
+def _note(progress: Progress, tick: _Ticker, case: dict[str, Any]) -> None:
+    progress.update(tick.task, info=f"{case['ops_per_s']:>10,.0f} ops/s")
+
+
+def write_json(out: str, result: dict[str, Any]) -> Path:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path
+
+
+def _fmt(v: float | None, spec: str = ",.0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+# ------------------------------------------------------------------- append
+def bench_append(env: Any, *, duration: float = 3.0, size: int = 1024,
+                 depths: list[int] | None = None, batch: int = 64, width: int = 4,
+                 out: str = "results/bench-append.json") -> dict[str, Any]:
+    depths = depths or [1, 16, 128]
+    data = os.urandom(size)
+    b = _Bench(env)
+    cases: dict[str, dict[str, Any]] = {}
+    try:
+        name = b.new_log(width)
+        with _progress() as progress:
+            new = _case_runner(progress, duration)
+            warm = b.open(name)
+            seqr_ok = b.warm_up(warm)
+            for depth in depths:
+                log = b.open(name, max_in_flight=depth)
+                tick = new(f"zlog append depth {depth}")
+                if depth == 1:
+                    n, el, lats = run_sync(lambda i: log.append(data), duration, tick)
+                    api = "append"
+                else:
+                    n, el, lats = run_async(lambda i, done: _future_done(log.append_async(data), done),
+                                            depth, duration, tick)
+                    log.flush()
+                    api = "append_async"
+                cases[f"zlog_depth{depth}"] = c = summarize(f"zlog_depth{depth}", "zlog", depth, n, el, size,
+                                                           lats, api=api)
+                _note(progress, tick, c)
+
+                tick = new(f"raw write_full depth {depth}")
+                if depth == 1:
+                    n, el, lats = run_sync(lambda i: b.ioctx.write_full(b.raw_oid(), data), duration, tick)
+                else:
+                    n, el, lats = run_async(
+                        lambda i, done: b.ioctx.aio_write_full(b.raw_oid(), data,
+                                                               oncomplete=_rados_done(done, "write")),
+                        depth, duration, tick)
+                cases[f"raw_depth{depth}"] = c = summarize(f"raw_depth{depth}", "raw", depth, n, el, size,
+                                                          lats, api="write_full" if depth == 1
+                                                          else "aio_write_full")
+                _note(progress, tick, c)
+
+            log = b.open(name)
+            tick = new(f"zlog append_many x{batch}")
+            entries = [data] * batch
+            calls, el, lats = run_sync(lambda i: log.append_many(entries), duration, tick)
+            cases[f"zlog_batch{batch}"] = c = summarize(
+                f"zlog_batch{batch}", "zlog", 1, calls * batch, el, size, [], api="append_many", batch=batch,
+                calls=calls)
+            lat = sorted(lats)
+            c["latency_ms"] = {"per": "call", "p50": _pct(lat, 0.5) * 1e3 if lat else None,  # type: ignore[operator]
+                               "p99": _pct(lat, 0.99) * 1e3 if lat else None,  # type: ignore[operator]
+                               "mean": sum(lat) / len(lat) * 1e3 if lat else None, "samples": len(lat)}
+            _note(progress, tick, c)
+        ratios = {str(d): cases[f"zlog_depth{d}"]["ops_per_s"] / max(cases[f"raw_depth{d}"]["ops_per_s"], 1e-9)
+                  for d in depths}
+        result: dict[str, Any] = {
+            "kind": "append",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "params": {"duration_s": duration, "entry_bytes": size, "depths": depths, "batch": batch,
+                       "width": width, "pool": b.pool},
+            "machine": machine_info(b.cluster),
+            "log": name,
+            "sequencer": {"address": b.seqr, "started_by_bench": b.seqr_proc is not None,
+                          "served_appends": seqr_ok},
+            "cases": cases,
+            "ratios": ratios,
+            "target_ratio": APPEND_TARGET_RATIO,
+            "target_met": {d: r >= APPEND_TARGET_RATIO for d, r in ratios.items()},
+        }
+    finally:
+        b.close()
+    png = str(Path(out).with_suffix(".png"))
+    result["plot"] = plot_append(result, png)
+    result["markdown"] = markdown_append(result)
+    write_json(out, result)
+    print(result["markdown"])
+    print(f"\nresults: {out}\nplot:    {png}")
+    return result
+
+
+def markdown_append(r: dict[str, Any]) -> str:
+    p = r["params"]
+    lines = [f"Append, {p['entry_bytes']} B entries, width {p['width']}, "
+             f"{r['machine'].get('cluster_osds', '?')} OSD(s) "
+             f"({', '.join(r['machine'].get('objectstore', ['?']))}), {r['machine']['nproc']} CPUs, "
+             f"{p['duration_s']:g} s per case",
+             "",
+             "| case | depth | ops/s | MB/s | p50 ms | p99 ms | zlog/raw |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for d in p["depths"]:
+        for sysname in ("zlog", "raw"):
+            c = r["cases"][f"{sysname}_depth{d}"]
+            ratio = f"{r['ratios'][str(d)]:.2f}" if sysname == "zlog" else ""
+            label = "zlog append" + ("" if d == 1 else "_async") if sysname == "zlog" else \
+                "raw librados write_full"
+            lines.append(f"| {label} | {d} | {_fmt(c['ops_per_s'])} | {_fmt(c['mb_per_s'], '.2f')} | "
+                         f"{_fmt(c['latency_ms']['p50'], '.2f')} | {_fmt(c['latency_ms']['p99'], '.2f')} | "
+                         f"{ratio} |")
+    c = r["cases"][f"zlog_batch{p['batch']}"]
+    lines.append(f"| zlog append_many (x{p['batch']}, per call) | 1 | {_fmt(c['ops_per_s'])} | "
+                 f"{_fmt(c['mb_per_s'], '.2f')} | {_fmt(c['latency_ms']['p50'], '.2f')} | "
+                 f"{_fmt(c['latency_ms']['p99'], '.2f')} | |")
+    return "\n".join(lines)
+
+
+def plot_append(r: dict[str, Any], png: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    depths = r["params"]["depths"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for sysname, label, style in (("zlog", "zlog append", "o-"), ("raw", "raw librados write_full", "s--")):
+        ax.plot(depths, [r["cases"][f"{sysname}_depth{d}"]["ops_per_s"] for d in depths], style, label=label)
+    batch = r["cases"].get(f"zlog_batch{r['params']['batch']}")
+    if batch:
+        ax.axhline(batch["ops_per_s"], color="gray", linestyle=":",
+                   label=f"zlog append_many (batches of {r['params']['batch']})")
+    if len(depths) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(depths)
+    ax.set_xticklabels([str(d) for d in depths])
+    ax.set_xlabel("operations in flight (depth)")
+    ax.set_ylabel("appends / s")
+    ax.set_title(f"Append throughput, {r['params']['entry_bytes']} B entries")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
+# --------------------------------------------------------------------- read
+def _fill_log(log: Any, entries: int, data: bytes, progress: Progress) -> list[int]:
+    task = progress.add_task(f"filling {entries} entries", total=entries, info="")
+    positions: list[int] = []
+    while len(positions) < entries:
+        positions += log.append_many([data] * min(64, entries - len(positions)))
+        progress.update(task, completed=len(positions))
+    return positions
+
+
+def bench_read(env: Any, *, duration: float = 3.0, entries: int = 20000, size: int = 1024,
+               depth: int = 16, width: int = 4, out: str = "results/bench-read.json") -> dict[str, Any]:
+    data = os.urandom(size)
+    b = _Bench(env)
+    cases: dict[str, dict[str, Any]] = {}
+    try:
+        name = b.new_log(width)
+        with _progress() as progress:
+            new = _case_runner(progress, duration)
+            log = b.open(name)
+            t0 = time.perf_counter()
+            positions = _fill_log(log, entries, data, progress)
+            fill_s = time.perf_counter() - t0
+            lo, hi = min(positions), max(positions) + 1
+
+            # streaming: whole passes over [lo, hi) until the time is up
+            tick = new("zlog stream()")
+            n = passes = 0
+            gaps = 0
+            t0 = time.perf_counter()
+            end = t0 + duration
+            now = t0
+            while now < end:
+                for rec in log.stream(lo, hi):
+                    if rec.data is not None and len(rec.data) == size:
+                        n += 1
+                    else:
+                        gaps += 1
+                    if n % 256 == 0:
+                        now = time.perf_counter()
+                        tick(now)
+                        if now >= end:
+                            break
+                else:
+                    passes += 1
+                now = time.perf_counter()
+            el = now - t0
+            tick.finish()
+            cases["zlog_stream"] = c = summarize("zlog_stream", "zlog", 0, n, el, size, [],
+                                                 api="stream", full_passes=passes, gaps=gaps)
+            _note(progress, tick, c)
+
+            rnd = random.Random(1)
+            tick = new("zlog read() random")
+            n, el, lats = run_sync(lambda i: log.read(rnd.randrange(lo, hi)), duration, tick)
+            cases["zlog_read"] = c = summarize("zlog_read", "zlog", 1, n, el, size, lats, api="read")
+            _note(progress, tick, c)
+
+            alog = b.open(name, max_in_flight=depth)
+            tick = new(f"zlog read_async depth {depth}")
+            n, el, lats = run_async(
+                lambda i, done: _future_done(alog.read_async(rnd.randrange(lo, hi)), done),
+                depth, duration, tick)
+            cases[f"zlog_read_async_depth{depth}"] = c = summarize(
+                f"zlog_read_async_depth{depth}", "zlog", depth, n, el, size, lats, api="read_async")
+            _note(progress, tick, c)
+
+            # raw baseline: objects of the same size, read at random
+            m = min(entries, RAW_READ_OBJECTS)
+            task = progress.add_task(f"raw: writing {m} objects", total=m, info="")
+            oids = [b.raw_oid() for _ in range(m)]
+            sem = threading.Semaphore(64)
+            errs: list[BaseException] = []
+            for i, oid in enumerate(oids):
+                sem.acquire()
+                b.ioctx.aio_write_full(oid, data, oncomplete=_rados_done(
+                    lambda e: (errs.append(e) if e else None, sem.release()), "write"))
+                if i % 256 == 0:
+                    progress.update(task, completed=i)
+            for _ in range(64):
+                sem.acquire()
+            if errs:
+                raise errs[0]
+            progress.update(task, completed=m)
+
+            tick = new("raw read depth 1")
+            n, el, lats = run_sync(lambda i: b.ioctx.read(oids[rnd.randrange(m)], size), duration, tick)
+            cases["raw_read"] = c = summarize("raw_read", "raw", 1, n, el, size, lats, api="read")
+            _note(progress, tick, c)
+
+            tick = new(f"raw aio_read depth {depth}")
+
+            def raw_read(i: int, done: Done) -> None:
+                def cb(completion: Any, buf: Any) -> None:
+                    ret = completion.get_return_value()
+                    done(None if ret >= 0 else ZlogError(f"raw aio_read: errno {-ret}"))
+                b.ioctx.aio_read(oids[rnd.randrange(m)], size, 0, oncomplete=cb)
+
+            n, el, lats = run_async(raw_read, depth, duration, tick)
+            cases[f"raw_read_depth{depth}"] = c = summarize(f"raw_read_depth{depth}", "raw", depth, n, el,
+                                                            size, lats, api="aio_read")
+            _note(progress, tick, c)
+        s = cases["zlog_stream"]["ops_per_s"]
+        ratios = {
+            "stream_vs_single_read": s / max(cases["zlog_read"]["ops_per_s"], 1e-9),
+            "read_vs_raw": cases["zlog_read"]["ops_per_s"] / max(cases["raw_read"]["ops_per_s"], 1e-9),
+            f"read_async_vs_raw_depth{depth}": cases[f"zlog_read_async_depth{depth}"]["ops_per_s"]
+            / max(cases[f"raw_read_depth{depth}"]["ops_per_s"], 1e-9),
+            "stream_vs_raw_depth": s / max(cases[f"raw_read_depth{depth}"]["ops_per_s"], 1e-9),
+        }
+        result: dict[str, Any] = {
+            "kind": "read",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "params": {"duration_s": duration, "entries": entries, "entry_bytes": size, "depth": depth,
+                       "width": width, "pool": b.pool, "raw_objects": m},
+            "machine": machine_info(b.cluster),
+            "log": name,
+            "positions": [lo, hi],
+            "fill_s": fill_s,
+            "sequencer": {"address": b.seqr, "started_by_bench": b.seqr_proc is not None},
+            "cases": cases,
+            "ratios": ratios,
+            "target_ratio": READ_TARGET_RATIO,
+            "target_met": ratios["stream_vs_single_read"] >= READ_TARGET_RATIO,
+        }
+    finally:
+        b.close()
+    result["markdown"] = markdown_read(result)
+    write_json(out, result)
+    print(result["markdown"])
+    print(f"\nresults: {out}")
+    return result
+
+
+def markdown_read(r: dict[str, Any]) -> str:
+    p = r["params"]
+    d = p["depth"]
+    lines = [f"Read, {p['entries']} entries of {p['entry_bytes']} B, width {p['width']}, "
+             f"{r['machine'].get('cluster_osds', '?')} OSD(s) "
+             f"({', '.join(r['machine'].get('objectstore', ['?']))}), {r['machine']['nproc']} CPUs, "
+             f"{p['duration_s']:g} s per case",
+             "",
+             "| case | depth | entries/s | MB/s | p50 ms | p99 ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    rows = [("zlog stream()", "zlog_stream"), ("zlog read() random", "zlog_read"),
+            ("zlog read_async random", f"zlog_read_async_depth{d}"),
+            ("raw librados read", "raw_read"), ("raw librados aio_read", f"raw_read_depth{d}")]
+    for label, key in rows:
+        c = r["cases"][key]
+        lines.append(f"| {label} | {c['depth'] or '-'} | {_fmt(c['ops_per_s'])} | {_fmt(c['mb_per_s'], '.2f')} | "
+                     f"{_fmt(c['latency_ms']['p50'], '.2f')} | {_fmt(c['latency_ms']['p99'], '.2f')} |")
+    ra = r["ratios"]
+    lines.append("")
+    lines.append(f"stream / single reads: **{ra['stream_vs_single_read']:.1f}x** "
+                 f"(target >= {r['target_ratio']:g}); read_async / raw aio_read at depth {d}: "
+                 f"{ra[f'read_async_vs_raw_depth{d}']:.2f}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------- seqr
+def bench_seqr(duration: float = 3.0, processes: int = 2, depth: int = 128,
+               out: str = "results/bench-seqr.json") -> dict[str, Any]:
+    from .seqr_bench import format_seqr_bench, run_seqr_bench
+
+    total = 8 * duration + 1.5
+    stop = threading.Event()
+    with _progress() as progress:
+        task = progress.add_task("sequencer (8 cases)", total=total, info="")
+
+        def advance() -> None:
+            t0 = time.monotonic()
+            while not stop.wait(0.1):
+                progress.update(task, completed=min(time.monotonic() - t0, total * 0.99))
+
+        th = threading.Thread(target=advance, daemon=True)
+        th.start()
+        try:
+            result = run_seqr_bench(duration, processes, depth)
+        finally:
+            stop.set()
+            th.join()
+        progress.update(task, completed=total)
+    result = {"kind": "seqr", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **result,
+              "machine": machine_info(), "table": format_seqr_bench(result)}
+    result["markdown"] = markdown_seqr(result)
+    write_json(out, result)
+    print(result["markdown"])
+    print(f"\nresults: {out}")
+    return result
+
+
+def markdown_seqr(r: dict[str, Any]) -> str:
+    lines = [f"Sequencer, {r['duration_s']:g} s per case, {r['machine']['nproc']} CPUs",
+             "",
+             "| case | conns | depth | count | requests/s | positions/s | latency us | vs echo |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c in r["cases"].values():
+        vs = c.get("vs_echo")
+        lines.append(f"| {c['name']} | {c['connections']} | {c['depth']} | {c['count']} | "
+                     f"{c['requests_per_s']:,.0f} | {c['positions_per_s']:,.0f} | "
+                     f"{_fmt(c.get('latency_us'), '.1f')} | {'-' if vs is None else f'{vs:.2f}'} |")
+    return "\n".join(lines)

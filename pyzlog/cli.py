@@ -1,0 +1,475 @@
+"""`zlog`: the command line of pyzlog.
+
+    zlog [--conf F] [--pool P] [--seqr HOST:PORT] COMMAND ...
+
+Every failure prints one line ``zlog: error: ...`` on stderr and exits non-zero:
+1 for runtime errors (missing log, cluster down, ...), 2 for usage errors.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import os
+import sys
+from concurrent.futures import Future
+from typing import IO, Any, Iterator, NoReturn
+
+import click
+
+from .errors import ZlogError
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+#: lets "-1" reach a POS argument (and be refused as a position) instead of
+#: being taken for an unknown option
+POS_CONTEXT = {**CONTEXT, "ignore_unknown_options": True}
+#: positions read from stdin that may be in flight at once (`zlog append`)
+APPEND_WINDOW = 64
+
+
+# --------------------------------------------------------------------- types
+class PositionType(click.ParamType):
+    """A log position: an integer in [0, MAX_POSITION]."""
+
+    name = "POS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from .wire import MAX_POSITION
+
+        if isinstance(value, int) and not isinstance(value, bool):
+            pos = value
+        else:
+            try:
+                pos = int(str(value).strip(), 10)
+            except ValueError:
+                self.fail(f"bad position {value!r}: not an integer", param, ctx)
+        if not 0 <= pos <= MAX_POSITION:
+            self.fail(f"bad position {pos}: must be in [0, {MAX_POSITION}]", param, ctx)
+        return pos
+
+
+POSITION = PositionType()
+
+
+def _depths(value: str) -> list[int]:
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers like 1,16,128") from None
+    if not out or any(d < 1 for d in out):
+        raise click.BadParameter(f"{value!r}: depths must be integers >= 1")
+    return out
+
+
+# ------------------------------------------------------------------- context
+class Env:
+    """Global options; connects to the cluster on first use, once."""
+
+    def __init__(self, conf: str | None, pool: str, seqr: str | None, keyring: str | None,
+                 client: str, timeout: float | None) -> None:
+        self.conf = conf
+        self.pool = pool
+        self.seqr = seqr or None
+        self.keyring = keyring
+        self.client = client
+        self.timeout = timeout
+        self._cluster: Any = None
+        self._logs: list[Any] = []
+
+    @property
+    def cluster(self) -> Any:
+        if self._cluster is None:
+            from .cluster import connect
+
+            kw: dict[str, Any] = {"keyring": self.keyring, "client": self.client}
+            if self.timeout is not None:
+                # the library rounds timeouts down to whole seconds; 0 would mean "none"
+                t = max(1.0, self.timeout)
+                kw.update(connect_timeout=t, op_timeout=t)
+            self._cluster = connect(self.conf, **kw)
+        return self._cluster
+
+    def open(self, name: str, **kw: Any) -> Any:
+        from .log import Log
+
+        log = Log.open(self.cluster, self.pool, name, sequencer=self.seqr, **kw)
+        self._logs.append(log)
+        return log
+
+    def close(self) -> None:
+        for log in self._logs:
+            try:
+                log.close()
+            except Exception:  # noqa: BLE001 - closing must not turn success into failure
+                pass
+        self._logs.clear()
+        if self._cluster is not None:
+            try:
+                self._cluster.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            self._cluster = None
+
+
+pass_env = click.make_pass_decorator(Env)
+
+
+def kind_name(kind: Any) -> str:
+    """'data', 'filled', 'trimmed' or 'lost' for a RecordKind."""
+    return str(getattr(kind, "value", kind)).lower()
+
+
+def view_dict(v: Any) -> dict[str, int]:
+    return {"epoch": int(v.epoch), "start": int(v.start), "width": int(v.width)}
+
+
+# ---------------------------------------------------------------------- cli
+@click.group(context_settings=CONTEXT)
+@click.option("--conf", envvar="CEPH_CONF", default=None, metavar="FILE",
+              help="ceph.conf [env: CEPH_CONF; default /etc/ceph/ceph.conf]")
+@click.option("--pool", envvar="ZLOG_POOL", default="zlog", show_default=True,
+              help="RADOS pool of the logs [env: ZLOG_POOL]")
+@click.option("--seqr", envvar="ZLOG_SEQR", default=None, metavar="HOST:PORT",
+              help="sequencer address [env: ZLOG_SEQR]; without one, appends find the tail "
+                   "the slow way (seal + max position)")
+@click.option("--keyring", default=None, metavar="FILE", help="cephx keyring")
+@click.option("--client", default="client.admin", show_default=True, help="cephx client name")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="give up on the cluster after this long (connect and each operation)")
+@click.version_option(package_name="pyzlog", prog_name="zlog")
+@click.pass_context
+def cli(ctx: click.Context, conf: str | None, pool: str, seqr: str | None, keyring: str | None,
+        client: str, timeout: float | None) -> None:
+    """A globally ordered, shared, append-only log on Ceph RADOS."""
+    if seqr:
+        from .sequencer import parse_address
+
+        try:
+            parse_address(seqr)
+        except ZlogError as e:
+            raise click.BadParameter(str(e), param_hint="--seqr") from None
+    env = Env(conf, pool, seqr, keyring, client, timeout)
+    ctx.obj = env
+    ctx.call_on_close(env.close)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True,
+              help="number of objects positions are striped over")
+@click.option("--compression", type=click.Choice(["zstd", "none"]), default=None,
+              help="stored in the log's config")
+@pass_env
+def create(env: Env, name: str, width: int, compression: str | None) -> None:
+    """Create log NAME."""
+    from .log import Log
+
+    config = {"compression": compression} if compression else None
+    log = Log.create(env.cluster, env.pool, name, width=width, config=config)
+    click.echo(f"created log {name!r} in pool {env.pool!r}: width {width}, epoch {log.epoch}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.argument("data", nargs=-1)
+@click.option("--whole", is_flag=True,
+              help="without DATA: all of stdin is ONE entry (binary safe) instead of one per line")
+@pass_env
+def append(env: Env, name: str, data: tuple[str, ...], whole: bool) -> None:
+    """Append entries to NAME and print their positions.
+
+    Each DATA argument is one entry; without DATA, each line of stdin is one
+    (the newline is not stored)."""
+    log = env.open(name, max_in_flight=APPEND_WINDOW)
+    if data:
+        entries: Iterator[bytes] = (os.fsencode(d) for d in data)
+    elif whole:
+        entries = iter([sys.stdin.buffer.read()])
+    else:
+        entries = _stdin_lines(sys.stdin.buffer)
+    # pipelined, positions printed in input order as soon as they are known
+    window: collections.deque[Future[int]] = collections.deque()
+    for entry in entries:
+        window.append(log.append_async(entry))
+        while window and (window[0].done() or len(window) >= APPEND_WINDOW):
+            click.echo(window.popleft().result())
+    while window:
+        click.echo(window.popleft().result())
+
+
+def _stdin_lines(f: IO[bytes]) -> Iterator[bytes]:
+    for line in f:
+        if line.endswith(b"\n"):
+            line = line[:-1]
+            if line.endswith(b"\r"):
+                line = line[:-1]
+        yield line
+
+
+@cli.command(context_settings=POS_CONTEXT)
+@click.argument("name")
+@click.argument("pos", type=POSITION)
+@pass_env
+def read(env: Env, name: str, pos: int) -> None:
+    """Write the entry at POS to stdout (raw bytes, no newline added)."""
+    data = env.open(name).read(pos)
+    out = sys.stdout.buffer
+    out.write(data)
+    out.flush()
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--from", "start", type=POSITION, default=0, show_default=True, help="first position")
+@click.option("--to", "last", type=POSITION, default=None,
+              help="last position, inclusive [default: the tail when cat starts]")
+@click.option("--format", "fmt", type=click.Choice(["raw", "json"]), default="raw", show_default=True,
+              help="raw: each entry and a newline, gaps as '# POS KIND' on stderr; "
+                   "json: one JSON object per position (gaps included) on stdout")
+@click.option("--hole-wait", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              metavar="SECONDS", help="wait this long for the writer of an unwritten position "
+                                      "below the tail, then fill it (reported as lost)")
+@pass_env
+def cat(env: Env, name: str, start: int, last: int | None, fmt: str, hole_wait: float) -> None:
+    """Print the entries of NAME in log order."""
+    log = env.open(name)
+    end = None if last is None else last + 1
+    if end is not None and end <= start:
+        return
+    _print_records(log.stream(start, end, hole_wait=hole_wait), fmt)
+
+
+def _print_records(records: Iterator[Any], fmt: str) -> None:
+    out = sys.stdout.buffer
+    for rec in records:
+        kind = kind_name(rec.kind)
+        if fmt == "json":
+            obj: dict[str, Any] = {"position": rec.position, "kind": kind, "epoch": rec.epoch}
+            if kind == "data":
+                try:
+                    obj["data"] = rec.data.decode("utf-8")
+                except UnicodeDecodeError:
+                    obj["data_base64"] = base64.b64encode(rec.data).decode()
+            out.write(json.dumps(obj).encode() + b"\n")
+        elif kind == "data":
+            out.write(rec.data + b"\n")
+        else:
+            out.flush()
+            click.echo(f"# {rec.position} {kind}", err=True)
+        out.flush()
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.option("-f", "--follow", is_flag=True,
+              help="then print entries as they are appended, until Ctrl-C")
+@click.option("--format", "fmt", type=click.Choice(["raw", "json"]), default="raw", show_default=True)
+@click.option("--hole-wait", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              metavar="SECONDS", help="wait this long for the writer of an unwritten position "
+                                      "below the tail, then fill it (reported as lost)")
+@pass_env
+def tail(env: Env, name: str, follow: bool, fmt: str, hole_wait: float) -> None:
+    """Print the tail of NAME: the next position to be handed out.
+
+    With -f, print the tail on stderr, then each new entry from it on."""
+    log = env.open(name)
+    pos = log.tail()
+    if not follow:
+        click.echo(pos)
+        return
+    click.echo(f"# following {name!r} from position {pos} (Ctrl-C to stop)", err=True)
+    _print_records(log.stream(pos, None, follow=True, hole_wait=hole_wait), fmt)
+
+
+@cli.command(context_settings=POS_CONTEXT)
+@click.argument("name")
+@click.argument("pos", type=POSITION)
+@pass_env
+def fill(env: Env, name: str, pos: int) -> None:
+    """Mark the unwritten position POS as junk."""
+    env.open(name).fill(pos)
+    click.echo(f"filled {pos}")
+
+
+@cli.command(context_settings=POS_CONTEXT)
+@click.argument("name")
+@click.argument("pos", type=POSITION)
+@click.option("--to", "to", is_flag=True, help="trim every position <= POS")
+@pass_env
+def trim(env: Env, name: str, pos: int, to: bool) -> None:
+    """Trim position POS (or, with --to, everything up to and including it)."""
+    log = env.open(name)
+    if to:
+        log.trim_to(pos)
+        click.echo(f"trimmed 0..{pos}")
+    else:
+        log.trim(pos)
+        click.echo(f"trimmed {pos}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_env
+def info(env: Env, name: str, as_json: bool) -> None:
+    """Show the views, epoch, width, tail and config of NAME."""
+    log = env.open(name)
+    tail_pos = log.tail()
+    views = [view_dict(v) for v in log.views]
+    doc = {"name": name, "pool": env.pool, "epoch": log.epoch, "width": views[-1]["width"],
+           "tail": tail_pos, "views": views, "config": log.config}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"log:    {name} (pool {env.pool})")
+    click.echo(f"epoch:  {doc['epoch']}")
+    click.echo(f"width:  {doc['width']}")
+    click.echo(f"tail:   {tail_pos}")
+    click.echo(f"config: {json.dumps(doc['config'])}")
+    click.echo("views:")
+    for v in views:
+        click.echo(f"  epoch {v['epoch']:>4}  from position {v['start']:>10}  width {v['width']}")
+
+
+@cli.command(name="ls", context_settings=CONTEXT)
+@pass_env
+def ls_(env: Env) -> None:
+    """List the logs of the pool."""
+    from .log import Log
+
+    for name in sorted(Log.list(env.cluster, env.pool)):
+        click.echo(name)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--width", type=click.IntRange(1, 1024), required=True,
+              help="stripe width of the new view")
+@pass_env
+def reconfigure(env: Env, name: str, width: int) -> None:
+    """Stripe NAME's new positions over WIDTH objects (a new view)."""
+    log = env.open(name)
+    v = log.reconfigure(width)
+    click.echo(f"new view: epoch {v.epoch}, from position {v.start}, width {v.width}")
+
+
+# -------------------------------------------------------------------- bench
+@cli.group(context_settings=CONTEXT)
+def bench() -> None:
+    """Benchmarks; each writes a JSON results file and prints a Markdown table."""
+
+
+def _bench_out(kind: str, out: str | None) -> str:
+    return out or os.path.join("results", f"bench-{kind}.json")
+
+
+@bench.command(name="seqr", context_settings=CONTEXT)
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
+              help="seconds per case (8 cases)")
+@click.option("--processes", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--depth", type=click.IntRange(1, 65536), default=128, show_default=True)
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-seqr.json]")
+def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> None:
+    """The sequencer against the echo floor (no Ceph needed)."""
+    from . import bench as b
+
+    b.bench_seqr(duration, processes, depth, _bench_out("seqr", out))
+
+
+@bench.command(name="append", context_settings=CONTEXT)
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
+              help="seconds per case")
+@click.option("--size", type=click.IntRange(0, 1 << 20), default=1024, show_default=True,
+              help="entry size in bytes")
+@click.option("--depths", default="1,16,128", show_default=True, callback=lambda c, p, v: _depths(v),
+              help="operations in flight, comma separated")
+@click.option("--batch", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="entries per append_many call")
+@click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--out", default=None, metavar="FILE",
+              help="[default: results/bench-append.json; the plot goes beside it as .png]")
+@pass_env
+def bench_append(env: Env, duration: float, size: int, depths: list[int], batch: int, width: int,
+                 out: str | None) -> None:
+    """Append throughput and latency of zlog against raw librados writes."""
+    from . import bench as b
+
+    b.bench_append(env, duration=duration, size=size, depths=depths, batch=batch, width=width,
+                   out=_bench_out("append", out))
+
+
+@bench.command(name="read", context_settings=CONTEXT)
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
+              help="seconds per case")
+@click.option("--entries", type=click.IntRange(1, 10_000_000), default=20000, show_default=True)
+@click.option("--size", type=click.IntRange(0, 1 << 20), default=1024, show_default=True)
+@click.option("--depth", type=click.IntRange(1, 4096), default=16, show_default=True,
+              help="reads in flight for read_async and raw aio_read")
+@click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-read.json]")
+@pass_env
+def bench_read(env: Env, duration: float, entries: int, size: int, depth: int, width: int,
+               out: str | None) -> None:
+    """Streaming and random reads against raw librados reads."""
+    from . import bench as b
+
+    b.bench_read(env, duration=duration, entries=entries, size=size, depth=depth, width=width,
+                 out=_bench_out("read", out))
+
+
+# --------------------------------------------------------------------- main
+def _error(message: str, code: int) -> NoReturn:
+    lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]
+    text = " ".join(lines) or "unknown error"
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001
+        pass
+    print(f"zlog: error: {text}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+_NoArgsIsHelp: type[click.UsageError] = getattr(click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every failure becomes one `zlog: error:` line."""
+    import rados
+
+    try:
+        rv = cli.main(args=argv, prog_name="zlog", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except _NoArgsIsHelp as e:  # bare `zlog` or `zlog bench`: the help, not an error
+        click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
+        sys.exit(0)
+    except click.UsageError as e:
+        hint = f" (try '{e.ctx.command_path} -h')" if e.ctx is not None else ""
+        _error(e.format_message() + hint, e.exit_code)
+    except click.ClickException as e:
+        _error(e.format_message(), e.exit_code)
+    except ZlogError as e:
+        _error(str(e) or type(e).__name__, 1)
+    except rados.Error as e:
+        _error(f"ceph: {e}", 1)
+    except (click.Abort, KeyboardInterrupt):
+        print(file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        # the reader went away (zlog cat | head): not an error
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        sys.exit(0)
+    except OSError as e:
+        _error(str(e), 1)
+    except Exception as e:  # noqa: BLE001 - a bug: one line, traceback on request
+        if os.environ.get("ZLOG_DEBUG"):
+            raise
+        _error(f"internal error: {type(e).__name__}: {e} (set ZLOG_DEBUG=1 for the traceback)", 1)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
