@@ -84,12 +84,10 @@ class AsyncOps:
                     self._finish(fut, error=ZlogError("append did not complete in time"))
                     continue
                 pos = first + k
-                call = self.log.data.call_async(self.log.oid_of(pos), "write", wire.write(epoch, pos, stored))
-                call.add_done_callback(functools.partial(self._written, stored=stored, fut=fut, pos=pos, t0=t0))
+                self.log.data.submit(self.log.oid_of(pos), "write", wire.write(epoch, pos, stored), 0,
+                                     functools.partial(self._written, stored, fut, pos, t0))
 
-    def _written(self, call: Future[tuple[int, bytes]], stored: bytes, fut: Future[int], pos: int,
-                 t0: float) -> None:
-        ret = call.result()[0]
+    def _written(self, stored: bytes, fut: Future[int], pos: int, t0: float, ret: int, _out: bytes) -> None:
         if ret == 0:
             self._finish(fut, result=pos)
         elif ret in _RETRYABLE:
@@ -123,11 +121,8 @@ class AsyncOps:
 
     def _read(self, position: int, fut: Future[bytes], t0: float) -> None:
         epoch = self.log.epoch
-        call = self.log.data.call_async(self.log.oid_of(position), "read",
-                                        wire.epoch_position(epoch, position), wire.MAX_ENTRY_BYTES + 64)
 
-        def done(c: Future[tuple[int, bytes]]) -> None:
-            ret, out = c.result()
+        def done(ret: int, out: bytes) -> None:
             if ret == 0:
                 try:
                     self._finish(fut, result=self.log.decode(out))
@@ -141,7 +136,8 @@ class AsyncOps:
             else:
                 self._finish(fut, error=from_errno(ret, f"read at {position}", position))
 
-        call.add_done_callback(done)
+        self.log.data.submit(self.log.oid_of(position), "read", wire.epoch_position(epoch, position),
+                             wire.MAX_ENTRY_BYTES + 64, done)
 
     def _reread(self, position: int, fut: Future[bytes], t0: float, epoch: int) -> None:
         try:

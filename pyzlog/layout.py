@@ -39,6 +39,8 @@ def view_objects(log: str, view: View) -> list[str]:
 
 def view_of(views: tuple[View, ...], position: int) -> View:
     """The view covering `position`: the last one whose start is <= position."""
+    if position >= views[-1].start:
+        return views[-1]  # appends and tail reads: the common case, kept cheap
     starts = [v.start for v in views]
     i = bisect.bisect_right(starts, position) - 1
     return views[max(i, 0)]

@@ -5,6 +5,7 @@ import atexit
 import errno
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import rados
@@ -51,11 +52,20 @@ class ClassIO:
     def call_async(self, oid: str, method: str, payload: bytes = b"",
                    out_len: int = 256) -> Future[tuple[int, bytes]]:
         fut: Future[tuple[int, bytes]] = Future()
+        self.submit(oid, method, payload, out_len, lambda ret, out: fut.set_result((ret, out)))
+        return fut
+
+    def submit(self, oid: str, method: str, payload: bytes, out_len: int,
+               on_done: Callable[[int, bytes], None]) -> None:
+        """Start an aio call; `on_done(0 or -errno, output)` runs on a librados
+        thread when it completes. The hot path of async appends and reads."""
 
         def done(completion: rados.Completion, data: bytes) -> None:
             ret = completion.get_return_value()
-            self._done_one()
-            fut.set_result((min(0, ret), bytes(data) if ret >= 0 and data else b""))
+            try:
+                on_done(min(0, ret), bytes(data) if ret >= 0 and data else b"")
+            finally:
+                self._done_one()  # after on_done: drain() covers running callbacks too
 
         with self._idle:
             self._in_flight += 1
@@ -63,8 +73,7 @@ class ClassIO:
             self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done)
         except rados.Error as e:
             self._done_one()
-            fut.set_result((-abs(getattr(e, "errno", None) or errno.EIO), b""))
-        return fut
+            on_done(-abs(getattr(e, "errno", None) or errno.EIO), b"")
 
     def _done_one(self) -> None:
         with self._idle:
