@@ -85,8 +85,8 @@ class Log:
         self.cluster = cluster
         self.pool = pool
         self.name = check_name(name)
-        self.data = ClassIO(open_ioctx(cluster, pool))
-        self.meta_store = MetaStore(ClassIO(open_ioctx(cluster, pool, META_NAMESPACE)), name)
+        self.data = ClassIO(open_ioctx(cluster, pool), cluster)
+        self.meta_store = MetaStore(ClassIO(open_ioctx(cluster, pool, META_NAMESPACE), cluster), name)
         self._meta: wire.Meta | None = None
         self.sequencer = SequencerClient(sequencer) if isinstance(sequencer, str) else sequencer
         self._seqr_down = False

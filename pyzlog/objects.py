@@ -21,8 +21,9 @@ class ClassIO:
     Future of (return code, output) so many objects can be contacted at once.
     """
 
-    def __init__(self, ioctx: rados.Ioctx) -> None:
+    def __init__(self, ioctx: rados.Ioctx, cluster: rados.Rados | None = None) -> None:
         self.ioctx = ioctx
+        self.cluster = cluster  # shut down at interpreter exit, after the drain
         self._in_flight = 0
         self._idle = threading.Condition()
         _live.add(self)
@@ -62,15 +63,17 @@ class ClassIO:
 
         def done(completion: rados.Completion, data: bytes) -> None:
             ret = completion.get_return_value()
-            try:
-                on_done(min(0, ret), bytes(data) if ret >= 0 and data else b"")
-            finally:
-                self._done_one()  # after on_done: drain() covers running callbacks too
+            on_done(min(0, ret), bytes(data) if ret >= 0 and data else b"")
+
+        def safe(completion: rados.Completion, data: bytes) -> None:
+            # python-rados calls back into Python twice per op (complete, then
+            # safe, on the same thread); count the op done only after the last.
+            self._done_one()
 
         with self._idle:
             self._in_flight += 1
         try:
-            self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done)
+            self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done, onsafe=safe)
         except rados.Error as e:
             self._done_one()
             on_done(-abs(getattr(e, "errno", None) or errno.EIO), b"")
@@ -83,7 +86,8 @@ class ClassIO:
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait for this context's aio calls (e.g. a stream's read-ahead that
-        nobody will consume): librados must not be torn down under them."""
+        nobody will consume). At interpreter exit, a librados thread that
+        calls back into Python after finalization began aborts the process."""
         with self._idle:
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
@@ -93,8 +97,18 @@ _live: weakref.WeakSet[ClassIO] = weakref.WeakSet()
 
 @atexit.register
 def _drain_all() -> None:
-    for io in list(_live):
-        io.drain()
+    """Before the interpreter finalizes: let aio finish, then stop librados so
+    none of its threads calls back into a Python that is going away (that
+    aborts the process, e.g. after a stream was abandoned mid-read-ahead)."""
+    ios = list(_live)
+    for io in ios:
+        io.drain(10.0)
+    clusters = {id(io.cluster): io.cluster for io in ios if io.cluster is not None}
+    for io in ios:
+        io.ioctx.close()
+    for cluster in clusters.values():
+        if cluster.state == "connected":
+            cluster.shutdown()
 
 
 def check(ret: int, method: str, oid: str, position: int | None = None) -> None:
