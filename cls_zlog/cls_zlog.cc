@@ -109,6 +109,13 @@ int read_header(cls_method_context_t hctx, DataHeader* h, bool* exists) {
   return 0;
 }
 
+// read_header, then refuse a request epoch below the object's sealed epoch.
+int read_header_at(cls_method_context_t hctx, uint64_t epoch, DataHeader* h, bool* exists) {
+  int r = read_header(hctx, h, exists);
+  if (r < 0) return r;
+  return epoch < h->sealed_epoch ? -ERR_STALE : 0;
+}
+
 int write_header(cls_method_context_t hctx, const DataHeader& h, bool exists) {
   if (!exists) {
     int r = cls_cxx_create(hctx, false);
@@ -196,9 +203,8 @@ int zlog_write(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
-  if (epoch < h.sealed_epoch) return -ERR_STALE;
 
   bufferlist cur;
   Entry e;
@@ -245,9 +251,8 @@ int zlog_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
-  if (epoch < h.sealed_epoch) return -ERR_STALE;
 
   if (exists) {
     for (auto& kv : vals) {
@@ -279,9 +284,8 @@ int zlog_read(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
-  if (epoch < h.sealed_epoch) return -ERR_STALE;
   if (!exists) return -ERR_UNWRITTEN;
 
   bufferlist cur;
@@ -304,9 +308,8 @@ int zlog_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
-  if (epoch < h.sealed_epoch) return -ERR_STALE;
 
   bufferlist cur;
   Entry e;
@@ -336,9 +339,8 @@ int zlog_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
-  if (epoch < h.sealed_epoch) return -ERR_STALE;
   if (pos < h.trim_below) return 0;
   if (!exists) {
     r = write_header(hctx, h, false);
@@ -358,9 +360,8 @@ int zlog_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
-  if (epoch < h.sealed_epoch) return -ERR_STALE;
   if (pos + 1 <= h.trim_below) return 0;
   h.trim_below = pos + 1;
   if (exists) {
@@ -393,9 +394,8 @@ int zlog_max_position(cls_method_context_t hctx, bufferlist* in, bufferlist* out
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
-  if (epoch < h.sealed_epoch) return -ERR_STALE;
   put_u8(*out, h.has_max ? 1 : 0);
   put_u64(*out, h.max_pos);
   return 0;
@@ -419,9 +419,8 @@ int zlog_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out) 
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
-  if (epoch < h.sealed_epoch) return -ERR_STALE;
 
   bufferlist body;
   uint32_t n = 0;
