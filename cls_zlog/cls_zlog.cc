@@ -58,6 +58,8 @@ constexpr uint32_t kMaxConfigBytes = 64u << 10;
 constexpr uint32_t kMaxViews = 100000;
 
 enum EntryState : uint8_t { WRITTEN = 1, FILLED = 2, TRIMMED = 3 };
+// Why a position was filled; stored as the filled entry's one data byte.
+enum FillReason : uint8_t { FILL_JUNK = 0, FILL_LOST = 1 };
 
 std::string pos_key(uint64_t pos) {
   char buf[17];
@@ -299,12 +301,16 @@ int zlog_read(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
   return 0;
 }
 
-// fill: u64 epoch, u64 pos. Unwritten -> filled; filled stays filled.
+// fill: u64 epoch, u64 pos, u8 reason. Unwritten -> filled; filled stays
+// filled (with its first reason). reason 0: a client filled it; 1: a reader
+// filled a hole whose writer never wrote (lost), kept so every later reader
+// reports the same loss.
 int zlog_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t epoch = d.u64();
   uint64_t pos = d.u64();
-  if (!d.done() || pos > kMaxPosition) return -EINVAL;
+  uint8_t reason = d.u8();
+  if (!d.done() || pos > kMaxPosition || reason > FILL_LOST) return -EINVAL;
 
   DataHeader h;
   bool exists;
@@ -322,7 +328,8 @@ int zlog_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
     r = cls_cxx_create(hctx, false);
     if (r < 0) return r;
   }
-  bufferlist val = make_entry(FILLED, epoch, nullptr, 0);
+  const char lost = static_cast<char>(FILL_LOST);
+  bufferlist val = make_entry(FILLED, epoch, reason == FILL_LOST ? &lost : nullptr, reason);
   r = cls_cxx_map_set_val(hctx, pos_key(pos), &val);
   if (r < 0) return r;
   if (h.has_max && pos <= h.max_pos) return 0;

@@ -191,7 +191,12 @@ class Log:
 
     def fill(self, position: int) -> None:
         """Mark an unwritten position as junk so the log can move past it."""
-        self._call("fill", position, lambda e: wire.epoch_position(e, position))
+        self._call("fill", position, lambda e: wire.fill(e, position))
+
+    def fill_lost(self, position: int) -> None:
+        """Fill a hole whose writer never wrote, recording that it was lost:
+        every reader from then on reports it as LOST, not as plain FILLED."""
+        self._call("fill", position, lambda e: wire.fill(e, position, wire.FILL_LOST))
 
     def trim(self, position: int) -> None:
         """Reclaim one position's space; reads then raise Trimmed."""
@@ -240,6 +245,19 @@ class Log:
         top = self.max_position()
         start = self.views[-1].start
         return start if top is None else max(start, top + 1)
+
+    def first_position(self) -> int:
+        """The first position not trimmed by trim_to (0 if none was)."""
+        oids = [oid for v in self.views for oid in view_objects(self.name, v)]
+        futs = [(oid, self.data.call_async(oid, "stat", b"", 64)) for oid in oids]
+        first = 0
+        for oid, fut in futs:
+            ret, out = fut.result()
+            if ret == -errno.ENOENT:
+                continue
+            check(ret, "stat", oid)
+            first = max(first, wire.parse_stat(out).trim_below)
+        return first
 
     def tail(self) -> int:
         """The next position an append would get (the sequencer's counter, or
@@ -435,8 +453,8 @@ class Log:
     def stream(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                hole_wait: float = HOLE_WAIT_SECONDS) -> Iterator[Record]:
         """Records for positions start, start+1, ... in order: DATA, or a gap
-        (FILLED, TRIMMED, or LOST for a hole this reader filled after waiting
-        `hole_wait` seconds for its writer). Stops before `end`, or at the tail
+        (FILLED, TRIMMED, or LOST for a hole a reader filled after waiting
+        `hole_wait` seconds for its writer; this reader fills such holes too). Stops before `end`, or at the tail
         unless `follow` is set, in which case it waits for new entries."""
         check_stream_args(start, end)
         return Stream(self, start, end, follow=follow, hole_wait=hole_wait, decode=self.decode)

@@ -42,7 +42,7 @@ class RecordKind(str, Enum):
     DATA = "data"        # an entry
     FILLED = "filled"    # junk, filled by some client: never data
     TRIMMED = "trimmed"  # reclaimed: the data is gone
-    LOST = "lost"        # a hole this reader filled after waiting: its writer never wrote
+    LOST = "lost"        # a hole filled by a reader after waiting: its writer never wrote
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +225,10 @@ class Stream:
     def _record(self, e: wire.RangeEntry) -> Record:
         if e.state == wire.EntryState.WRITTEN:
             return Record(e.position, RecordKind.DATA, self.decode(e.data), e.epoch)
-        kind = RecordKind.FILLED if e.state == wire.EntryState.FILLED else RecordKind.TRIMMED
+        if e.state == wire.EntryState.FILLED:
+            kind = RecordKind.LOST if e.data == wire.LOST_MARK else RecordKind.FILLED
+        else:
+            kind = RecordKind.TRIMMED
         return Record(e.position, kind, None, e.epoch)
 
     def _unwritten(self, cursor: ObjectCursor) -> Record | None:
@@ -244,14 +247,10 @@ class Stream:
             cursor.forget_from(pos)
             return None
         try:
-            self.log.fill(pos)
+            self.log.fill_lost(pos)
             return Record(pos, RecordKind.LOST, None, self.log.epoch)
-        except Filled:
-            return Record(pos, RecordKind.FILLED, None, 0)
-        except Trimmed:
-            return Record(pos, RecordKind.TRIMMED, None, 0)
-        except ReadOnly:
-            cursor.forget_from(pos)  # written at the last moment: read it
+        except (Filled, Trimmed, ReadOnly):
+            cursor.forget_from(pos)  # someone else got there first: read what it is now
             return None
 
     def _wait_at_tail(self, pos: int) -> None:

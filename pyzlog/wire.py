@@ -26,6 +26,7 @@ class EntryState(IntEnum):
 
 
 _QQ = struct.Struct("<QQ")
+_QQB = struct.Struct("<QQB")
 _QQI = struct.Struct("<QQI")
 _QI = struct.Struct("<QI")
 _Q = struct.Struct("<Q")
@@ -49,8 +50,20 @@ def write_many(epoch: int, entries: list[tuple[int, bytes]]) -> bytes:
 
 
 def epoch_position(epoch: int, position: int) -> bytes:
-    """read, fill, trim and trim_to all take (epoch, position)."""
+    """read, trim and trim_to take (epoch, position)."""
     return _QQ.pack(epoch, position)
+
+
+#: fill reasons: a client filled the position, or a reader filled a hole
+#: whose writer never wrote (the entry, if there was one, is lost)
+FILL_JUNK = 0
+FILL_LOST = 1
+#: the data of a filled entry that a reader filled as lost
+LOST_MARK = bytes([FILL_LOST])
+
+
+def fill(epoch: int, position: int, reason: int = FILL_JUNK) -> bytes:
+    return _QQB.pack(epoch, position, reason)
 
 
 def epoch_only(epoch: int) -> bytes:

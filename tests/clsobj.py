@@ -23,8 +23,8 @@ class Obj:
     def read(self, epoch: int, pos: int) -> tuple[int, bytes]:
         return self.call("read", wire.epoch_position(epoch, pos))
 
-    def fill(self, epoch: int, pos: int) -> int:
-        return self.call("fill", wire.epoch_position(epoch, pos))[0]
+    def fill(self, epoch: int, pos: int, reason: int = wire.FILL_JUNK) -> int:
+        return self.call("fill", wire.fill(epoch, pos, reason))[0]
 
     def trim(self, epoch: int, pos: int) -> int:
         return self.call("trim", wire.epoch_position(epoch, pos))[0]

@@ -82,9 +82,12 @@ def test_stream_reports_every_gap_kind(log: Log) -> None:
     assert all(r.data == b"d%d" % r.position for r in recs if r.kind == RecordKind.DATA)
     with pytest.raises(pyzlog.Filled):  # the reader filled the hole for good
         log.read(9)
-    assert [r.kind for r in log.stream(9, 10)] == [RecordKind.FILLED]
+    # and every later reader reports the same loss, not a plain fill
+    assert [r.kind for r in log.stream(9, 10)] == [RecordKind.LOST]
+    assert log.first_position() == 0
     log.trim_to(5)
     assert [r.kind for r in log.stream(0, 6)] == [RecordKind.TRIMMED] * 6
+    assert log.first_position() == 6
 
 
 def test_stream_a_long_range_in_order(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]

@@ -47,7 +47,7 @@ VALID: dict[str, bytes] = {
     "write_many": wire.write_many(7, [(21, b"ab"), (22, b"")]),
     "read": wire.epoch_position(7, 5),
     "read_range": wire.read_range(7, 0, 100, 16, 4096),
-    "fill": wire.epoch_position(7, 23),
+    "fill": wire.fill(7, 23),
     "trim": wire.epoch_position(7, 6),
     "trim_to": wire.epoch_position(7, 3),
     "seal": wire.epoch_only(9),

@@ -78,6 +78,18 @@ def test_state_moves(obj: Obj, state: str, op: str) -> None:
         assert data == (b"second" if state == "unwritten" else b"payload")
 
 
+def test_fill_reasons(obj: Obj) -> None:
+    assert obj.fill(0, 1) == OK
+    assert obj.fill(0, 2, wire.FILL_LOST) == OK
+    assert obj.fill(0, 2, wire.FILL_JUNK) == OK  # still filled, the first reason stays
+    assert obj.fill(0, 3, 2) == EINVAL
+    assert obj.read(0, 2)[0] == FILLED
+    ret, rr = obj.read_range(0, 0, 10)
+    assert rr is not None
+    assert [(e.position, e.state, e.data) for e in rr.entries] == \
+        [(1, EntryState.FILLED, b""), (2, EntryState.FILLED, wire.LOST_MARK)]
+
+
 def test_read_of_missing_object_is_enoent(obj: Obj) -> None:
     # The OSD answers ENOENT before the class runs; the client maps it to NotWritten.
     assert obj.read(0, 3)[0] == -errno.ENOENT
