@@ -1,0 +1,73 @@
+"""Reading one partition on an executor: a strided Stream turned into Arrow batches."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from ..errors import ZlogError
+from ..reader import RecordKind, Stream
+from .connection import opened_log
+from .options import ZlogOptions
+from .plan import ZlogPartition
+
+#: rows per Arrow record batch handed to Spark
+BATCH_ROWS = 4096
+
+SCHEMA_DDL = "position long, data binary, kind string, epoch long"
+ARROW_SCHEMA = pa.schema([
+    pa.field("position", pa.int64()),
+    pa.field("data", pa.binary()),
+    pa.field("kind", pa.string()),
+    pa.field("epoch", pa.int64()),
+])
+
+
+class ZlogDataLoss(ZlogError):
+    """A TRIMMED or LOST position in a read with onDataLoss=fail."""
+
+    def __init__(self, log: str, position: int, kind: RecordKind, hole_wait: float) -> None:
+        self.position = position
+        self.kind = kind
+        why = ("was trimmed: its data is gone" if kind == RecordKind.TRIMMED else
+               f"was lost: it stayed unwritten for holeWait={hole_wait:g}s below the tail "
+               "(its writer died) and was filled")
+        super().__init__(f"zlog data loss in log {log!r}: position {position} {why}. "
+                         "Set option onDataLoss=skip to drop such positions, or onDataLoss=rows "
+                         "to return them as rows with their kind")
+
+
+def _batch(pos: list[int], data: list[bytes | None], kind: list[str], epoch: list[int]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(pos, pa.int64()), pa.array(data, pa.binary()),
+         pa.array(kind, pa.string()), pa.array(epoch, pa.int64())], schema=ARROW_SCHEMA)
+
+
+def read_partition(opts: ZlogOptions, part: ZlogPartition | None,
+                   batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    if part is None or part.start >= part.end:
+        return
+    rows = opts.on_data_loss == "rows"
+    with opened_log(opts) as log:
+        if log.epoch < part.epoch:
+            log.refresh()
+        stream = Stream(log, part.start, part.end, stride_index=part.index, known_tail=part.known_tail,
+                        hole_wait=opts.hole_wait, decode=log.decode)
+        pos: list[int] = []
+        data: list[bytes | None] = []
+        kind: list[str] = []
+        epoch: list[int] = []
+        for rec in stream:
+            if rec.kind != RecordKind.DATA and not rows:
+                if rec.kind == RecordKind.FILLED or opts.on_data_loss == "skip":
+                    continue
+                raise ZlogDataLoss(opts.log, rec.position, rec.kind, opts.hole_wait)
+            pos.append(rec.position)
+            data.append(rec.data)
+            kind.append(rec.kind.value)
+            epoch.append(rec.epoch)
+            if len(pos) >= batch_rows:
+                yield _batch(pos, data, kind, epoch)
+                pos, data, kind, epoch = [], [], [], []
+        if pos:
+            yield _batch(pos, data, kind, epoch)

@@ -1,0 +1,30 @@
+"""A local SparkSession for tests, examples and benchmarks, with "zlog" registered."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def local_session(master: str = "local[2]", app: str = "pyzlog", **conf: str) -> Any:
+    """Python workers run this interpreter; PYTHONSAFEPATH keeps them from
+    importing a pyzlog source tree in the working directory instead of the
+    installed package."""
+    from pyspark.sql import SparkSession
+
+    from .source import ZlogDataSource
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ["PYTHONSAFEPATH"] = "1"
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.memory", "1g")
+               .config("spark.ui.showConsoleProgress", "false"))
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(ZlogDataSource)
+    return spark
