@@ -22,9 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         log = Log.create(cluster, args.pool, name, width=4, sequencer=args.seqr)
         print(f"created log {name!r} in pool {args.pool!r}: width 4, epoch {log.epoch}, "
               f"sequencer {args.seqr or 'none (slow tail finding)'}")
+        first_epoch = log.epoch
         pos = log.append(b"hello, shared log")
-        print(f"appended an entry at position {pos}; read back: {log.read(pos)!r} "
-              f"(epoch now {log.epoch}: the sequencer sealed a new one when it took the log)")
+        print(f"appended an entry at position {pos}; read back: {log.read(pos)!r}")
+        if log.epoch != first_epoch:
+            print(f"  (epoch {first_epoch} -> {log.epoch}: the sequencer sealed a new epoch when it took the log)")
         t0 = time.perf_counter()
         futures = [log.append_async(b"entry %d" % i) for i in range(args.entries)]
         positions = [f.result() for f in futures]
