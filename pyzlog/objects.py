@@ -71,6 +71,8 @@ class ClassIO:
             self._done_one()
 
         with self._idle:
+            if not self._in_flight:
+                _busy.add(self)
             self._in_flight += 1
         try:
             self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done, onsafe=safe)
@@ -82,6 +84,7 @@ class ClassIO:
         with self._idle:
             self._in_flight -= 1
             if not self._in_flight:
+                _busy.discard(self)
                 self._idle.notify_all()
 
     def drain(self, timeout: float = 30.0) -> bool:
@@ -93,6 +96,12 @@ class ClassIO:
 
 
 _live: weakref.WeakSet[ClassIO] = weakref.WeakSet()
+#: Every ClassIO with aio in flight, held strongly. python-rados keeps a
+#: pending op as a cycle (Ioctx -> its completion lists -> Completion -> Ioctx);
+#: once the Log or stream that started it is dropped, nothing else reaches that
+#: cycle, and the cyclic GC would free the Ioctx and Completion under a live
+#: librados op, which then calls back into freed memory (a segfault).
+_busy: set[ClassIO] = set()
 
 
 @atexit.register

@@ -247,3 +247,34 @@ print("done")
     out = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "done" and "terminate" not in out.stderr
+
+
+def test_dropped_follow_streams_survive_gc(ceph, log_name, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A follow stream dropped with read-ahead in flight, then gc.collect():
+    the pending aio must keep its ioctx alive (this used to segfault)."""
+    import subprocess
+    import sys
+    script = tmp_path / "gc_streams.py"
+    script.write_text(f"""
+import gc, threading
+import pyzlog
+from pyzlog import Log
+r = pyzlog.connect({ceph.conf!r})
+w = Log.create(r, {ceph.pool!r}, {log_name!r}, width=4)
+w.append_many([b"x%d" % i for i in range(200)])
+for k in range(15):
+    lg = Log.open(r, {ceph.pool!r}, {log_name!r})
+    s = lg.stream(0, follow=True, hole_wait=1)
+    for n, rec in enumerate(s, 1):
+        if n == 200 + k:
+            break
+        if n == 199 + k:
+            threading.Timer(0.05, lambda: w.append(b"y")).start()
+    lg.close()
+    del s, lg
+    gc.collect()
+    sum(i * i for i in range(100000))
+print("survived")
+""")
+    out = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "survived", (out.returncode, out.stderr[-2000:])
