@@ -63,19 +63,17 @@ class ClassIO:
 
         def done(completion: rados.Completion, data: bytes) -> None:
             ret = completion.get_return_value()
-            on_done(min(0, ret), bytes(data) if ret >= 0 and data else b"")
-
-        def safe(completion: rados.Completion, data: bytes) -> None:
-            # python-rados calls back into Python twice per op (complete, then
-            # safe, on the same thread); count the op done only after the last.
-            self._done_one()
+            try:
+                on_done(min(0, ret), bytes(data) if ret >= 0 and data else b"")
+            finally:
+                self._done_one()  # after on_done: drain() covers running callbacks too
 
         with self._idle:
             if not self._in_flight:
                 _busy.add(self)
             self._in_flight += 1
         try:
-            self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done, onsafe=safe)
+            self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done)
         except rados.Error as e:
             self._done_one()
             on_done(-abs(getattr(e, "errno", None) or errno.EIO), b"")
