@@ -53,7 +53,7 @@ def ceph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
     d = tmp_path_factory.mktemp("cluster")
     c = vstart.Cluster(d)
     try:
-        st = c.start(osds=1)
+        st = c.start(osds=1, owner_pid=os.getpid())  # stopped even if this run is killed
         yield ClusterInfo(st["conf"], st["pool"], d)
     finally:
         c.stop()

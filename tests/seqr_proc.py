@@ -1,6 +1,7 @@
 """Run zlog-seqr as a real subprocess for tests; always killed by its pid."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -9,6 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when the test process dies, even by kill -9."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -33,7 +39,8 @@ class SeqrProcess:
         exe = shutil.which("zlog-seqr", path=str(Path(sys.executable).parent)) or "zlog-seqr"
         self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # type: ignore[assignment]
         self.proc = subprocess.Popen([exe, "--port", str(self.port), "--conf", self.conf],
-                                     stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL)
+                                     stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

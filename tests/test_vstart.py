@@ -1,6 +1,7 @@
 """vstart: start (twice), status, bluestore durability across kill -9, stop."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ def test_bluestore_cluster_lifecycle(tmp_path: Path) -> None:
     c = vstart.Cluster(d)
     try:
         t0 = time.monotonic()
-        st = c.start(osds=1, bluestore=True)
+        st = c.start(osds=1, bluestore=True, owner_pid=os.getpid())
         took = time.monotonic() - t0
         daemons = c.daemons()
         assert set(daemons) == {"mon.a", "osd.0"}, daemons
@@ -55,6 +56,26 @@ def test_bluestore_cluster_lifecycle(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 3
     finally:
+        c.stop()
+
+
+def test_cluster_stops_when_its_owner_is_killed(tmp_path: Path) -> None:
+    """A test run killed by a timeout must not leave its cluster running."""
+    d = tmp_path / "owned"
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    c = vstart.Cluster(d)
+    try:
+        c.start(osds=1, owner_pid=owner.pid)
+        pids = list(c.daemons().values())
+        assert len(pids) == 2
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 60
+        while any(vstart._pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(vstart._pid_alive(p) for p in pids)
+    finally:
+        owner.kill()
         c.stop()
 
 

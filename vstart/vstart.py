@@ -127,7 +127,11 @@ class Cluster:
 
     # ------------------------------------------------------------------ start
     def start(self, osds: int = 1, bluestore: bool = False, pool: str = "zlog",
-              cls_lib: Path | None = None, mgr: bool = False, pg_num: int = 16) -> dict:
+              cls_lib: Path | None = None, mgr: bool = False, pg_num: int = 16,
+              owner_pid: int | None = None) -> dict:
+        """Start the cluster. With `owner_pid`, a watcher process stops it when
+        that process is gone, even if it was killed before it could clean up
+        (a test run killed by a timeout, say)."""
         st = self.state()
         if st and self.daemons():
             if len(self.daemons()) >= 1 + st["osds"]:
@@ -182,8 +186,24 @@ class Cluster:
         st = {"conf": str(self.conf), "keyring": str(keyring), "pool": pool, "osds": osds,
               "bluestore": bluestore, "mon_port": port, "fsid": fsid}
         (self.dir / STATE_FILE).write_text(json.dumps(st, indent=2))
+        if owner_pid is not None:
+            self._start_watcher(owner_pid)
         self.wait_ready(pool)
         return st
+
+    def _start_watcher(self, owner_pid: int) -> None:
+        subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--dir", str(self.dir), "watch",
+                          str(owner_pid)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def watch(self, owner_pid: int, interval: float = 1.0) -> None:
+        """Stop the cluster once `owner_pid` is gone; return early if the
+        cluster was stopped some other way."""
+        while _pid_alive(owner_pid):
+            time.sleep(interval)
+            if not self.daemons():
+                return
+        self.stop()
 
     def _write_conf(self, fsid: str, port: int, bluestore: bool, size: int, min_size: int) -> None:
         d = self.dir
@@ -333,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--mgr", action="store_true", help="also run a ceph-mgr")
     sub.add_parser("status", help="show the daemons and config")
     sub.add_parser("stop", help="stop every daemon this cluster started")
+    w = sub.add_parser("watch", help="stop the cluster when process PID is gone")
+    w.add_argument("pid", type=int)
     for name in ("osd-start", "osd-stop"):
         o = sub.add_parser(name)
         o.add_argument("id", type=int)
@@ -354,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "stop":
             stopped = c.stop()
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+        elif args.cmd == "watch":
+            c.watch(args.pid)
         elif args.cmd == "osd-start":
             c.start_osd(args.id)
         elif args.cmd == "osd-stop":

@@ -154,7 +154,7 @@ def osd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OsdCluster
     min_size 2. Stopped at the end by the pids vstart started."""
     c = vstart.Cluster(tmp_path_factory.mktemp("osd3"))
     try:
-        st = c.start(osds=3, bluestore=True)
+        st = c.start(osds=3, bluestore=True, owner_pid=os.getpid())
         yield OsdCluster(c, st["conf"], st["pool"], 3)
     finally:
         c.stop()
