@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from .cluster import connect
@@ -103,10 +104,28 @@ def main() -> None:
     p.add_argument("--entries", type=int, default=1_000_000)
     p.add_argument("--size", type=int, default=16)
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--out", default="results/bench-spark.json", help="results file (default: %(default)s)")
     a = p.parse_args()
     if not a.conf:
         p.error("--conf or $CEPH_CONF is required")
-    print(json.dumps(run_spark_bench(a.conf, a.pool, a.entries, a.size, a.repeat), indent=2))
+    result = run_spark_bench(a.conf, a.pool, a.entries, a.size, a.repeat)
+    result["table"] = markdown_table(result)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(result["table"])
+    print(f"\nresults: {out}")
+
+
+def markdown_table(r: dict[str, Any]) -> str:
+    rows = [("client `log.stream()`, one process", r["client_stream"]["rows_per_s"], 1.0),
+            ("Spark `local[1]`", r["spark_local1"]["rows_per_s"], r["ratio_local1_vs_client"]),
+            ("Spark `local[2]`", r["spark_local2"]["rows_per_s"], r["ratio_local2_vs_client"])]
+    lines = [f"Scan of {r['entries']:,} entries of {r['entry_bytes']} B into a DataFrame count", "",
+             "| reader | rows/s | vs client |", "| --- | ---: | ---: |"]
+    lines += [f"| {name} | {rate:,.0f} | {ratio:.2f} |" for name, rate, ratio in rows]
+    lines.append(f"\nlocal[2] / local[1]: {r['ratio_local2_vs_local1']:.2f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
