@@ -377,8 +377,10 @@ def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> 
 
 
 @bench.command(name="append", context_settings=CONTEXT)
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
-              help="seconds per case")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=6.0, show_default=True,
+              help="seconds per case, split over the rounds")
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="zlog and raw alternate this many times per depth")
 @click.option("--size", type=click.IntRange(0, 1 << 20), default=1024, show_default=True,
               help="entry size in bytes")
 @click.option("--depths", default="1,16,128", show_default=True, callback=lambda c, p, v: _depths(v),
@@ -389,13 +391,13 @@ def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> 
 @click.option("--out", default=None, metavar="FILE",
               help="[default: results/bench-append.json; the plot goes beside it as .png]")
 @pass_env
-def bench_append(env: Env, duration: float, size: int, depths: list[int], batch: int, width: int,
-                 out: str | None) -> None:
+def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list[int], batch: int,
+                 width: int, out: str | None) -> None:
     """Append throughput and latency of zlog against raw librados writes."""
     from . import bench as b
 
-    b.bench_append(env, duration=duration, size=size, depths=depths, batch=batch, width=width,
-                   out=_bench_out("append", out))
+    b.bench_append(env, duration=duration, rounds=rounds, size=size, depths=depths, batch=batch,
+                   width=width, out=_bench_out("append", out))
 
 
 @bench.command(name="read", context_settings=CONTEXT)
