@@ -27,48 +27,65 @@ _RETRYABLE = (-errno.ESTALE, -errno.EROFS, -errno.ENOMSG, -errno.EIDRM)
 
 
 class AsyncOps:
+    """Per-op cost matters here (it bounds appends/s per client), so the hot
+    path uses one plain lock for the in-flight count and Events that are set
+    or cleared only when the client goes idle or busy."""
+
     def __init__(self, log: Log, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.log = log
         self.max_in_flight = max_in_flight
         self._slots = threading.BoundedSemaphore(max_in_flight)
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()  # guards _in_flight, _closed, _thread
+        self._idle = threading.Event()  # set while nothing is in flight
+        self._idle.set()
+        self._work = threading.Event()  # the dispatcher has queued entries to send
         self._queue: deque[tuple[bytes, Future[int], float]] = deque()
         self._in_flight = 0
         self._refresh = False
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    # --------------------------------------------------------------- appends
-    def append(self, stored: bytes) -> Future[int]:
-        """`stored` is already encoded and size-checked."""
+    def _begin(self) -> None:
         self._slots.acquire()
-        fut: Future[int] = Future()
-        with self._cv:
+        with self._lock:
             if self._closed:
                 self._slots.release()
                 raise ZlogError("log is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._dispatch, name="pyzlog-append", daemon=True)
-                self._thread.start()
-            self._queue.append((stored, fut, time.monotonic()))
+            if not self._in_flight:
+                self._idle.clear()
             self._in_flight += 1
-            self._cv.notify_all()
+
+    # --------------------------------------------------------------- appends
+    def append(self, stored: bytes) -> Future[int]:
+        """`stored` is already encoded and size-checked."""
+        self._begin()
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._dispatch, name="pyzlog-append", daemon=True)
+                    self._thread.start()
+        fut: Future[int] = Future()
+        self._queue.append((stored, fut, time.monotonic()))
+        if not self._work.is_set():
+            self._work.set()
         return fut
 
     def _dispatch(self) -> None:
         from .log import APPEND_DEADLINE_SECONDS
 
         while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if self._closed and not self._queue:
+            self._work.wait()
+            self._work.clear()
+            batch = []
+            while self._queue:
+                batch.append(self._queue.popleft())
+            if not batch:
+                if self._closed:
                     return
-                batch = list(self._queue)
-                self._queue.clear()
-                refresh, self._refresh = self._refresh, False
+                continue
+            refresh, self._refresh = self._refresh, False
             try:
                 if refresh:
                     self.log.refresh()
@@ -91,20 +108,20 @@ class AsyncOps:
         if ret == 0:
             self._finish(fut, result=pos)
         elif ret in _RETRYABLE:
-            with self._cv:
-                if ret == -errno.ESTALE:
-                    self._refresh = True
-                self._queue.append((stored, fut, t0))
-                self._cv.notify_all()
+            if ret == -errno.ESTALE:
+                self._refresh = True
+            self._queue.append((stored, fut, t0))  # a new position next round
+            self._work.set()
         else:
             self._finish(fut, error=from_errno(ret, f"append to {self.log.name!r}", pos))
 
     def _finish(self, fut: Future, result: object = None, error: BaseException | None = None) -> None:  # type: ignore[type-arg]
         # free the slot first: a done-callback that submits again must not block
         self._slots.release()
-        with self._cv:
+        with self._lock:
             self._in_flight -= 1
-            self._cv.notify_all()
+            if not self._in_flight:
+                self._idle.set()
         if error is not None:
             fut.set_exception(error)
         else:
@@ -112,10 +129,8 @@ class AsyncOps:
 
     # ----------------------------------------------------------------- reads
     def read(self, position: int) -> Future[bytes]:
-        self._slots.acquire()
+        self._begin()
         fut: Future[bytes] = Future()
-        with self._cv:
-            self._in_flight += 1
         self._read(position, fut, time.monotonic())
         return fut
 
@@ -150,18 +165,13 @@ class AsyncOps:
     # ----------------------------------------------------------------- admin
     def flush(self, timeout: float | None = None) -> None:
         """Wait until nothing is in flight."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
-            while self._in_flight:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"{self._in_flight} operations still in flight")
-                self._cv.wait(left)
+        if not self._idle.wait(timeout):
+            raise TimeoutError(f"{self._in_flight} operations still in flight")
 
     def close(self) -> None:
         self.flush()
-        with self._cv:
+        with self._lock:
             self._closed = True
-            self._cv.notify_all()
+        self._work.set()
         if self._thread:
             self._thread.join(5)

@@ -25,7 +25,9 @@ class ClassIO:
         self.ioctx = ioctx
         self.cluster = cluster  # shut down at interpreter exit, after the drain
         self._in_flight = 0
-        self._idle = threading.Condition()
+        self._count_lock = threading.Lock()
+        self._quiet = threading.Event()  # set while no aio is in flight
+        self._quiet.set()
         _live.add(self)
 
     def call(self, oid: str, method: str, payload: bytes = b"", out_len: int = 256,
@@ -68,9 +70,10 @@ class ClassIO:
             finally:
                 self._done_one()  # after on_done: drain() covers running callbacks too
 
-        with self._idle:
+        with self._count_lock:
             if not self._in_flight:
                 _busy.add(self)
+                self._quiet.clear()
             self._in_flight += 1
         try:
             self.ioctx.aio_execute(oid, wire.CLASS, method, payload, out_len, oncomplete=done)
@@ -79,18 +82,17 @@ class ClassIO:
             on_done(-abs(getattr(e, "errno", None) or errno.EIO), b"")
 
     def _done_one(self) -> None:
-        with self._idle:
+        with self._count_lock:
             self._in_flight -= 1
             if not self._in_flight:
                 _busy.discard(self)
-                self._idle.notify_all()
+                self._quiet.set()
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait for this context's aio calls (e.g. a stream's read-ahead that
         nobody will consume). At interpreter exit, a librados thread that
         calls back into Python after finalization began aborts the process."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
+        return self._quiet.wait(timeout)
 
 
 _live: weakref.WeakSet[ClassIO] = weakref.WeakSet()
