@@ -39,7 +39,7 @@ from .metadata import MetaStore
 from .objects import ClassIO, check
 from .reader import HOLE_WAIT_SECONDS, Record, Stream, check_stream_args
 from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
-from .tailfind import find_tail, highest_sealed, seal_objects
+from .tailfind import find_tail, highest_sealed, seal_objects, stat_objects
 
 logger = logging.getLogger("pyzlog")
 
@@ -249,15 +249,7 @@ class Log:
     def first_position(self) -> int:
         """The first position not trimmed by trim_to (0 if none was)."""
         oids = [oid for v in self.views for oid in view_objects(self.name, v)]
-        futs = [(oid, self.data.call_async(oid, "stat", b"", 64)) for oid in oids]
-        first = 0
-        for oid, fut in futs:
-            ret, out = fut.result()
-            if ret == -errno.ENOENT:
-                continue
-            check(ret, "stat", oid)
-            first = max(first, wire.parse_stat(out).trim_below)
-        return first
+        return max((st.trim_below for st in stat_objects(self.data, oids)), default=0)
 
     def tail(self) -> int:
         """The next position an append would get (the sequencer's counter, or

@@ -17,17 +17,22 @@ if TYPE_CHECKING:
     from .log import Log
 
 
-def highest_sealed(data: ClassIO, oids: list[str]) -> int:
-    """The highest epoch sealed on any of `oids` (0 for objects not created yet)."""
+def stat_objects(data: ClassIO, oids: list[str]) -> list[wire.ObjectStat]:
+    """The stat of each object that exists, all asked concurrently."""
     futs = [(oid, data.call_async(oid, "stat", b"", 64)) for oid in oids]
-    top = 0
+    stats = []
     for oid, fut in futs:
         ret, out = fut.result()
         if ret == -errno.ENOENT:
             continue
         check(ret, "stat", oid)
-        top = max(top, wire.parse_stat(out).sealed_epoch)
-    return top
+        stats.append(wire.parse_stat(out))
+    return stats
+
+
+def highest_sealed(data: ClassIO, oids: list[str]) -> int:
+    """The highest epoch sealed on any of `oids` (0 for objects not created yet)."""
+    return max((st.sealed_epoch for st in stat_objects(data, oids)), default=0)
 
 
 def seal_objects(data: ClassIO, oids: list[str], epoch: int) -> int | None:

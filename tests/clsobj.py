@@ -2,8 +2,21 @@
 return code (0 or -errno) so tests can assert each error precisely."""
 from __future__ import annotations
 
+import errno
+
 from pyzlog import wire
 from pyzlog.objects import ClassIO
+
+# The class's return codes (docs/cls_zlog.md), as the tests assert them.
+OK = 0
+STALE = -errno.ESTALE
+WRITTEN = -errno.EROFS
+FILLED = -errno.ENOMSG
+TRIMMED = -errno.EIDRM
+UNWRITTEN = -errno.ENODATA
+EINVAL = -errno.EINVAL
+TOO_BIG = -errno.EFBIG
+NOENT = -errno.ENOENT  # the OSD's answer to a read-only method on a missing object
 
 
 class Obj:

@@ -6,7 +6,6 @@ ZLOG_TEST_CONF to run against a cluster you already have instead.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -15,18 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_vstart():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("vstart", ROOT / "vstart" / "vstart.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-vstart = _load_vstart()
+from vstartmod import ROOT, vstart
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -23,17 +23,9 @@ from pyzlog import wire
 from pyzlog.objects import ClassIO
 from pyzlog.wire import EntryState, ObjectStat, RangeEntry, RangeReply
 
-from clsobj import Obj
+from clsobj import EINVAL, FILLED, NOENT, OK, STALE, TOO_BIG, TRIMMED, UNWRITTEN, WRITTEN, Obj
 
-OK = 0
-STALE = -errno.ESTALE
-WRITTEN = -errno.EROFS
-FILLED = -errno.ENOMSG
-TRIMMED = -errno.EIDRM
-UNWRITTEN = -errno.ENODATA
-EINVAL = -errno.EINVAL
-TOO_BIG = -errno.EFBIG
-NOENT = -errno.ENOENT  # the OSD's answer to a read-only method on a missing object
+
 
 STATE_ERROR = {EntryState.WRITTEN: WRITTEN, EntryState.FILLED: FILLED, EntryState.TRIMMED: TRIMMED}
 BIG = b"x" * (wire.MAX_ENTRY_BYTES + 1)

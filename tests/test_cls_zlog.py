@@ -9,15 +9,9 @@ import pytest
 from pyzlog import wire
 from pyzlog.wire import EntryState
 
-from clsobj import Obj
+from clsobj import EINVAL, FILLED, OK, STALE, TRIMMED, UNWRITTEN, WRITTEN, Obj
 
-OK = 0
-STALE = -errno.ESTALE
-WRITTEN = -errno.EROFS
-FILLED = -errno.ENOMSG
-TRIMMED = -errno.EIDRM
-UNWRITTEN = -errno.ENODATA
-EINVAL = -errno.EINVAL
+
 
 
 @pytest.fixture

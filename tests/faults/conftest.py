@@ -12,7 +12,6 @@ pyzlog.faultreport` turns into results/faults.md and results/faults.json.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -37,15 +36,7 @@ FAULT_TEST_TIMEOUT = 300
 _report_lock = threading.Lock()
 
 
-def _load_vstart():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("vstart_faults", ROOT / "vstart" / "vstart.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-vstart = _load_vstart()
+from vstartmod import vstart  # noqa: E402  (tests/ is on sys.path via the parent conftest)
 
 
 def pytest_configure(config: pytest.Config) -> None:
