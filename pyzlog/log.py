@@ -19,7 +19,6 @@ from .cluster import open_ioctx
 from .codec import check_codec, codec_for
 from .errors import (
     EntryTooLarge,
-    EpochChanged,
     InvalidRequest,
     NotWritten,
     SequencerUnavailable,
@@ -31,7 +30,6 @@ from .layout import (
     META_NAMESPACE,
     check_name,
     check_position,
-    data_oid,
     oid_of,
     view_objects,
 )
@@ -39,7 +37,7 @@ from .metadata import MetaStore
 from .objects import ClassIO, check
 from .reader import HOLE_WAIT_SECONDS, Record, Stream, check_stream_args
 from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
-from .tailfind import find_tail, highest_sealed, seal_objects, stat_objects
+from .tailfind import find_tail, highest_position, seal_new_epoch, stat_objects
 
 logger = logging.getLogger("pyzlog")
 
@@ -223,22 +221,11 @@ class Log:
     # ------------------------------------------------------------------ tail
     def max_position(self) -> int | None:
         """Highest position written or filled in the newest view, without sealing."""
-        view = self.views[-1]
-        futs = [(oid, self.data.call_async(oid, "max_position", wire.epoch_only(self.epoch), 64))
-                for oid in view_objects(self.name, view)]
-        top: int | None = None
-        for oid, fut in futs:
-            ret, out = fut.result()
-            if ret in (-errno.ENOENT,):
-                continue
-            if ret == -errno.ESTALE:
+        while True:
+            try:
+                return highest_position(self.data, view_objects(self.name, self.views[-1]), self.epoch)
+            except StaleEpoch:
                 self.refresh()
-                return self.max_position()
-            check(ret, "max_position", oid)
-            pos = wire.parse_max_position(out)
-            if pos is not None and (top is None or pos > top):
-                top = pos
-        return top
 
     def next_position_hint(self) -> int:
         """The next position an append would try, from max_position (no seal)."""
@@ -458,24 +445,11 @@ class Log:
         positions stay where they were written; other clients refresh when
         their old epoch is refused."""
         _check_width(width)
-        delay = 0.005
-        for _ in range(50):
-            meta = self.refresh()
-            view = meta.views[-1]
-            oids = view_objects(self.name, view)
-            epoch = max(meta.epoch, highest_sealed(self.data, oids)) + 1
-            try:
-                top = seal_objects(self.data, oids, epoch)
-                start = view.start if top is None else max(view.start, top + 1)
-                self.meta_store.propose_view(meta.epoch, epoch, start, width)
-            except (StaleEpoch, EpochChanged):
-                time.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, 0.5)
-                continue
-            self.refresh()
-            logger.info("log %r: view %d from position %d over %d objects", self.name, epoch, start, width)
-            return self.views[-1]
-        raise ZlogError(f"reconfigure {self.name!r}: the epoch kept changing under us")
+        epoch, start = seal_new_epoch(
+            self, lambda expected, epoch, nxt: self.meta_store.propose_view(expected, epoch, nxt, width),
+            f"reconfigure {self.name!r}: the epoch kept changing under us")
+        logger.info("log %r: view %d from position %d over %d objects", self.name, epoch, start, width)
+        return self.views[-1]
 
 
 def _check_width(width: int) -> None:
@@ -483,9 +457,4 @@ def _check_width(width: int) -> None:
         raise InvalidRequest(f"stripe width must be 1..{wire.MAX_WIDTH}, not {width!r}")
 
 
-def data_objects(log: Log) -> list[str]:
-    """Every data object name the log's views can address."""
-    return [data_oid(log.name, v, i) for v in log.views for i in range(v.width)]
-
-
-__all__ = ["DEFAULT_WIDTH", "Log", "data_objects"]
+__all__ = ["DEFAULT_WIDTH", "Log"]

@@ -9,7 +9,6 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-import pyzlog  # noqa: E402
 from pyzlog import Log  # noqa: E402
 
 HOLE_WAIT = "0.5"

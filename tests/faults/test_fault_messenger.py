@@ -10,7 +10,7 @@ from pathlib import Path
 import pyzlog
 from pyzlog import Log
 
-from faultlib import Workload, final_scan, wait_until
+from faultlib import Workload, final_scan
 from history import History
 
 SOCKET_FAILURES = 500  # one in N socket reads/writes fails
