@@ -78,6 +78,22 @@ struct DataHeader {
 
 constexpr uint8_t kHeaderVersion = 1;
 
+int decode_header(bufferlist& bl, DataHeader* h) {
+  *h = DataHeader{};
+  if (bl.length() == 0) return 0;
+  Decoder d(bl.c_str(), bl.length());
+  uint8_t ver = d.u8();
+  h->sealed_epoch = d.u64();
+  h->has_max = d.u8() != 0;
+  h->max_pos = d.u64();
+  h->trim_below = d.u64();
+  if (!d.done() || ver != kHeaderVersion) {
+    cls_log(0, "zlog: corrupt data object header");
+    return -EIO;
+  }
+  return 0;
+}
+
 // Loads the header; a missing object or empty header is the initial state.
 // Returns <0 only for a header that exists but is unreadable.
 int read_header(cls_method_context_t hctx, DataHeader* h, bool* exists) {
@@ -94,21 +110,20 @@ int read_header(cls_method_context_t hctx, DataHeader* h, bool* exists) {
   bufferlist bl;
   r = cls_cxx_map_read_header(hctx, &bl);
   if (r < 0) return r;
-  if (bl.length() == 0) {
-    *h = DataHeader{};
-    return 0;
-  }
-  Decoder d(bl.c_str(), bl.length());
-  uint8_t ver = d.u8();
-  h->sealed_epoch = d.u64();
-  h->has_max = d.u8() != 0;
-  h->max_pos = d.u64();
-  h->trim_below = d.u64();
-  if (!d.done() || ver != kHeaderVersion) {
-    cls_log(0, "zlog: corrupt data object header");
-    return -EIO;
-  }
-  return 0;
+  return decode_header(bl, h);
+}
+
+// The header for the write paths, which run once per append: without the
+// stat (a missing object has no header, and setting omap values creates
+// it), so an append costs the OSD one read and two writes of omap.
+int read_header_for_write(cls_method_context_t hctx, uint64_t epoch, DataHeader* h) {
+  bufferlist bl;
+  int r = cls_cxx_map_read_header(hctx, &bl);
+  if (r < 0 && r != -ENOENT) return r;
+  if (r == -ENOENT) bl.clear();
+  r = decode_header(bl, h);
+  if (r < 0) return r;
+  return epoch < h->sealed_epoch ? -ERR_STALE : 0;
 }
 
 // read_header, then refuse a request epoch below the object's sealed epoch.
@@ -193,6 +208,20 @@ int get_entry(cls_method_context_t hctx, const DataHeader& h, uint64_t pos, buff
   return 0;
 }
 
+// Whether `pos` is free to store at. Every stored entry is at or below the
+// header's max (write, fill and trim all raise it), so an append, which is
+// almost always above it, needs no lookup.
+int check_free(cls_method_context_t hctx, const DataHeader& h, uint64_t pos) {
+  if (pos < h.trim_below) return -ERR_TRIMMED;
+  if (!h.has_max || pos > h.max_pos) return 0;
+  bufferlist cur;
+  Entry e;
+  bool found;
+  int r = get_entry(hctx, h, pos, &cur, &e, &found);
+  if (r < 0) return r;
+  return found ? state_error(e.state) : 0;
+}
+
 // write: u64 epoch, u64 pos, u32 len, data
 int zlog_write(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
@@ -204,28 +233,16 @@ int zlog_write(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   if (len > kMaxEntryBytes) return -ERR_TOO_BIG;
 
   DataHeader h;
-  bool exists;
-  int r = read_header_at(hctx, epoch, &h, &exists);
+  int r = read_header_for_write(hctx, epoch, &h);
   if (r < 0) return r;
-
-  bufferlist cur;
-  Entry e;
-  bool found;
-  r = get_entry(hctx, h, pos, &cur, &e, &found);
+  r = check_free(hctx, h, pos);
   if (r < 0) return r;
-  if (found) return state_error(e.state);
-
-  if (!exists) {
-    r = cls_cxx_create(hctx, false);
-    if (r < 0) return r;
-    exists = true;
-  }
   bufferlist val = make_entry(WRITTEN, epoch, data, len);
   r = cls_cxx_map_set_val(hctx, pos_key(pos), &val);
   if (r < 0) return r;
   if (h.has_max && pos <= h.max_pos) return 0;
   note_position(&h, pos);
-  return write_header(hctx, h, exists);
+  return write_header(hctx, h, true);
 }
 
 // write_many: u64 epoch, u32 n, n x (u64 pos, u32 len, data). All or nothing:
@@ -252,27 +269,15 @@ int zlog_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   if (too_big) return -ERR_TOO_BIG;
 
   DataHeader h;
-  bool exists;
-  int r = read_header_at(hctx, epoch, &h, &exists);
+  int r = read_header_for_write(hctx, epoch, &h);
   if (r < 0) return r;
-
-  if (exists) {
-    for (auto& kv : vals) {
-      uint64_t pos = std::stoull(kv.first, nullptr, 16);
-      bufferlist cur;
-      Entry e;
-      bool found;
-      r = get_entry(hctx, h, pos, &cur, &e, &found);
-      if (r < 0) return r;
-      if (found) return state_error(e.state);
-    }
-  } else {
-    r = cls_cxx_create(hctx, false);
+  for (auto& kv : vals) {
+    r = check_free(hctx, h, std::stoull(kv.first, nullptr, 16));
     if (r < 0) return r;
   }
   r = cls_cxx_map_set_vals(hctx, &vals);
   if (r < 0) return r;
-  if (h.has_max && top <= h.max_pos && exists) return 0;
+  if (h.has_max && top <= h.max_pos) return 0;
   note_position(&h, top);
   return write_header(hctx, h, true);
 }
@@ -349,11 +354,15 @@ int zlog_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
   if (pos < h.trim_below) return 0;
-  if (!exists) {
+  bufferlist val = make_entry(TRIMMED, epoch, nullptr, 0);
+  if (!h.has_max || pos > h.max_pos) {
+    note_position(&h, pos);  // keeps "every stored entry is at or below max" (check_free)
+    r = write_header(hctx, h, exists);
+    if (r < 0) return r;
+  } else if (!exists) {
     r = write_header(hctx, h, false);
     if (r < 0) return r;
   }
-  bufferlist val = make_entry(TRIMMED, epoch, nullptr, 0);
   return cls_cxx_map_set_val(hctx, pos_key(pos), &val);
 }
 

@@ -2,9 +2,10 @@
 
 append_async returns a concurrent.futures.Future of the position. Queued
 entries are sent in batches: one sequencer request takes positions for every
-entry waiting, then each entry is written with an aio class call. An entry
-whose write is refused (stale epoch, position taken) goes back to the queue
-and gets a new position; its future resolves only once the entry is stored.
+entry waiting, then each entry is written with an aio class call: from C++
+(fastappend.py) when it can be, else through python-rados. An entry whose
+write is refused (stale epoch, position taken) goes back to the queue and gets
+a new position; its future resolves only once the entry is stored.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .errors import NotWritten, ZlogError, from_errno
+from .fastappend import NativeAppends
 
 if TYPE_CHECKING:
     from .log import Log
@@ -28,16 +30,19 @@ _RETRYABLE = (-errno.ESTALE, -errno.EROFS, -errno.ENOMSG, -errno.EIDRM)
 
 class AsyncOps:
     """Per-op cost matters here (it bounds appends/s per client), so the hot
-    path uses one plain lock for the in-flight count and Events that are set
-    or cleared only when the client goes idle or busy."""
+    path takes one plain lock for the in-flight count, waits on a Condition
+    only when max_in_flight is reached, and sets or clears the idle Event only
+    when the client goes idle or busy."""
 
-    def __init__(self, log: Log, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+    def __init__(self, log: Log, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.log = log
         self.max_in_flight = max_in_flight
-        self._slots = threading.BoundedSemaphore(max_in_flight)
-        self._lock = threading.Lock()  # guards _in_flight, _closed, _thread
+        self.coalesce = coalesce
+        self._lock = threading.Lock()  # guards _in_flight, _waiting, _closed, _thread
+        self._room = threading.Condition(self._lock)  # _in_flight went below max_in_flight
+        self._waiting = 0  # threads waiting for room
         self._idle = threading.Event()  # set while nothing is in flight
         self._idle.set()
         self._work = threading.Event()  # the dispatcher has queued entries to send
@@ -46,12 +51,17 @@ class AsyncOps:
         self._refresh = False
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._native: NativeAppends | None = None
+        self._native_lock = threading.Lock()
+        self._try_native = True
 
     def _begin(self) -> None:
-        self._slots.acquire()
         with self._lock:
+            while self._in_flight >= self.max_in_flight and not self._closed:
+                self._waiting += 1
+                self._room.wait()
+                self._waiting -= 1
             if self._closed:
-                self._slots.release()
                 raise ZlogError("log is closed")
             if not self._in_flight:
                 self._idle.clear()
@@ -61,16 +71,36 @@ class AsyncOps:
     def append(self, stored: bytes) -> Future[int]:
         """`stored` is already encoded and size-checked."""
         self._begin()
+        fut: Future[int] = Future()
+        item = (stored, fut, time.monotonic())
+        native = self._native if self._native is not None or not self._try_native else self._open_native()
+        log = self.log
+        if native is not None and not log._seqr_down and item[2] >= log._seqr_recheck_at:
+            try:
+                native.append(log.meta, stored, item)
+            except RuntimeError:  # closed under us by a concurrent close()
+                self._finish(fut, error=ZlogError("log is closed"))
+        else:
+            self._requeue(item)
+        return fut
+
+    def _open_native(self) -> NativeAppends | None:
+        with self._native_lock:
+            if self._try_native:
+                self._native = NativeAppends.open(self.log, self._native_done, self.coalesce)
+                self._try_native = False
+        return self._native
+
+    def _requeue(self, item: tuple[bytes, Future[int], float]) -> None:
+        """Append `item` through the Python dispatcher (a new position)."""
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._dispatch, name="pyzlog-append", daemon=True)
                     self._thread.start()
-        fut: Future[int] = Future()
-        self._queue.append((stored, fut, time.monotonic()))
+        self._queue.append(item)
         if not self._work.is_set():
             self._work.set()
-        return fut
 
     def _dispatch(self) -> None:
         from .log import APPEND_DEADLINE_SECONDS
@@ -79,8 +109,13 @@ class AsyncOps:
             self._work.wait()
             self._work.clear()
             batch = []
+            now = time.monotonic()
             while self._queue:
-                batch.append(self._queue.popleft())
+                item = self._queue.popleft()
+                if now - item[2] > APPEND_DEADLINE_SECONDS:
+                    self._finish(item[1], error=ZlogError("append did not complete in time"))
+                else:
+                    batch.append(item)
             if not batch:
                 if self._closed:
                     return
@@ -95,14 +130,17 @@ class AsyncOps:
                     self._finish(fut, error=e)
                 continue
             epoch = self.log.epoch
-            now = time.monotonic()
             for k, (stored, fut, t0) in enumerate(batch):
-                if now - t0 > APPEND_DEADLINE_SECONDS:
-                    self._finish(fut, error=ZlogError("append did not complete in time"))
-                    continue
                 pos = first + k
                 self.log.data.submit(self.log.oid_of(pos), "write", wire.write(epoch, pos, stored), 0,
                                      functools.partial(self._written, stored, fut, pos, t0))
+
+    def _native_done(self, item: tuple[bytes, Future[int], float], pos: int, code: int) -> None:
+        assert self._native is not None
+        if code == self._native.HANDED_BACK:
+            self._requeue(item)
+        else:
+            self._written(item[0], item[1], pos, item[2], code, b"")
 
     def _written(self, stored: bytes, fut: Future[int], pos: int, t0: float, ret: int, _out: bytes) -> None:
         if ret == 0:
@@ -110,16 +148,16 @@ class AsyncOps:
         elif ret in _RETRYABLE:
             if ret == -errno.ESTALE:
                 self._refresh = True
-            self._queue.append((stored, fut, t0))  # a new position next round
-            self._work.set()
+            self._requeue((stored, fut, t0))  # a new position next round
         else:
             self._finish(fut, error=from_errno(ret, f"append to {self.log.name!r}", pos))
 
     def _finish(self, fut: Future, result: object = None, error: BaseException | None = None) -> None:  # type: ignore[type-arg]
         # free the slot first: a done-callback that submits again must not block
-        self._slots.release()
         with self._lock:
             self._in_flight -= 1
+            if self._waiting:
+                self._room.notify()
             if not self._in_flight:
                 self._idle.set()
         if error is not None:
@@ -172,6 +210,9 @@ class AsyncOps:
         self.flush()
         with self._lock:
             self._closed = True
+            self._room.notify_all()
         self._work.set()
         if self._thread:
             self._thread.join(5)
+        if self._native is not None:
+            self._native.close()

@@ -270,19 +270,21 @@ class _Bench:
         self.ioctx = open_ioctx(self.cluster, self.pool)
         self.raw_objects: list[str] = []
         self.logs: list[Any] = []
+        self.log_names: list[str] = []
 
     def new_log(self, width: int) -> Any:
         from .log import Log
 
         name = f"bench-{self.run_id}-{uuid.uuid4().hex[:6]}"
         Log.create(self.cluster, self.pool, name, width=width)
+        self.log_names.append(name)
         return name
 
-    def open(self, name: str, max_in_flight: int | None = None) -> Any:
+    def open(self, name: str, max_in_flight: int | None = None, coalesce: bool = True) -> Any:
         from .log import Log
 
         kw = {} if max_in_flight is None else {"max_in_flight": max_in_flight}
-        log = Log.open(self.cluster, self.pool, name, sequencer=self.seqr, **kw)
+        log = Log.open(self.cluster, self.pool, name, sequencer=self.seqr, coalesce=coalesce, **kw)
         self.logs.append(log)
         return log
 
@@ -313,6 +315,7 @@ class _Bench:
         try:
             if self.raw_objects:
                 self._remove_raw()
+            self._remove_logs()
         finally:
             try:
                 self.ioctx.close()
@@ -320,17 +323,39 @@ class _Bench:
                 if self.seqr_proc is not None:
                     self.seqr_proc.stop()
 
+    def _remove_logs(self) -> None:
+        """Delete the benchmark's own logs (every view's data objects and the
+        metadata object), so runs do not fill a memstore dev cluster."""
+        from .cluster import open_ioctx
+        from .layout import META_NAMESPACE, view_objects
+        from .log import Log
+
+        meta = open_ioctx(self.cluster, self.pool, META_NAMESPACE)
+        try:
+            for name in self.log_names:
+                lg = Log.open(self.cluster, self.pool, name)
+                views = lg.views
+                lg.close()
+                self._remove_objects([oid for v in views for oid in view_objects(name, v)], self.ioctx)
+                self._remove_objects([name], meta)
+        finally:
+            meta.close()
+
     def _remove_raw(self) -> None:
+        self._remove_objects(self.raw_objects, self.ioctx)
+        self.raw_objects.clear()
+
+    @staticmethod
+    def _remove_objects(oids: list[str], ioctx: Any) -> None:
         sem = threading.Semaphore(128)
-        for oid in self.raw_objects:
+        for oid in oids:
             sem.acquire()
             try:
-                self.ioctx.aio_remove(oid, oncomplete=lambda *_: sem.release())
+                ioctx.aio_remove(oid, oncomplete=lambda *_: sem.release())
             except Exception:  # noqa: BLE001 - best effort
                 sem.release()
         for _ in range(128):
             sem.acquire(timeout=30)
-        self.raw_objects.clear()
 
 
 def _progress() -> Progress:
@@ -360,7 +385,7 @@ def _fmt(v: float | None, spec: str = ",.0f") -> str:
 
 
 # ------------------------------------------------------------------- append
-def bench_append(env: Any, *, duration: float = 6.0, rounds: int = 3, size: int = 1024,
+def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int = 1024,
                  depths: list[int] | None = None, batch: int = 64, width: int = 4,
                  out: str = "results/bench-append.json") -> dict[str, Any]:
     depths = depths or [1, 16, 128]
@@ -375,9 +400,12 @@ def bench_append(env: Any, *, duration: float = 6.0, rounds: int = 3, size: int 
             seqr_ok = b.warm_up(warm)
             slice_s = duration / rounds
             round_ratios: dict[str, list[float]] = {}
+            single_ratios: dict[str, float] = {}  # zlog without coalescing / raw
             for depth in depths:
                 log = b.open(name, max_in_flight=depth)
+                single = b.open(name, max_in_flight=depth, coalesce=False)
                 zlog_runs: list[tuple[int, float, list[float]]] = []
+                single_runs: list[tuple[int, float, list[float]]] = []
                 raw_runs: list[tuple[int, float, list[float]]] = []
                 # zlog and raw alternate in short rounds, so a change in the
                 # shared machine's speed hits both sides of each ratio alike
@@ -389,6 +417,12 @@ def bench_append(env: Any, *, duration: float = 6.0, rounds: int = 3, size: int 
                         zlog_runs.append(run_async(
                             lambda i, done: _future_done(log.append_async(data), done), depth, slice_s, tick))
                         log.flush()
+                        tick.finish()
+                        # the same without coalescing: one class write per entry
+                        tick = new(f"zlog one write per entry depth {depth} ({r + 1}/{rounds})")
+                        single_runs.append(run_async(
+                            lambda i, done: _future_done(single.append_async(data), done), depth, slice_s, tick))
+                        single.flush()
                     tick.finish()
                     tick = new(f"raw write_full depth {depth} ({r + 1}/{rounds})")
                     if depth == 1:
@@ -401,8 +435,14 @@ def bench_append(env: Any, *, duration: float = 6.0, rounds: int = 3, size: int 
                     tick.finish()
                 round_ratios[str(depth)] = [(zn / ze) / max(rn / re_, 1e-9)
                                             for (zn, ze, _), (rn, re_, _) in zip(zlog_runs, raw_runs)]
+                if single_runs:
+                    single_ratios[str(depth)] = statistics.median(
+                        (sn / se) / max(rn / re_, 1e-9) for (sn, se, _), (rn, re_, _) in zip(single_runs, raw_runs))
                 for system, runs, api in (("zlog", zlog_runs, "append" if depth == 1 else "append_async"),
+                                          ("zlog_single", single_runs, "append_async(coalesce=False)"),
                                           ("raw", raw_runs, "write_full" if depth == 1 else "aio_write_full")):
+                    if not runs:
+                        continue
                     n = sum(x[0] for x in runs)
                     el = sum(x[1] for x in runs)
                     lats = [v for x in runs for v in x[2]]
@@ -438,6 +478,7 @@ def bench_append(env: Any, *, duration: float = 6.0, rounds: int = 3, size: int 
             "round_ratios": round_ratios,
             "target_ratio": APPEND_TARGET_RATIO,
             "target_met": {d: r >= APPEND_TARGET_RATIO for d, r in ratios.items()},
+            "ratios_one_write_per_entry": single_ratios,
         }
     finally:
         b.close()
@@ -460,12 +501,17 @@ def markdown_append(r: dict[str, Any]) -> str:
              "",
              "| case | depth | ops/s | MB/s | p50 ms | p99 ms | zlog/raw |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    single = r.get("ratios_one_write_per_entry", {})
+    labels = {"zlog": "zlog append_async", "zlog_single": "zlog append_async, coalesce=False",
+              "raw": "raw librados write_full"}
     for d in p["depths"]:
-        for sysname in ("zlog", "raw"):
-            c = r["cases"][f"{sysname}_depth{d}"]
-            ratio = f"{r['ratios'][str(d)]:.2f}" if sysname == "zlog" else ""
-            label = "zlog append" + ("" if d == 1 else "_async") if sysname == "zlog" else \
-                "raw librados write_full"
+        for sysname in ("zlog", "zlog_single", "raw"):
+            c = r["cases"].get(f"{sysname}_depth{d}")
+            if c is None:
+                continue
+            ratio = {"zlog": f"{r['ratios'][str(d)]:.2f}",
+                     "zlog_single": f"{single[str(d)]:.2f}" if str(d) in single else ""}.get(sysname, "")
+            label = "zlog append" if sysname == "zlog" and d == 1 else labels[sysname]
             lines.append(f"| {label} | {d} | {_fmt(c['ops_per_s'])} | {_fmt(c['mb_per_s'], '.2f')} | "
                          f"{_fmt(c['latency_ms']['p50'], '.2f')} | {_fmt(c['latency_ms']['p99'], '.2f')} | "
                          f"{ratio} |")
@@ -486,8 +532,12 @@ def plot_append(r: dict[str, Any], png: str) -> str | None:
         return None
     depths = r["params"]["depths"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
-    for sysname, label, style in (("zlog", "zlog append", "o-"), ("raw", "raw librados write_full", "s--")):
-        ax.plot(depths, [r["cases"][f"{sysname}_depth{d}"]["ops_per_s"] for d in depths], style, label=label)
+    for sysname, label, style in (("zlog", "zlog append", "o-"),
+                                  ("zlog_single", "zlog append, coalesce=False", "^-"),
+                                  ("raw", "raw librados write_full", "s--")):
+        xs = [d for d in depths if f"{sysname}_depth{d}" in r["cases"]]
+        if xs:
+            ax.plot(xs, [r["cases"][f"{sysname}_depth{d}"]["ops_per_s"] for d in xs], style, label=label)
     batch = r["cases"].get(f"zlog_batch{r['params']['batch']}")
     if batch:
         ax.axhline(batch["ops_per_s"], color="gray", linestyle=":",
@@ -582,10 +632,14 @@ def bench_read(env: Any, *, duration: float = 3.0, entries: int = 20000, size: i
             oids = [b.raw_oid() for _ in range(m)]
             sem = threading.Semaphore(64)
             errs: list[BaseException] = []
+            def written(e: BaseException | None) -> None:
+                if e is not None:
+                    errs.append(e)
+                sem.release()
+
             for i, oid in enumerate(oids):
                 sem.acquire()
-                b.ioctx.aio_write_full(oid, data, oncomplete=_rados_done(
-                    lambda e: (errs.append(e) if e else None, sem.release()), "write"))
+                b.ioctx.aio_write_full(oid, data, oncomplete=_rados_done(written, "write"))
                 if i % 256 == 0:
                     progress.update(task, completed=i)
             for _ in range(64):

@@ -28,7 +28,7 @@ APPEND_WINDOW = 64
 
 
 # --------------------------------------------------------------------- types
-class PositionType(click.ParamType):
+class PositionType(click.ParamType):  # type: ignore[type-arg]
     """A log position: an integer in [0, MAX_POSITION]."""
 
     name = "POS"
@@ -377,9 +377,9 @@ def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> 
 
 
 @bench.command(name="append", context_settings=CONTEXT)
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=6.0, show_default=True,
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="seconds per case, split over the rounds")
-@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True,
               help="zlog and raw alternate this many times per depth")
 @click.option("--size", type=click.IntRange(0, 1 << 20), default=1024, show_default=True,
               help="entry size in bytes")

@@ -17,6 +17,35 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_OP_TIMEOUT = 30.0
 
 
+class Cluster(rados.Rados):  # type: ignore[misc]  # python-rados has no types
+    """A rados.Rados that remembers its client name (python-rados does not
+    say), so pyzlog can open a second connection as the same client (the C++
+    path of async appends)."""
+
+    client_name = "client.admin"
+
+
+#: settings a second connection copies from a connected rados.Rados
+_COPIED_SETTINGS = ("mon_host", "keyring", "key", "keyfile", "auth_client_required",
+                    "rados_mon_op_timeout", "client_mount_timeout", "rados_osd_op_timeout")
+
+
+def connection_settings(cluster: rados.Rados) -> tuple[str, str, list[tuple[str, str]]]:
+    """(client name, ceph.conf path or "", options) to connect again as `cluster` did."""
+    if isinstance(cluster, Cluster):
+        name = cluster.client_name
+    else:
+        name = f"client.{cluster.rados_id}" if cluster.rados_id else "client.admin"
+    conffile = cluster.conffile if isinstance(cluster.conffile, str) else ""
+    options = []
+    for key in _COPIED_SETTINGS:
+        value = cluster.conf_get(key)
+        if value:
+            options.append((key, value))
+    options.append(("admin_socket", ""))  # the first connection owns the socket path
+    return name, conffile, options
+
+
 def resolve_conf(conf: str | os.PathLike[str] | None) -> str:
     """--conf, else $CEPH_CONF, else /etc/ceph/ceph.conf; it must exist."""
     path = str(conf) if conf else os.environ.get("CEPH_CONF", DEFAULT_CONF)
@@ -41,9 +70,10 @@ def connect(conf: str | os.PathLike[str] | None = None, *, keyring: str | None =
     if keyring:
         opts["keyring"] = str(keyring)
     try:
-        cluster = rados.Rados(conffile=path, name=client, conf=opts)
+        cluster = Cluster(conffile=path, name=client, conf=opts)
     except rados.Error as e:
         raise ClusterUnavailable(f"bad client configuration ({path}): {e}") from None
+    cluster.client_name = client
     try:
         cluster.connect(timeout=connect_s)
     except rados.PermissionDeniedError:

@@ -28,9 +28,13 @@ def check_position(position: int) -> int:
     return position
 
 
-def data_oid(log: str, view: View, index: int) -> str:
+def data_oid_prefix(log: str, view: View) -> str:
     """Data objects are per view, so a new width never reuses an old object."""
-    return f"zlog.{log}.{view.epoch}.{index}"
+    return f"zlog.{log}.{view.epoch}."
+
+
+def data_oid(log: str, view: View, index: int) -> str:
+    return f"{data_oid_prefix(log, view)}{index}"
 
 
 def view_objects(log: str, view: View) -> list[str]:

@@ -79,7 +79,7 @@ class Log:
 
     def __init__(self, cluster: rados.Rados, pool: str, name: str,
                  sequencer: SequencerClient | str | None = None,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True) -> None:
         self.cluster = cluster
         self.pool = pool
         self.name = check_name(name)
@@ -90,7 +90,7 @@ class Log:
         self._seqr_down = False
         self._seqr_recheck_at = 0.0
         self._slow_next = 0  # next position slow tail finding will try
-        self._async = AsyncOps(self, max_in_flight)
+        self._async = AsyncOps(self, max_in_flight, coalesce)
         self.encode, self.decode = codec_for({})
 
     # ------------------------------------------------------------ lifecycle
@@ -98,14 +98,15 @@ class Log:
     def create(cls, cluster: rados.Rados, pool: str, name: str, width: int = DEFAULT_WIDTH,
                config: dict[str, Any] | None = None,
                sequencer: SequencerClient | str | None = None, *, compression: str = "none",
-               max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Log:
+               max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True) -> Log:
         """A new log striped over `width` objects; LogExists if the name is taken.
-        `compression` ("none" or "zstd") is recorded in the log's metadata."""
+        `compression` ("none" or "zstd") is recorded in the log's metadata.
+        `max_in_flight` and `coalesce` are as for open()."""
         _check_width(width)
         config = dict(config or {})
         config.setdefault("compression", check_codec(compression))
         codec_for(config)  # refuse an unknown codec before creating anything
-        log = cls(cluster, pool, name, sequencer, max_in_flight)
+        log = cls(cluster, pool, name, sequencer, max_in_flight, coalesce)
         log.meta_store.create(width, config)
         log.refresh()
         return log
@@ -113,8 +114,11 @@ class Log:
     @classmethod
     def open(cls, cluster: rados.Rados, pool: str, name: str,
              sequencer: SequencerClient | str | None = None,
-             max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Log:
-        log = cls(cluster, pool, name, sequencer, max_in_flight)
+             max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True) -> Log:
+        """The log `name` (LogNotFound if missing). At most `max_in_flight` async
+        operations are outstanding at once. With `coalesce`, async appends queued
+        together for one data object are sent as one write_many call."""
+        log = cls(cluster, pool, name, sequencer, max_in_flight, coalesce)
         log.refresh()  # LogNotFound if missing
         return log
 
@@ -406,7 +410,9 @@ class Log:
     # ----------------------------------------------------------------- async
     def append_async(self, data: bytes) -> Future[int]:
         """Append without waiting: a Future of the position. Blocks only while
-        max_in_flight operations are outstanding."""
+        max_in_flight operations are outstanding. Entries queued together
+        share a sequencer request and, with coalesce (the default), one
+        write_many call per data object (see fastappend.py)."""
         return self._async.append(self._stored(data))
 
     def read_async(self, position: int) -> Future[bytes]:

@@ -21,7 +21,7 @@ import multiprocessing
 import time
 from typing import Any
 
-from pyzlog import _seqr
+from pyzlog import _seqr  # type: ignore[attr-defined]  # the C++ extension
 
 HOST = "127.0.0.1"
 POOL = "bench"
@@ -180,7 +180,7 @@ def run_seqr_bench(duration_s: float = 3.0, processes: int = 2, depth: int = 128
     next_pos = logs[0]["next"] if logs else 0
 
     def ratio(a: str, b: str) -> float:
-        return cases[a]["requests_per_s"] / max(cases[b]["requests_per_s"], 1e-9)
+        return float(cases[a]["requests_per_s"] / max(cases[b]["requests_per_s"], 1e-9))
 
     ratios = {
         "depth1_vs_echo": ratio("depth1", "echo_depth1"),

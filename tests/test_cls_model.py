@@ -46,7 +46,7 @@ class Model:
     exists: bool = False
     sealed: int = 0
     trim_below: int = 0  # every position below it is trimmed
-    max_pos: int | None = None  # highest position written or filled
+    max_pos: int | None = None  # highest position written, filled or trimmed
     entries: dict[int, tuple[EntryState, int, bytes]] = field(default_factory=dict)  # (state, epoch, data)
 
     def _taken(self, pos: int) -> int | None:
@@ -124,6 +124,7 @@ class Model:
         self.exists = True
         if pos >= self.trim_below:
             self.entries[pos] = (EntryState.TRIMMED, epoch, b"")  # a re-trim stores the new epoch
+            self._note(pos)
         return OK
 
     def trim_to(self, epoch: int, pos: int) -> int:

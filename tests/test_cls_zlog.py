@@ -154,9 +154,13 @@ def test_max_position(obj: Obj) -> None:
     assert obj.max_position(1) == (OK, 10)
     assert obj.fill(1, 20) == OK
     assert obj.max_position(1) == (OK, 20)
-    assert obj.trim(1, 30) == OK  # trimming does not write or fill
-    assert obj.max_position(1) == (OK, 20)
-    assert obj.max_position(2) == (OK, 20)  # a later epoch may ask too
+    assert obj.trim(1, 30) == OK  # a trimmed position counts too: writes above max skip the lookup
+    assert obj.max_position(1) == (OK, 30)
+    assert obj.write(1, 30, b"a") == -errno.EIDRM
+    assert obj.trim(1, 25) == OK  # below max: max stays
+    assert obj.max_position(1) == (OK, 30)
+    assert obj.write(1, 25, b"a") == -errno.EIDRM
+    assert obj.max_position(2) == (OK, 30)  # a later epoch may ask too
 
 
 # ---------------------------------------------------------------- trim_to

@@ -3,6 +3,7 @@ every operation into a History, the final scan, and the child process that
 takes a position and dies."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -21,6 +22,14 @@ SENTINEL_WRITER = "sentinel"
 
 
 
+def outcome_of(error: BaseException) -> str:
+    """A refusal is a failure (nothing stored); a timeout or anything
+    unexpected is unknown (it may have been stored)."""
+    if isinstance(error, pyzlog.ZlogError) and not isinstance(error, pyzlog.ClusterUnavailable):
+        return FAIL
+    return UNKNOWN
+
+
 def append_recorded(h: History, lg: Log, writer: str, seq: int) -> int | None:
     """One append of payload(writer, seq), recorded: ok with its position,
     unknown for a timeout (it may have been stored), fail for a refusal."""
@@ -28,14 +37,8 @@ def append_recorded(h: History, lg: Log, writer: str, seq: int) -> int | None:
     op = h.invoke(APPEND, writer, data=data)
     try:
         pos = lg.append(data)
-    except pyzlog.ClusterUnavailable as e:
-        h.complete(op, UNKNOWN, error=e)
-        return None
-    except pyzlog.ZlogError as e:
-        h.complete(op, FAIL, error=e)
-        return None
-    except Exception as e:  # noqa: BLE001 - anything unexpected: it may have happened
-        h.complete(op, UNKNOWN, error=e)
+    except Exception as e:  # noqa: BLE001 - recorded, never lost
+        h.complete(op, outcome_of(e), error=e)
         return None
     h.complete(op, OK, position=pos)
     return pos
@@ -46,12 +49,17 @@ class Workload:
     appending until stopped; and optionally one reader following the log
     from position 0 with Log.stream(follow=True), recording every Record.
 
+    With async_window > 0, one more appender uses append_async with that many
+    entries in flight (the C++ path: one sequencer request and one write_many
+    per object for what is queued together).
+
     stop() stops the appenders, appends a sentinel entry and waits for the
     reader to reach it, so the reader has seen every position below it."""
 
     def __init__(self, h: History, cluster: Any, pool: str, name: str, *,
                  sequencer: str | None = None, appenders: int = 3, reader: bool = True,
-                 hole_wait: float = 1.0, pause: float = 0.002, prefix: str = "w") -> None:
+                 hole_wait: float = 1.0, pause: float = 0.002, prefix: str = "w",
+                 async_window: int = 0) -> None:
         self.h = h
         self.cluster = cluster
         self.pool = pool
@@ -62,6 +70,7 @@ class Workload:
         self.hole_wait = hole_wait
         self.pause = pause
         self.prefix = prefix
+        self.async_window = async_window
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._reader: threading.Thread | None = None
@@ -82,6 +91,40 @@ class Workload:
                 seq += 1
                 if self.pause:
                     time.sleep(self.pause)
+        finally:
+            lg.close()
+
+    def _async_append_loop(self, writer: str) -> None:
+        lg = Log.open(self.cluster, self.pool, self.name, sequencer=self.sequencer,
+                      max_in_flight=self.async_window)
+        window = threading.Semaphore(self.async_window)
+
+        def done(op: Any, fut: Any) -> None:
+            err = fut.exception()
+            if err is None:
+                self.h.complete(op, OK, position=fut.result())
+            else:
+                self.h.complete(op, outcome_of(err), error=err)
+                self.appender_errors[writer] = self.appender_errors.get(writer, 0) + 1
+            window.release()
+
+        seq = 0
+        try:
+            while not self._stop.is_set():
+                if not window.acquire(timeout=0.2):
+                    continue
+                data = payload(writer, seq)
+                op = self.h.invoke(APPEND, writer, data=data)
+                try:
+                    lg.append_async(data).add_done_callback(functools.partial(done, op))
+                except Exception as e:  # noqa: BLE001 - recorded, never lost
+                    self.h.complete(op, outcome_of(e), error=e)
+                    window.release()
+                seq += 1
+                if self.pause and seq % 8 == 0:
+                    time.sleep(self.pause)
+            for _ in range(self.async_window):  # every append has an outcome
+                window.acquire(timeout=180)
         finally:
             lg.close()
 
@@ -110,6 +153,11 @@ class Workload:
         for i in range(self.n):
             t = threading.Thread(target=self._append_loop, args=(f"{self.prefix}{i}",),
                                  name=f"appender-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        if self.async_window:
+            t = threading.Thread(target=self._async_append_loop, args=(f"{self.prefix}-async",),
+                                 name="async-appender", daemon=True)
             t.start()
             self._threads.append(t)
         if self.with_reader:
@@ -151,6 +199,10 @@ class Workload:
             "failed": sum(1 for o in ops if o.kind == APPEND and o.outcome == FAIL),
             "unknown": sum(1 for o in ops if o.kind == APPEND and o.outcome == UNKNOWN),
         }
+
+    def async_acked(self) -> int:
+        return sum(1 for o in self.h.ops if o.kind == APPEND and o.outcome == OK
+                   and o.process == f"{self.prefix}-async")
 
     def acked_since(self, t: float) -> int:
         return sum(1 for o in self.h.ops if o.kind == APPEND and o.outcome == OK and o.end and o.end > t)

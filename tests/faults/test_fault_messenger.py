@@ -68,7 +68,8 @@ def test_messenger_socket_failures_and_delays(rados_cluster, ceph, log_name, seq
     r = pyzlog.connect(ceph.conf, op_timeout=30) if CLIENT_ON else rados_cluster
     Log.create(r, ceph.pool, log_name, width=4).close()
     h = History()
-    w = Workload(h, r, ceph.pool, log_name, sequencer=seqr.address, appenders=4, hole_wait=1.0)
+    w = Workload(h, r, ceph.pool, log_name, sequencer=seqr.address, appenders=4, hole_wait=1.0,
+                 async_window=32)
     try:
         _injectargs(ceph.conf, "osd.*", ON["osd"])
         _injectargs(ceph.conf, "mon.*", ON["mon"])
@@ -88,4 +89,5 @@ def test_messenger_socket_failures_and_delays(rados_cluster, ceph, log_name, seq
     rep = fault_report(f"messenger: socket failures 1/{SOCKET_FAILURES} + delays", h, final,
                        injected_socket_failures=injected)
     assert rep.acknowledged > 100
+    assert w.async_acked() > 50
     assert rep.ok, rep.summary()

@@ -42,7 +42,7 @@ def _run(osd_cluster, r, seqr, fault) -> tuple[History, dict, str]:  # type: ign
     Log.create(r, osd_cluster.pool, name, width=4).close()
     h = History()
     w = Workload(h, r, osd_cluster.pool, name, sequencer=seqr.address, appenders=3,
-                 hole_wait=1.0).start()
+                 hole_wait=1.0, async_window=32).start()
     try:
         wait_until(lambda: w.counts()["acked"] >= 50, 60, "the first appends")
         fault()
@@ -51,6 +51,7 @@ def _run(osd_cluster, r, seqr, fault) -> tuple[History, dict, str]:  # type: ign
     finally:
         osd_cluster.ensure_running()
         w.stop()
+    assert w.async_acked() > 50, "the async appender should have gone on through the fault"
     return h, final_scan(r, osd_cluster.pool, name), name
 
 

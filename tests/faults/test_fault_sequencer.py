@@ -13,12 +13,13 @@ KILLS = 4
 
 
 def test_sequencer_kill9_repeatedly(rados_cluster, ceph, log_name, seqr, fault_report) -> None:  # type: ignore[no-untyped-def]
-    """3 appenders (each its own Log and sequencer connection) and a reader
-    following the log while zlog-seqr is killed -9 and restarted 4 times."""
+    """3 appenders (each its own Log and sequencer connection), one async
+    appender (32 in flight) and a reader following the log while zlog-seqr
+    is killed -9 and restarted 4 times."""
     Log.create(rados_cluster, ceph.pool, log_name, width=4).close()
     h = History()
     w = Workload(h, rados_cluster, ceph.pool, log_name, sequencer=seqr.address, appenders=3,
-                 hole_wait=1.0).start()
+                 hole_wait=1.0, async_window=32).start()
     try:
         wait_until(lambda: w.counts()["acked"] >= 50, 60, "the first appends")
         for _ in range(KILLS):
@@ -35,4 +36,5 @@ def test_sequencer_kill9_repeatedly(rados_cluster, ceph, log_name, seqr, fault_r
     epoch = Log.open(rados_cluster, ceph.pool, log_name).epoch
     assert epoch >= 1 + KILLS, f"every restart should recover with a new epoch (epoch {epoch})"
     assert rep.acknowledged > 200
+    assert w.async_acked() > 100
     assert rep.ok, rep.summary()
