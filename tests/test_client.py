@@ -81,6 +81,38 @@ def test_async_hundreds_in_flight(rados_cluster, ceph, log_name, seqr, path, mon
     log.close()
 
 
+def test_async_c_path_connects_like_the_callers_rados(ceph, log_name, seqr, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The C++ path opens its own connection with the settings of the caller's
+    rados.Rados (a plain one too); if it cannot, appends still go through."""
+    import rados
+
+    plain = rados.Rados(conffile=ceph.conf, rados_id="admin")
+    plain.connect(timeout=10)
+    try:
+        log = Log.create(plain, ceph.pool, log_name, sequencer=seqr.address)
+        log.append(b"warm-up")
+        positions = [f.result(timeout=30) for f in [log.append_async(b"p%d" % i) for i in range(50)]]
+        assert sorted(positions) == list(range(1, 51))
+        assert [log.read(p) for p in positions] == [b"p%d" % i for i in range(50)]
+        assert log._async._native is not None and log._async._native.stats()["entries_sent"] == 50
+        log.close()
+    finally:
+        plain.shutdown()
+
+    cluster = pyzlog.connect(ceph.conf)
+    cluster.client_name = "client.nosuch"  # cephx will refuse the second connection
+    try:
+        log = Log.open(cluster, ceph.pool, log_name, sequencer=seqr.address)
+        with caplog.at_level("WARNING", logger="pyzlog"):
+            positions = [f.result(timeout=60) for f in [log.append_async(b"q%d" % i) for i in range(50)]]
+        assert "C++ path is unavailable" in caplog.text
+        assert log._async._native is None
+        assert [log.read(p) for p in positions] == [b"q%d" % i for i in range(50)]
+        log.close()
+    finally:
+        cluster.shutdown()
+
+
 def test_async_coalesced_batch_moves_past_a_filled_position(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
     """write_many is all or nothing: when it meets a position a reader filled,
     the other entries are stored where they were, leaving no holes."""
