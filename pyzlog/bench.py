@@ -395,7 +395,7 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
     try:
         name = b.new_log(width)
         with _progress() as progress:
-            new = _case_runner(progress, duration)
+            new = _case_runner(progress, duration / rounds)
             warm = b.open(name)
             seqr_ok = b.warm_up(warm)
             slice_s = duration / rounds
@@ -451,7 +451,7 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
                     c["rounds_ops_per_s"] = [x[0] / x[1] for x in runs]
 
             log = b.open(name)
-            tick = new(f"zlog append_many x{batch}")
+            tick = _case_runner(progress, duration)(f"zlog append_many x{batch}")
             entries = [data] * batch
             calls, el, lats = run_sync(lambda i: log.append_many(entries), duration, tick)
             cases[f"zlog_batch{batch}"] = c = summarize(
@@ -569,91 +569,73 @@ def _fill_log(log: Any, entries: int, data: bytes, progress: Progress) -> list[i
     return positions
 
 
-def bench_read(env: Any, *, duration: float = 3.0, entries: int = 20000, size: int = 1024,
+def _stream_passes(log: Any, lo: int, hi: int, size: int, duration: float, tick: _Ticker,
+                   counts: dict[str, int]) -> tuple[int, float, list[float]]:
+    """Whole stream() passes over [lo, hi) until `duration` is up: (entries, elapsed, [])."""
+    n = 0
+    t0 = time.perf_counter()
+    end = t0 + duration
+    now = t0
+    while now < end:
+        for rec in log.stream(lo, hi):
+            if rec.data is not None and len(rec.data) == size:
+                n += 1
+            else:
+                counts["gaps"] += 1
+            if n % 256 == 0:
+                now = time.perf_counter()
+                tick(now)
+                if now >= end:
+                    break
+        else:
+            counts["full_passes"] += 1
+        now = time.perf_counter()
+    tick.finish()
+    return n, now - t0, []
+
+
+def _write_raw_objects(b: _Bench, m: int, data: bytes, progress: Progress) -> list[str]:
+    task = progress.add_task(f"raw: writing {m} objects", total=m, info="")
+    oids = [b.raw_oid() for _ in range(m)]
+    sem = threading.Semaphore(64)
+    errs: list[BaseException] = []
+
+    def written(e: BaseException | None) -> None:
+        if e is not None:
+            errs.append(e)
+        sem.release()
+
+    for i, oid in enumerate(oids):
+        sem.acquire()
+        b.ioctx.aio_write_full(oid, data, oncomplete=_rados_done(written, "write"))
+        if i % 256 == 0:
+            progress.update(task, completed=i)
+    for _ in range(64):
+        sem.acquire()
+    if errs:
+        raise errs[0]
+    progress.update(task, completed=m)
+    return oids
+
+
+def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int = 20000, size: int = 1024,
                depth: int = 16, width: int = 4, out: str = "results/bench-read.json") -> dict[str, Any]:
     data = os.urandom(size)
     b = _Bench(env)
-    cases: dict[str, dict[str, Any]] = {}
     try:
         name = b.new_log(width)
         with _progress() as progress:
-            new = _case_runner(progress, duration)
+            new = _case_runner(progress, duration / rounds)
             log = b.open(name)
+            alog = b.open(name, max_in_flight=depth)
             t0 = time.perf_counter()
             positions = _fill_log(log, entries, data, progress)
             fill_s = time.perf_counter() - t0
             lo, hi = min(positions), max(positions) + 1
-
-            # streaming: whole passes over [lo, hi) until the time is up
-            tick = new("zlog stream()")
-            n = passes = 0
-            gaps = 0
-            t0 = time.perf_counter()
-            end = t0 + duration
-            now = t0
-            while now < end:
-                for rec in log.stream(lo, hi):
-                    if rec.data is not None and len(rec.data) == size:
-                        n += 1
-                    else:
-                        gaps += 1
-                    if n % 256 == 0:
-                        now = time.perf_counter()
-                        tick(now)
-                        if now >= end:
-                            break
-                else:
-                    passes += 1
-                now = time.perf_counter()
-            el = now - t0
-            tick.finish()
-            cases["zlog_stream"] = c = summarize("zlog_stream", "zlog", 0, n, el, size, [],
-                                                 api="stream", full_passes=passes, gaps=gaps)
-            _note(progress, tick, c)
-
-            rnd = random.Random(1)
-            tick = new("zlog read() random")
-            n, el, lats = run_sync(lambda i: log.read(rnd.randrange(lo, hi)), duration, tick)
-            cases["zlog_read"] = c = summarize("zlog_read", "zlog", 1, n, el, size, lats, api="read")
-            _note(progress, tick, c)
-
-            alog = b.open(name, max_in_flight=depth)
-            tick = new(f"zlog read_async depth {depth}")
-            n, el, lats = run_async(
-                lambda i, done: _future_done(alog.read_async(rnd.randrange(lo, hi)), done),
-                depth, duration, tick)
-            cases[f"zlog_read_async_depth{depth}"] = c = summarize(
-                f"zlog_read_async_depth{depth}", "zlog", depth, n, el, size, lats, api="read_async")
-            _note(progress, tick, c)
-
             # raw baseline: objects of the same size, read at random
             m = min(entries, RAW_READ_OBJECTS)
-            task = progress.add_task(f"raw: writing {m} objects", total=m, info="")
-            oids = [b.raw_oid() for _ in range(m)]
-            sem = threading.Semaphore(64)
-            errs: list[BaseException] = []
-            def written(e: BaseException | None) -> None:
-                if e is not None:
-                    errs.append(e)
-                sem.release()
-
-            for i, oid in enumerate(oids):
-                sem.acquire()
-                b.ioctx.aio_write_full(oid, data, oncomplete=_rados_done(written, "write"))
-                if i % 256 == 0:
-                    progress.update(task, completed=i)
-            for _ in range(64):
-                sem.acquire()
-            if errs:
-                raise errs[0]
-            progress.update(task, completed=m)
-
-            tick = new("raw read depth 1")
-            n, el, lats = run_sync(lambda i: b.ioctx.read(oids[rnd.randrange(m)], size), duration, tick)
-            cases["raw_read"] = c = summarize("raw_read", "raw", 1, n, el, size, lats, api="read")
-            _note(progress, tick, c)
-
-            tick = new(f"raw aio_read depth {depth}")
+            oids = _write_raw_objects(b, m, data, progress)
+            rnd = random.Random(1)
 
             def raw_read(i: int, done: Done) -> None:
                 def cb(completion: Any, buf: Any) -> None:
@@ -661,23 +643,52 @@ def bench_read(env: Any, *, duration: float = 3.0, entries: int = 20000, size: i
                     done(None if ret >= 0 else ZlogError(f"raw aio_read: errno {-ret}"))
                 b.ioctx.aio_read(oids[rnd.randrange(m)], size, 0, oncomplete=cb)
 
-            n, el, lats = run_async(raw_read, depth, duration, tick)
-            cases[f"raw_read_depth{depth}"] = c = summarize(f"raw_read_depth{depth}", "raw", depth, n, el,
-                                                            size, lats, api="aio_read")
-            _note(progress, tick, c)
-        s = cases["zlog_stream"]["ops_per_s"]
+            # (case, label, system, depth, api, run(duration, tick))
+            stream_counts = {"full_passes": 0, "gaps": 0}
+            plan: list[tuple[str, str, str, int, str, Callable[[float, _Ticker], Any]]] = [
+                ("zlog_stream", "zlog stream()", "zlog", 0, "stream",
+                 lambda d, t: _stream_passes(log, lo, hi, size, d, t, stream_counts)),
+                ("zlog_read", "zlog read() random", "zlog", 1, "read",
+                 lambda d, t: run_sync(lambda i: log.read(rnd.randrange(lo, hi)), d, t)),
+                ("raw_read", "raw read depth 1", "raw", 1, "read",
+                 lambda d, t: run_sync(lambda i: b.ioctx.read(oids[rnd.randrange(m)], size), d, t)),
+                (f"zlog_read_async_depth{depth}", f"zlog read_async depth {depth}", "zlog", depth, "read_async",
+                 lambda d, t: run_async(lambda i, done: _future_done(alog.read_async(rnd.randrange(lo, hi)), done),
+                                        depth, d, t)),
+                (f"raw_read_depth{depth}", f"raw aio_read depth {depth}", "raw", depth, "aio_read",
+                 lambda d, t: run_async(raw_read, depth, d, t)),
+            ]
+            # every case runs in each round, so a change in the shared
+            # machine's speed hits both sides of each ratio alike
+            runs: dict[str, list[tuple[int, float, list[float]]]] = {key: [] for key, *_ in plan}
+            for r in range(rounds):
+                for key, label, *_, run in plan:
+                    tick = new(f"{label} ({r + 1}/{rounds})")
+                    runs[key].append(run(duration / rounds, tick))
+                    tick.finish()
+            cases: dict[str, dict[str, Any]] = {}
+            for key, _, system, d, api, _ in plan:
+                lats = [v for x in runs[key] for v in x[2]]
+                cases[key] = c = summarize(key, system, d, sum(x[0] for x in runs[key]),
+                                           sum(x[1] for x in runs[key]), size, lats, api=api)
+                c["rounds_ops_per_s"] = [x[0] / x[1] for x in runs[key]]
+            cases["zlog_stream"].update(stream_counts)
+
+        def ratio(a: str, b_: str) -> float:
+            return statistics.median((an / ae) / max(bn / be, 1e-9)
+                                     for (an, ae, _), (bn, be, _) in zip(runs[a], runs[b_]))
+
         ratios = {
-            "stream_vs_single_read": s / max(cases["zlog_read"]["ops_per_s"], 1e-9),
-            "read_vs_raw": cases["zlog_read"]["ops_per_s"] / max(cases["raw_read"]["ops_per_s"], 1e-9),
-            f"read_async_vs_raw_depth{depth}": cases[f"zlog_read_async_depth{depth}"]["ops_per_s"]
-            / max(cases[f"raw_read_depth{depth}"]["ops_per_s"], 1e-9),
-            "stream_vs_raw_depth": s / max(cases[f"raw_read_depth{depth}"]["ops_per_s"], 1e-9),
+            "stream_vs_single_read": ratio("zlog_stream", "zlog_read"),
+            "read_vs_raw": ratio("zlog_read", "raw_read"),
+            f"read_async_vs_raw_depth{depth}": ratio(f"zlog_read_async_depth{depth}", f"raw_read_depth{depth}"),
+            "stream_vs_raw_depth": ratio("zlog_stream", f"raw_read_depth{depth}"),
         }
         result: dict[str, Any] = {
             "kind": "read",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "params": {"duration_s": duration, "entries": entries, "entry_bytes": size, "depth": depth,
-                       "width": width, "pool": b.pool, "raw_objects": m},
+            "params": {"duration_s": duration, "rounds": rounds, "entries": entries, "entry_bytes": size,
+                       "depth": depth, "width": width, "pool": b.pool, "raw_objects": m},
             "machine": machine_info(b.cluster),
             "log": name,
             "positions": [lo, hi],
@@ -703,7 +714,8 @@ def markdown_read(r: dict[str, Any]) -> str:
     lines = [f"Read, {p['entries']} entries of {p['entry_bytes']} B, width {p['width']}, "
              f"{r['machine'].get('cluster_osds', '?')} OSD(s) "
              f"({', '.join(r['machine'].get('objectstore', ['?']))}), {r['machine']['nproc']} CPUs, "
-             f"{p['duration_s']:g} s per case",
+             f"{p['duration_s']:g} s per case in {p.get('rounds', 1)} alternating rounds "
+             "(ratios: median of the per-round ratios)",
              "",
              "| case | depth | entries/s | MB/s | p50 ms | p99 ms |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]

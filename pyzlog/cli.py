@@ -401,8 +401,10 @@ def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list
 
 
 @bench.command(name="read", context_settings=CONTEXT)
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
-              help="seconds per case")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=6.0, show_default=True,
+              help="seconds per case, split over the rounds")
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="every case runs once per round")
 @click.option("--entries", type=click.IntRange(1, 10_000_000), default=20000, show_default=True)
 @click.option("--size", type=click.IntRange(0, 1 << 20), default=1024, show_default=True)
 @click.option("--depth", type=click.IntRange(1, 4096), default=16, show_default=True,
@@ -410,12 +412,12 @@ def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list
 @click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-read.json]")
 @pass_env
-def bench_read(env: Env, duration: float, entries: int, size: int, depth: int, width: int,
+def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, depth: int, width: int,
                out: str | None) -> None:
     """Streaming and random reads against raw librados reads."""
     from . import bench as b
 
-    b.bench_read(env, duration=duration, entries=entries, size=size, depth=depth, width=width,
+    b.bench_read(env, duration=duration, rounds=rounds, entries=entries, size=size, depth=depth, width=width,
                  out=_bench_out("read", out))
 
 
