@@ -126,11 +126,11 @@ void Appender::send(std::vector<Entry>& batch) {
   const std::string prefix = oid_prefix_;
   l.unlock();
 
-  std::string why;
+  // Positions for the whole batch, or none: then Python takes it over (it
+  // logs a sequencer that is down, and refreshes a stale view).
+  bool have_positions = false;
   uint64_t first = 0;
-  if (!have_view) {
-    why = "no view yet";
-  } else {
+  if (have_view) {
     try {
       if (!seqr_)
         seqr_ = std::make_unique<seqr::Client>(target_.seqr_host, target_.seqr_port,
@@ -140,23 +140,17 @@ void Appender::send(std::vector<Entry>& batch) {
       l.lock();
       ++stats_.sequencer_requests;
       l.unlock();
-      if (r.status != seqr::ST_OK || r.count != batch.size())
-        why = "sequencer status " + std::to_string(r.status);
-      else if (r.position < start)
-        why = "position below the newest view";
-      else
-        first = r.position;
-    } catch (const std::exception& e) {
+      have_positions = r.status == seqr::ST_OK && r.count == batch.size() && r.position >= start;
+      first = r.position;
+    } catch (const std::exception&) {
       seqr_.reset();
-      why = std::string("sequencer: ") + e.what();
     }
   }
-  if (!why.empty()) {
+  if (!have_positions) {
     std::vector<Completed> back;
     back.reserve(batch.size());
     for (auto& q : batch) back.push_back({q.ticket, 0, HANDED_BACK});
     l.lock();
-    last_error_ = why;
     stats_.handed_back += back.size();
     l.unlock();
     finish(back);
@@ -283,11 +277,6 @@ uint64_t Appender::in_flight() {
 Stats Appender::stats() {
   std::lock_guard<std::mutex> l(mu_);
   return stats_;
-}
-
-std::string Appender::last_error() {
-  std::lock_guard<std::mutex> l(mu_);
-  return last_error_;
 }
 
 }  // namespace zlog_appender

@@ -82,7 +82,6 @@ class Appender {
   bool close(double timeout_s);
 
   uint64_t in_flight();
-  std::string last_error();
   Stats stats();
 
  private:
@@ -116,7 +115,6 @@ class Appender {
   uint64_t epoch_ = 0, start_ = 0;
   uint32_t width_ = 1;
   std::string oid_prefix_;
-  std::string last_error_;
   Stats stats_;
   bool closing_ = false, closed_ = false;
   std::thread dispatcher_;

@@ -65,6 +65,5 @@ PYBIND11_MODULE(_appender, m) {
             return d;
           },
           "Counters since the Appender was made.")
-      .def_property_readonly("in_flight", &Appender::in_flight)
-      .def_property_readonly("last_error", &Appender::last_error);
+      .def_property_readonly("in_flight", &Appender::in_flight);
 }

@@ -73,7 +73,7 @@ class AsyncOps:
         self._begin()
         fut: Future[int] = Future()
         item = (stored, fut, time.monotonic())
-        native = self._native if self._native is not None or not self._try_native else self._open_native()
+        native = self._open_native() if self._try_native else self._native
         log = self.log
         if native is not None and not log._seqr_down and item[2] >= log._seqr_recheck_at:
             try:

@@ -92,11 +92,6 @@ class NativeAppends:
             del self._pending[ticket]
             raise
 
-    @property
-    def last_error(self) -> str:
-        """Why entries were last handed back (for logs and tests)."""
-        return str(self._appender.last_error)
-
     def stats(self) -> dict[str, int]:
         """sequencer_requests, class_calls, entries_sent, split_batches, handed_back."""
         return dict(self._appender.stats())
