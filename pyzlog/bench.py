@@ -69,6 +69,31 @@ def summarize(name: str, system: str, depth: int, ops: int, elapsed: float, size
     }
 
 
+#: one timed run of a case: (operations, elapsed seconds, latencies)
+Run = tuple[int, float, list[float]]
+
+
+def summarize_runs(name: str, system: str, depth: int, runs: list[Run], size: int,
+                   **extra: Any) -> dict[str, Any]:
+    """One case's figures over its rounds, with each round's rate."""
+    c = summarize(name, system, depth, sum(x[0] for x in runs), sum(x[1] for x in runs), size,
+                  [v for x in runs for v in x[2]], **extra)
+    c["rounds_ops_per_s"] = [x[0] / x[1] for x in runs]
+    return c
+
+
+def round_ratios(a: list[Run], b: list[Run]) -> list[float]:
+    """Rate of a over rate of b, round by round (the rounds alternate)."""
+    return [(an / ae) / max(bn / be, 1e-9) for (an, ae, _), (bn, be, _) in zip(a, b)]
+
+
+def _setup_line(r: dict[str, Any]) -> str:
+    """The cluster and machine a result came from, and how it was timed."""
+    p, m = r["params"], r["machine"]
+    return (f"{m.get('cluster_osds', '?')} OSD(s) ({', '.join(m.get('objectstore', ['?']))}), "
+            f"{m['nproc']} CPUs, {p['duration_s']:g} s per case in {p.get('rounds', 1)} alternating rounds")
+
+
 # ----------------------------------------------------------------- drivers
 class _Ticker:
     """Advances a progress task by wall time, at most every 0.1 s."""
@@ -88,7 +113,7 @@ class _Ticker:
             self.progress.update(self.task, completed=self.duration)
 
 
-def run_sync(op: Callable[[int], Any], duration: float, tick: _Ticker) -> tuple[int, float, list[float]]:
+def run_sync(op: Callable[[int], Any], duration: float, tick: _Ticker) -> Run:
     """op(i) one at a time for `duration`: (ops, elapsed, latencies)."""
     lats: list[float] = []
     t0 = time.perf_counter()
@@ -107,7 +132,7 @@ def run_sync(op: Callable[[int], Any], duration: float, tick: _Ticker) -> tuple[
 
 
 def run_async(start: Callable[[int, Done], None], depth: int, duration: float,
-              tick: _Ticker, drain_timeout: float = 120.0) -> tuple[int, float, list[float]]:
+              tick: _Ticker, drain_timeout: float = 120.0) -> Run:
     """Keeps `depth` operations in flight for `duration`.
 
     start(i, done) begins operation i and arranges done(error or None) to be
@@ -399,14 +424,14 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
             warm = b.open(name)
             seqr_ok = b.warm_up(warm)
             slice_s = duration / rounds
-            round_ratios: dict[str, list[float]] = {}
+            ratios_by_depth: dict[str, list[float]] = {}  # per round
             single_ratios: dict[str, float] = {}  # zlog without coalescing / raw
             for depth in depths:
                 log = b.open(name, max_in_flight=depth)
                 single = b.open(name, max_in_flight=depth, coalesce=False)
-                zlog_runs: list[tuple[int, float, list[float]]] = []
-                single_runs: list[tuple[int, float, list[float]]] = []
-                raw_runs: list[tuple[int, float, list[float]]] = []
+                zlog_runs: list[Run] = []
+                single_runs: list[Run] = []
+                raw_runs: list[Run] = []
                 # zlog and raw alternate in short rounds, so a change in the
                 # shared machine's speed hits both sides of each ratio alike
                 for r in range(rounds):
@@ -433,22 +458,15 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
                                                                    oncomplete=_rados_done(done, "write")),
                             depth, slice_s, tick))
                     tick.finish()
-                round_ratios[str(depth)] = [(zn / ze) / max(rn / re_, 1e-9)
-                                            for (zn, ze, _), (rn, re_, _) in zip(zlog_runs, raw_runs)]
+                ratios_by_depth[str(depth)] = round_ratios(zlog_runs, raw_runs)
                 if single_runs:
-                    single_ratios[str(depth)] = statistics.median(
-                        (sn / se) / max(rn / re_, 1e-9) for (sn, se, _), (rn, re_, _) in zip(single_runs, raw_runs))
+                    single_ratios[str(depth)] = statistics.median(round_ratios(single_runs, raw_runs))
                 for system, runs, api in (("zlog", zlog_runs, "append" if depth == 1 else "append_async"),
                                           ("zlog_single", single_runs, "append_async(coalesce=False)"),
                                           ("raw", raw_runs, "write_full" if depth == 1 else "aio_write_full")):
-                    if not runs:
-                        continue
-                    n = sum(x[0] for x in runs)
-                    el = sum(x[1] for x in runs)
-                    lats = [v for x in runs for v in x[2]]
-                    cases[f"{system}_depth{depth}"] = c = summarize(f"{system}_depth{depth}", system, depth,
-                                                                   n, el, size, lats, api=api)
-                    c["rounds_ops_per_s"] = [x[0] / x[1] for x in runs]
+                    if runs:
+                        key = f"{system}_depth{depth}"
+                        cases[key] = summarize_runs(key, system, depth, runs, size, api=api)
 
             log = b.open(name)
             tick = _case_runner(progress, duration)(f"zlog append_many x{batch}")
@@ -462,7 +480,7 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
                                "p99": _pct(lat, 0.99) * 1e3 if lat else None,  # type: ignore[operator]
                                "mean": sum(lat) / len(lat) * 1e3 if lat else None, "samples": len(lat)}
             _note(progress, tick, c)
-        ratios = {d: statistics.median(rs) for d, rs in round_ratios.items()}
+        ratios = {d: statistics.median(rs) for d, rs in ratios_by_depth.items()}
         result: dict[str, Any] = {
             "kind": "append",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -475,7 +493,7 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
                           "served_appends": seqr_ok},
             "cases": cases,
             "ratios": ratios,
-            "round_ratios": round_ratios,
+            "round_ratios": ratios_by_depth,
             "target_ratio": APPEND_TARGET_RATIO,
             "target_met": {d: r >= APPEND_TARGET_RATIO for d, r in ratios.items()},
             "ratios_one_write_per_entry": single_ratios,
@@ -493,10 +511,7 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
 
 def markdown_append(r: dict[str, Any]) -> str:
     p = r["params"]
-    lines = [f"Append, {p['entry_bytes']} B entries, width {p['width']}, "
-             f"{r['machine'].get('cluster_osds', '?')} OSD(s) "
-             f"({', '.join(r['machine'].get('objectstore', ['?']))}), {r['machine']['nproc']} CPUs, "
-             f"{p['duration_s']:g} s per case in {p.get('rounds', 1)} alternating rounds "
+    lines = [f"Append, {p['entry_bytes']} B entries, width {p['width']}, {_setup_line(r)} "
              "(zlog/raw: median of the per-round ratios)",
              "",
              "| case | depth | ops/s | MB/s | p50 ms | p99 ms | zlog/raw |",
@@ -570,7 +585,7 @@ def _fill_log(log: Any, entries: int, data: bytes, progress: Progress) -> list[i
 
 
 def _stream_passes(log: Any, lo: int, hi: int, size: int, duration: float, tick: _Ticker,
-                   counts: dict[str, int]) -> tuple[int, float, list[float]]:
+                   counts: dict[str, int]) -> Run:
     """Whole stream() passes over [lo, hi) until `duration` is up: (entries, elapsed, [])."""
     n = 0
     t0 = time.perf_counter()
@@ -660,23 +675,18 @@ def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int
             ]
             # every case runs in each round, so a change in the shared
             # machine's speed hits both sides of each ratio alike
-            runs: dict[str, list[tuple[int, float, list[float]]]] = {key: [] for key, *_ in plan}
+            runs: dict[str, list[Run]] = {key: [] for key, *_ in plan}
             for r in range(rounds):
                 for key, label, *_, run in plan:
                     tick = new(f"{label} ({r + 1}/{rounds})")
                     runs[key].append(run(duration / rounds, tick))
                     tick.finish()
-            cases: dict[str, dict[str, Any]] = {}
-            for key, _, system, d, api, _ in plan:
-                lats = [v for x in runs[key] for v in x[2]]
-                cases[key] = c = summarize(key, system, d, sum(x[0] for x in runs[key]),
-                                           sum(x[1] for x in runs[key]), size, lats, api=api)
-                c["rounds_ops_per_s"] = [x[0] / x[1] for x in runs[key]]
+            cases = {key: summarize_runs(key, system, d, runs[key], size, api=api)
+                     for key, _, system, d, api, _ in plan}
             cases["zlog_stream"].update(stream_counts)
 
         def ratio(a: str, b_: str) -> float:
-            return statistics.median((an / ae) / max(bn / be, 1e-9)
-                                     for (an, ae, _), (bn, be, _) in zip(runs[a], runs[b_]))
+            return statistics.median(round_ratios(runs[a], runs[b_]))
 
         ratios = {
             "stream_vs_single_read": ratio("zlog_stream", "zlog_read"),
@@ -711,10 +721,7 @@ def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int
 def markdown_read(r: dict[str, Any]) -> str:
     p = r["params"]
     d = p["depth"]
-    lines = [f"Read, {p['entries']} entries of {p['entry_bytes']} B, width {p['width']}, "
-             f"{r['machine'].get('cluster_osds', '?')} OSD(s) "
-             f"({', '.join(r['machine'].get('objectstore', ['?']))}), {r['machine']['nproc']} CPUs, "
-             f"{p['duration_s']:g} s per case in {p.get('rounds', 1)} alternating rounds "
+    lines = [f"Read, {p['entries']} entries of {p['entry_bytes']} B, width {p['width']}, {_setup_line(r)} "
              "(ratios: median of the per-round ratios)",
              "",
              "| case | depth | entries/s | MB/s | p50 ms | p99 ms |",
