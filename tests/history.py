@@ -204,6 +204,12 @@ class History:
             op.start = start
         return self.complete(op, OK, seen=record_seen(record), data=record.data)
 
+    def extend(self, ops: Iterable[Op], stream_starts: Mapping[str, int] | None = None) -> None:
+        """Add operations another process recorded (its streams keep their names)."""
+        with self._lock:
+            self._ops.extend(ops)
+            self._stream_starts.update(stream_starts or {})
+
     # ---- reading back
     @property
     def ops(self) -> list[Op]:
