@@ -137,42 +137,47 @@ def apt_install(packages: list[str], say: Say) -> None:
 
 
 def ensure_docker(say: Say = _say) -> list[str]:
-    """A Docker engine this process can use: install Debian's docker.io if
-    dockerd is missing and start dockerd if none answers. Returns what was
-    done (empty when Docker was already there)."""
+    """A Docker engine this process can use, and the tools the network
+    faults need: install what is missing from Debian (docker.io, iptables,
+    iproute2) and start dockerd if none answers. Returns what was done
+    (empty when everything was there)."""
     done: list[str] = []
-    if docker_ready():
+    ready = docker_ready()
+    # iptables and tc run the network faults in the containers' namespaces
+    missing = [pkg for tool, pkg in (("iptables", "iptables"), ("tc", "iproute2"), ("nsenter", "util-linux"))
+               if shutil.which(tool) is None]
+    if not ready and (shutil.which("dockerd") is None or shutil.which("docker") is None):
+        missing.append("docker.io")
+    if missing:
+        apt_install(missing, say)
+        done.append(f"installed {' '.join(missing)} from Debian")
+    if ready or docker_ready():
         return done
-    if shutil.which("dockerd") is None or shutil.which("docker") is None:
-        apt_install(["docker.io"], say)
-        done.append("installed Debian's docker.io")
-    if not docker_ready():
-        if os.path.exists("/var/run/docker.sock") and os.geteuid() != 0:
-            raise DockerError("a Docker daemon seems to run but this user cannot use it "
-                              "(join the docker group or run as root)")
-        # No systemd: a daemon in a session of its own, logging to a file. No
-        # default bridge, no iptables rules and no IP forwarding: the project's
-        # networks are internal, and the host talks to them directly.
-        cmd = ["setsid", "dockerd", "--bridge=none", "--iptables=false", "--ip-forward=false"]
-        say(f"starting dockerd: {' '.join(cmd)} (log: {DOCKERD_LOG})")
-        DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
-        with open(DOCKERD_LOG, "ab") as log:
-            p = subprocess.Popen(_as_root(cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 start_new_session=True)
-        deadline = time.monotonic() + 60
-        while not docker_ready():
-            if p.poll() is not None:
-                raise DockerError(f"dockerd exited with {p.returncode}; see {DOCKERD_LOG}:\n"
-                                  + _tail(DOCKERD_LOG))
-            if time.monotonic() > deadline:
-                raise DockerError(f"dockerd did not answer within 60 s; see {DOCKERD_LOG}")
-            time.sleep(0.3)
-        try:
-            DOCKERD_PID.write_text(f"{p.pid}\n")
-        except OSError:
-            pass
-        done.append(f"started dockerd (pid {p.pid}, log {DOCKERD_LOG}); it keeps running")
-        say(done[-1])
+    if os.path.exists("/var/run/docker.sock") and os.geteuid() != 0:
+        raise DockerError("a Docker daemon seems to run but this user cannot use it "
+                          "(join the docker group or run as root)")
+    # No systemd here: dockerd in a session of its own (setsid), its log in a
+    # file. No default bridge, no iptables rules, no IP forwarding: the
+    # project's networks are internal and the host talks to them directly.
+    cmd = ["dockerd", "--bridge=none", "--iptables=false", "--ip-forward=false"]
+    say(f"starting {' '.join(cmd)} with setsid (log: {DOCKERD_LOG})")
+    DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with open(DOCKERD_LOG, "ab") as log:
+        p = subprocess.Popen(_as_root(cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not docker_ready():
+        if p.poll() is not None:
+            raise DockerError(f"dockerd exited with {p.returncode}; see {DOCKERD_LOG}:\n" + _tail(DOCKERD_LOG))
+        if time.monotonic() > deadline:
+            raise DockerError(f"dockerd did not answer within 60 s; see {DOCKERD_LOG}")
+        time.sleep(0.3)
+    try:
+        DOCKERD_PID.write_text(f"{p.pid}\n")
+    except OSError:
+        pass
+    done.append(f"started dockerd (pid {p.pid}, log {DOCKERD_LOG}); it keeps running")
+    say(done[-1])
     return done
 
 
@@ -427,7 +432,8 @@ class Cluster:
 
     def state(self) -> dict[str, Any]:
         try:
-            return json.loads(self.state_file.read_text())
+            st: dict[str, Any] = json.loads(self.state_file.read_text())
+            return st
         except (OSError, ValueError):
             return {}
 
@@ -531,7 +537,8 @@ class Cluster:
             self._run_container(h, images.node, ["seqr"], {"SEQR_PORT": str(SEQR_PORT)})
         for addr in self.sequencers:
             host, port = addr.rsplit(":", 1)
-            self._wait(lambda: _listening(host, int(port)), 60, f"the sequencer at {addr}")
+            self._wait(lambda host=host, port=int(port): _listening(host, port),  # type: ignore[misc]
+                       60, f"the sequencer at {addr}")
         say(f"cluster {self.name} up in {time.monotonic() - t0:.1f}s")
         return st
 
@@ -758,6 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("up", parents=[common], help="build the images if needed and start the cluster")
     u.add_argument("--bluestore", action="store_true", help="file-backed OSDs (survive a restart)")
     u.add_argument("--subnet", default=None, help=f"network subnet (default: the first free {SUBNET_PREFIX}.K.0/24)")
+    u.add_argument("--owner-pid", type=int, default=None,
+                   help="remove the cluster once this process is gone (tests)")
     sub.add_parser("status", parents=[common], help="the cluster's containers and addresses")
     sub.add_parser("stop", parents=[common], help="remove the cluster's containers and network")
     sub.add_parser("build", parents=[common], help="build the images (a lookup when nothing changed)")
@@ -781,15 +790,15 @@ def main(argv: list[str] | None = None) -> int:
             tags = build_images()
             print(f"images ready in {time.monotonic() - t0:.2f}s: {tags.base} {tags.ceph} {tags.node}")
         elif args.cmd == "up":
-            st = c.up(bluestore=args.bluestore, subnet=args.subnet)
+            st = c.up(bluestore=args.bluestore, subnet=args.subnet, owner_pid=args.owner_pid)
             print(f"\nceph.conf for this host: {c.conf}\n")
             print(Path(c.conf).read_text())
-            print(f"hosts: " + ", ".join(f"{h} {ip}" for h, ip in st["hosts"].items()))
+            print("hosts: " + ", ".join(f"{h} {ip}" for h, ip in st["hosts"].items()))
             print(f"pool: {st['pool']} (size 3, min_size 2, one replica per OSD host)")
             print(f"sequencers: {', '.join(c.sequencers)}")
-            print(f"use it: export CEPH_CONF={c.conf}; .venv/bin/zlog create mylog  "
-                  f"# Log.open(..., sequencer=\"{c.sequencers[0]}\")")
-            print(f"stop it: ./dev docker stop" + ("" if args.name == DEFAULT_NAME else f" --name {args.name}"))
+            print(f"use it: export CEPH_CONF={c.conf} ZLOG_SEQR={c.sequencers[0]}; "
+                  ".venv/bin/zlog create mylog; .venv/bin/zlog append mylog hello")
+            print("stop it: ./dev docker stop" + ("" if args.name == DEFAULT_NAME else f" --name {args.name}"))
         elif args.cmd == "status":
             st = c.status()
             print(json.dumps(st, indent=2))

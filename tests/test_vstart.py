@@ -12,7 +12,7 @@ from pathlib import Path
 import pyzlog
 from pyzlog import Log
 
-from conftest import ROOT, vstart
+from vstartmod import ROOT, vstart
 
 
 def test_bluestore_cluster_lifecycle(tmp_path: Path) -> None:

@@ -20,9 +20,7 @@ from pyzlog import RecordKind
 
 from faultlib import wait_until
 from history import APPEND, OK, PENDING, UNKNOWN
-from netlib import NetCluster, Traffic, net, net_cluster, net_rados  # noqa: F401  (fixtures)
-
-pytestmark = pytest.mark.docker
+from netlib import NetCluster, Traffic
 
 #: long enough for readers (hole wait 1 s) to fill what a cut-off client holds
 CUT_SECONDS = 6.0

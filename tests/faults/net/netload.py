@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-for p in (HERE, HERE.parent):  # faultlib and history, also inside a container
+for p in (HERE.parent, HERE.parent.parent):  # faultlib and history, also inside a container
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
@@ -67,7 +67,7 @@ class NetWorkload(Workload):
                     self.appender_errors[writer] = self.appender_errors.get(writer, 0) + 1
                     time.sleep(0.05)
                 else:
-                    for op, pos in zip(ops, positions):
+                    for op, pos in zip(ops, positions, strict=True):
                         self.h.complete(op, OK, position=pos)
                 seq += self.batch
                 if self.pause:

@@ -1,4 +1,4 @@
-"""Host side of the network fault suite: the Docker test bed as a session
+"""Host side of the network fault suite: the Docker test bed as a module
 fixture, the faults (docker network disconnect/connect, iptables and tc run
 in a container's network namespace with nsenter, docker pause) and the
 traffic that meets them (a workload on this host plus one in a client
@@ -6,54 +6,36 @@ container, their histories merged for the checker).
 
 The cluster comes from docker/cluster.py: 1 mon, 3 OSD hosts (pool size 3,
 min_size 2, one replica per host), 2 sequencers, cephx, on a network of its
-own. One cluster serves every test here: each fault is healed by its test,
-and `NetCluster.heal()` (run after every test) undoes whatever a failed test
-left, then waits for 3 OSDs up, a write to go through and the sequencers to
-listen. Set ZLOG_DOCKER_TESTS=0 to leave these tests out (they are skipped
-then, and say so); otherwise a missing Docker is installed and started, as
-`./dev docker` would.
+own. One cluster serves every test of the module; it is removed when the
+module is done, or by a watcher if the test run is killed. Each fault is
+healed by its test, and `NetCluster.heal()` (run after every test) undoes
+whatever a failed test left, then waits for 3 OSDs up, a write to go through
+and the sequencers to listen. Set ZLOG_DOCKER_TESTS=0 to leave these tests
+out (they are skipped then, and say so); otherwise a missing Docker is
+installed and started, as `./dev docker` would.
 """
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
-import pytest
-
-import pyzlog
 from pyzlog import Log
 
+from dockermod import dcluster
 from faultlib import final_scan, wait_until
-from history import APPEND, OK, STREAM_READ, History, LOST
+from history import APPEND, LOST, OK, STREAM_READ, History
 from netload import NetWorkload, load_history
 
-ROOT = Path(__file__).resolve().parents[2]
-TESTS = ROOT / "tests"
+TESTS = Path(__file__).resolve().parents[2]
 #: client ops give up after this long (an OSD cut off takes ~15 s to be marked down)
 OP_TIMEOUT = 10.0
 HOLE_WAIT = 1.0
-
-
-def _load_cluster_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("zlog_docker_cluster", ROOT / "docker" / "cluster.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-dcluster = _load_cluster_module()
 
 
 def client_sequencer(nc: "NetCluster") -> str:
@@ -80,7 +62,7 @@ class NetCluster:
 
     # -------------------------------------------------------------- helpers
     def ip(self, host: str) -> str:
-        return self.hosts[host]
+        return str(self.hosts[host])
 
     def nsenter(self, host: str, *cmd: str, check: bool = True) -> str:
         """Run a command of this machine (iptables, tc, ip) in the network
@@ -175,40 +157,7 @@ class NetCluster:
         self.c.wait_writable(timeout)
         for addr in self.sequencers:
             h, p = addr.rsplit(":", 1)
-            wait_until(lambda: dcluster._listening(h, int(p)), 60, f"the sequencer at {addr}")
-
-
-@pytest.fixture(scope="session")
-def net_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster]:
-    if os.environ.get("ZLOG_DOCKER_TESTS", "1") == "0":
-        pytest.skip("ZLOG_DOCKER_TESTS=0: the Docker network fault tests are left out")
-    try:
-        dcluster.ensure_docker(say=print)
-        images = dcluster.build_images(say=print)
-    except dcluster.DockerError as e:
-        pytest.fail(f"Docker is needed for the network fault tests (ZLOG_DOCKER_TESTS=0 leaves them out): {e}")
-    d = tmp_path_factory.mktemp("docker-cluster")
-    c = dcluster.Cluster(f"zt{os.getpid()}-{uuid.uuid4().hex[:4]}", d)
-    try:
-        c.up(owner_pid=os.getpid(), images=images, say=print)  # removed even if this run is killed
-        yield NetCluster(c, d)
-    finally:
-        c.stop(say=print)
-
-
-@pytest.fixture(scope="session")
-def net_rados(net_cluster: NetCluster):  # type: ignore[no-untyped-def]
-    r = pyzlog.connect(net_cluster.conf, op_timeout=OP_TIMEOUT)
-    yield r
-    r.shutdown()
-
-
-@pytest.fixture
-def net(net_cluster: NetCluster) -> Iterator[NetCluster]:
-    """The cluster, healed and serving before and after each test."""
-    net_cluster.heal()
-    yield net_cluster
-    net_cluster.heal()
+            wait_until(lambda h=h, p=int(p): dcluster._listening(h, p), 60, f"the sequencer at {addr}")
 
 
 # ---------------------------------------------------------------- traffic
@@ -228,13 +177,13 @@ class ContainerClient:
         out.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> "ContainerClient":
-        args = ["python3", "-P", "/zlog-tests/faults/netload.py", "--conf", "/etc/ceph/ceph.conf",
+        args = ["python3", "-P", "/zlog-tests/faults/net/netload.py", "--conf", "/etc/ceph/ceph.conf",
                 "--pool", self.nc.pool, "--log", self.log_name, "--prefix", self.prefix, "--out", "/out",
                 "--hole-wait", str(HOLE_WAIT), "--op-timeout", str(OP_TIMEOUT)]
         if self.sequencer:
             args += ["--sequencer", self.sequencer]
+        dcluster.docker("rm", "-f", self.nc.c.container(self.host), check=False)  # a failed test's
         self.nc.c.run_client(self.host, self.ip, args, {str(TESTS): "/zlog-tests:ro", str(self.out): "/out"})
-        self.nc.hosts[self.host] = self.ip
         return self
 
     def acked(self) -> int:
@@ -256,7 +205,6 @@ class ContainerClient:
             pass  # the summary says what went wrong
         logs = self.nc.container_logs(self.host)
         dcluster.docker("rm", "-f", name, check=False)
-        self.nc.hosts.pop(self.host, None)
         hist = self.out / "history.jsonl"
         if not hist.exists():
             raise AssertionError(f"{self.host} wrote no history; its output:\n{logs[-3000:]}")
