@@ -504,6 +504,17 @@ class Cluster:
         self.state_file.write_text(json.dumps(st, indent=2))
         if owner_pid is not None:
             self._start_watcher(owner_pid)
+        try:
+            self._start(st, images, bluestore, say)
+        except BaseException:
+            self.stop(say=_quiet)  # nothing half-started stays; the daemons' logs do
+            raise
+        say(f"cluster {self.name} up in {time.monotonic() - t0:.1f}s")
+        return st
+
+    def _start(self, st: dict[str, Any], images: Images, bluestore: bool, say: Say) -> None:
+        etc = self.dir / "etc"
+        hosts, fsid = st["hosts"], st["fsid"]
         admin = cephx_key()
         self._write_conf(etc / "ceph.conf", st, bluestore, keyring="/etc/ceph/ceph.client.admin.keyring")
         self._write_conf(self.dir / "ceph.conf", st, bluestore,
@@ -515,13 +526,12 @@ class Cluster:
             f"[mon.]\n\tkey = {cephx_key()}\n\tcaps mon = \"allow *\"\n"
             f"[client.admin]\n\tkey = {admin}\n{admin_caps}")
 
-        say(f"starting mon at {hosts['mon']} on network {self.network} ({net})")
+        say(f"starting mon at {hosts['mon']} on network {self.network} ({st['subnet']})")
         self._run_container("mon", images.node, ["mon"], {"FSID": fsid, "MON_IP": hosts["mon"]})
         self._wait(lambda: self._try(lambda: self.ceph("mon", "stat", timeout=20)), 60, "the mon")
-        osd_keys = {}
         for i in range(OSDS):
             osd_uuid = str(uuid.uuid4())
-            key = osd_keys[i] = cephx_key()
+            key = cephx_key()
             (etc / f"ceph.osd.{i}.keyring").write_text(f"[osd.{i}]\n\tkey = {key}\n")
             got = docker("exec", "-i", self.container("mon"), "ceph", "osd", "new", osd_uuid, "-i", "-",
                          input=json.dumps({"cephx_secret": key}).encode()).strip()
@@ -539,8 +549,6 @@ class Cluster:
             host, port = addr.rsplit(":", 1)
             self._wait(lambda host=host, port=int(port): _listening(host, port),  # type: ignore[misc]
                        60, f"the sequencer at {addr}")
-        say(f"cluster {self.name} up in {time.monotonic() - t0:.1f}s")
-        return st
 
     def _running(self, st: dict[str, Any]) -> bool:
         out = docker("ps", "--filter", f"label={LABEL}={self.name}", "--format", "{{.Names}}")
