@@ -22,6 +22,9 @@ from faultlib import wait_until
 from history import APPEND, OK, PENDING, UNKNOWN
 from netlib import NetCluster, Traffic
 
+#: the first test also builds the images (about a minute from nothing) and starts the cluster
+pytestmark = pytest.mark.timeout(600)
+
 #: long enough for readers (hole wait 1 s) to fill what a cut-off client holds
 CUT_SECONDS = 6.0
 #: how long the loss, bandwidth and partition faults last
