@@ -617,9 +617,150 @@ def test_bad_checkpoint_offsets_name_the_checkpoint(spark, ceph, rados_cluster, 
         assert err is not None
         assert f"zlog stream of log '{log_name}': bad start offset {shown} in the query's checkpoint" in str(err)
     # text that is not JSON at all never reaches the source: Spark's own runner parses
-    # offsets first and fails the query, showing the text as the committed offset
+    # offsets first and fails the query with its JSONDecodeError (docs/spark.md, Checkpoints)
     ckpt = tmp_path / "ck-garbage"
     assert run(ckpt) is None
     corrupt(ckpt, "not json at all")
     err = run(ckpt)
-    assert err is not None and "JSONDecodeError" in str(err) and "not json at all" in str(err)
+    assert err is not None and "JSONDecodeError" in str(err)
+
+
+# ------------------------------------------------------------------------ sink
+
+def test_sink_finds_the_data_column_by_one_rule(spark, ceph, rados_cluster, log_name, tmp_path):  # type: ignore[no-untyped-def]
+    """`Data` (any case) is the data column for batch and streaming writes alike."""
+    df = spark.createDataFrame([(f"b{i}", i) for i in range(6)], "Data string, n int")
+    df.write.format("zlog").option("conf", ceph.conf).option("pool", ceph.pool).option("log", log_name).mode(
+        "append").save()
+    src = log_name + "-src"
+    Log.create(rados_cluster, ceph.pool, src, width=2).append_many([b"s%d" % i for i in range(7)])
+    q = (_stream(spark, ceph, src).selectExpr("data AS Data").writeStream.format("zlog")
+         .option("conf", ceph.conf).option("pool", ceph.pool).option("log", log_name)
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert q.exception() is None
+    back = sorted(bytes(r.data) for r in _load(spark, ceph, log_name).collect())
+    assert back == sorted([b"b%d" % i for i in range(6)] + [b"s%d" % i for i in range(7)])
+    both = spark.createDataFrame([("a", "b")], "data string, DATA string")
+    with pytest.raises(Exception, match=r"columns 'data', 'DATA' all match 'data'"):
+        both.write.format("zlog").option("conf", ceph.conf).option("log", log_name).mode("append").save()
+
+
+def test_the_driver_learns_what_writes_stored(spark, writes, ceph, rados_cluster, log_name, tmp_path):  # type: ignore[no-untyped-def]
+    df = spark.createDataFrame([(f"w{i}",) for i in range(50)], "data string").repartition(3)
+    df.write.format("zlog").option("conf", ceph.conf).option("pool", ceph.pool).option("log", log_name).option(
+        "batchSize", "8").mode("append").save()
+    report = writes.last
+    assert report is not None and report.log == log_name and report.batch_id is None and report.committed
+    assert (report.count, report.first, report.last, report.tasks) == (50, 0, 49, 3)
+    assert sum(b - a + 1 for a, b in report.ranges) == 50
+    stored = {r.position: bytes(r.data).decode() for r in _load(spark, ceph, log_name).collect()}
+    assert sorted(stored.values()) == sorted(f"w{i}" for i in range(50))
+    assert str(report) == f"zlog write to '{log_name}': 50 entries at positions 0..49"
+    # a streaming write: one report per micro-batch, with its batch id
+    src = log_name + "-src"
+    Log.create(rados_cluster, ceph.pool, src, width=2).append_many([b"m%d" % i for i in range(23)])
+    q = (_stream(spark, ceph, src, maxEntriesPerTrigger=10).select("data").writeStream.format("zlog")
+         .option("conf", ceph.conf).option("pool", ceph.pool).option("log", log_name)
+         .option("checkpointLocation", str(tmp_path / "ck")).start())
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    streamed = [r for r in writes.for_log(log_name) if r.batch_id is not None]
+    assert [r.batch_id for r in streamed] == [0, 1, 2]
+    assert [r.count for r in streamed] == [10, 10, 3]
+    positions = sorted(p for r in streamed for a, b in r.ranges for p in range(a, b + 1))
+    log = Log.open(rados_cluster, ceph.pool, log_name)
+    assert positions == list(range(50, 73)) and log.tail() == 73
+    assert all(log.read(p).startswith(b"m") for p in positions)
+
+
+# ---------------------------------------------------- admission control (4.2+)
+
+def test_available_now_reads_what_existed_in_capped_batches(spark, ceph, rados_cluster, log_name, tmp_path):  # type: ignore[no-untyped-def]
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=4)
+    log.append_many([b"a%d" % i for i in range(1000)])
+    name = "avail_" + log_name.replace("-", "_")
+    stop = threading.Event()
+
+    def keep_appending() -> None:  # entries that arrive after the start are not read
+        while not q.recentProgress and not stop.is_set():
+            time.sleep(0.01)  # from the end of the first batch on: after the target was taken
+        while not stop.is_set():
+            log.append_many([b"late"] * 5)
+            time.sleep(0.05)
+
+    q = (_stream(spark, ceph, log_name, maxEntriesPerTrigger=300).writeStream.format("memory")
+         .queryName(name).trigger(availableNow=True).option("checkpointLocation", str(tmp_path / "ck")).start())
+    t = threading.Thread(target=keep_appending)
+    t.start()
+    try:
+        assert q.awaitTermination(120)  # it stops by itself
+    finally:
+        stop.set()
+        t.join()
+        q.stop()
+    assert q.exception() is None
+    progress = [p for p in q.recentProgress if p["numInputRows"]]
+    got = sorted(r.position for r in spark.table(name).collect())
+    if READ_LIMITS:
+        assert [p["numInputRows"] for p in progress] == [300, 300, 300, 100]
+        assert got == list(range(1000))
+        # progress: the source's latestOffset is the real tail (past the capped end), with how far
+        # each batch left the stream behind it, over the log and its 4 objects
+        first = progress[0]["sources"][0]
+        assert _as_json(first["endOffset"]) == {"position": 300}
+        latest = _as_json(first["latestOffset"])
+        assert latest["position"] >= 1000
+        behind = latest["position"] - 300
+        assert latest["entriesBehindLatest"] == behind
+        assert latest["minEntriesBehindLatest"] == behind // 4
+        assert latest["maxEntriesBehindLatest"] == -(-behind // 4)
+        assert latest["avgEntriesBehindLatest"] == round(behind / 4, 2)
+    else:  # 4.0/4.1: no read limits for Python sources: Spark asks once and reads one capped batch
+        assert [p["numInputRows"] for p in progress] == [300]
+        assert got == list(range(300))
+        assert _as_json(progress[0]["sources"][0]["latestOffset"]) == {"position": 300}
+
+
+def _as_json(value: Any) -> Any:
+    """Progress offsets: JSON text in some PySpark versions, parsed in others."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def test_behind_latest_over_views() -> None:
+    from pyzlog.spark.source import behind_latest
+    from pyzlog.wire import View
+
+    views = (View(1, 0, 4), View(2, 10, 2))
+    assert behind_latest(views, 6, 14) == {"entriesBehindLatest": 8, "minEntriesBehindLatest": 1,
+                                           "avgEntriesBehindLatest": 1.33, "maxEntriesBehindLatest": 2}
+    caught_up = behind_latest(views, 14, 14)
+    assert caught_up == {"entriesBehindLatest": 0, "minEntriesBehindLatest": 0,
+                         "avgEntriesBehindLatest": 0.0, "maxEntriesBehindLatest": 0}
+
+
+# -------------------------------------------------------------------- versions
+
+def test_spark_suite_on_the_oldest_supported_pyspark(ceph) -> None:  # type: ignore[no-untyped-def]
+    """This file again, under the oldest PySpark the `spark` extra accepts, which
+    ./dev setup installs beside the pinned newest one (.spark-compat/)."""
+    if os.environ.get(NESTED):
+        pytest.skip("this is that run")
+    found = sorted((ROOT / ".spark-compat").glob("pyspark-4.0.*"))
+    assert found, "no PySpark 4.0 beside the newest: run ./dev setup"
+    env = {**os.environ, NESTED: "1", "PYTHONPATH": str(found[-1]), "ZLOG_TEST_CONF": ceph.conf,
+           "ZLOG_TEST_POOL": ceph.pool}
+    code = "import pyspark, sys; print(pyspark.__version__)"
+    version = subprocess.run([sys.executable, "-P", "-c", code], env=env, cwd="/", check=True,
+                             capture_output=True, text=True).stdout.strip()
+    assert version.startswith("4.0.") and version != pyspark.__version__
+    run = subprocess.run([sys.executable, "-m", "pytest", "tests/test_spark.py", "-q", "-x",
+                          "-p", "no:cacheprovider"], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=1200)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout.splitlines()[-1]

@@ -21,12 +21,12 @@ from .read import SCHEMA, SCHEMA_DDL, read_partition
 logger = logging.getLogger("pyzlog.spark")
 
 try:  # Spark 4.2+: read limits, Trigger.AvailableNow and the real tail for Python sources
-    from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+    from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxRows,
                                                   SupportsTriggerAvailableNow)
     READ_LIMITS = True
 except ImportError:  # 4.0 / 4.1: latestOffset() gets no arguments and the 4.2 methods are never called
     READ_LIMITS = False
-    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
     SupportsTriggerAvailableNow = object  # type: ignore[assignment,misc]
 
 
