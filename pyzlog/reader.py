@@ -147,7 +147,9 @@ class Stream:
     def __init__(self, log: Log, start: int = 0, end: int | None = None, *, follow: bool = False,
                  hole_wait: float = HOLE_WAIT_SECONDS, per_call: int = PER_CALL,
                  decode: Callable[[bytes], bytes] | None = None, stride_index: int | None = None,
-                 known_tail: int | None = None) -> None:
+                 stride: int | None = None, known_tail: int | None = None) -> None:
+        if (stride_index is None) != (stride is None) or (stride is not None and stride < 1):
+            raise InvalidRequest("stride_index and stride (>= 1) come together")
         self.log = log
         self.position = start
         self.end = end
@@ -155,7 +157,10 @@ class Stream:
         self.hole_wait = hole_wait
         self.per_call = per_call
         self.decode = decode or (lambda b: b)
-        self.stride_index = stride_index  # only the positions of one object (Spark partitions)
+        # only positions p with p % stride == stride_index, wherever the views
+        # put them (a Spark partition: one object of the view it was planned in)
+        self.stride_index = stride_index
+        self.stride = stride
         self.known_tail = known_tail  # the caller knows every position below this was handed out
         self._view: wire.View | None = None
         self._view_end: int | None = None
@@ -180,9 +185,8 @@ class Stream:
         for i in range(view.width):
             self._cursors.append(ObjectCursor(self.log, data_oid(self.log.name, view, i), self.position,
                                               last, view.width, self.per_call))
-        if self.stride_index is not None:
-            off = (self.stride_index - self.position) % view.width
-            self.position += off
+        if self.stride_index is not None and self.stride is not None:
+            self.position += (self.stride_index - self.position) % self.stride
         else:
             for c in self._cursors:
                 c.start()
@@ -199,8 +203,7 @@ class Stream:
         return bool(tops) and max(tops) > position
 
     def _advance(self) -> None:
-        step = self._view.width if (self.stride_index is not None and self._view) else 1
-        self.position += step
+        self.position += self.stride or 1
 
     def __next__(self) -> Record:
         while True:

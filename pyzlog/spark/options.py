@@ -2,9 +2,17 @@
 
 Everything here is picklable: readers and writers carry a ZlogOptions to the
 executors and open their own cluster connection there (see connection.py).
+
+Like Kafka's source, an option the connector does not know is refused (with
+the near miss for a typo), and the Kafka names users type by habit either work
+as aliases (startingOffsets, endingOffsets, failOnDataLoss,
+maxOffsetsPerTrigger; minPartitions is the same name) or are refused with a
+pointer to the zlog option.
 """
 from __future__ import annotations
 
+import difflib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +23,35 @@ ON_DATA_LOSS = ("fail", "skip", "rows")
 EARLIEST = "earliest"
 LATEST = "latest"
 Position = int | str  # a number, or EARLIEST / LATEST
+
+#: every option the source and sink read, as documented (matched case-insensitively)
+OPTIONS = ("log", "pool", "conf", "keyring", "client", "sequencer", "startingPosition",
+           "endingPosition", "minPartitions", "holeWait", "onDataLoss", "maxEntriesPerTrigger",
+           "batchSize", "createIfMissing", "width")
+#: aliases -> zlog option: Kafka source names, and `path` (.load(name) / .save(name))
+ALIASES = {"startingOffsets": "startingPosition", "endingOffsets": "endingPosition",
+           "failOnDataLoss": "onDataLoss", "maxOffsetsPerTrigger": "maxEntriesPerTrigger",
+           "path": "log"}
+#: Kafka names with no zlog equivalent: refused with what to use instead
+KAFKA_POINTERS = {
+    "subscribe": "a zlog source reads one log: use option log",
+    "subscribepattern": "a zlog source reads one log: use option log",
+    "assign": "a zlog source reads one log: use option log",
+    "topic": "use option log",
+    "kafka.bootstrap.servers": "the cluster comes from a ceph.conf: use option conf",
+    "startingtimestamp": "zlog entries have positions, not timestamps: use startingPosition",
+    "startingoffsetsbytimestamp": "zlog entries have positions, not timestamps: use startingPosition",
+    "endingtimestamp": "zlog entries have positions, not timestamps: use endingPosition",
+    "endingoffsetsbytimestamp": "zlog entries have positions, not timestamps: use endingPosition",
+    "minoffsetspertrigger": "not supported: each trigger reads what is there, "
+                            "capped by maxEntriesPerTrigger",
+    "maxtriggerdelay": "not supported: each trigger reads what is there, "
+                       "capped by maxEntriesPerTrigger",
+}
+#: options Spark itself may hand to a streaming sink alongside the user's
+SPARK_OWN = ("checkpointLocation",)
+
+_CANONICAL = {name.lower(): name for name in OPTIONS + tuple(ALIASES) + SPARK_OWN}
 
 
 @dataclass(frozen=True)
@@ -34,6 +71,43 @@ class ZlogOptions:
     batch_size: int = 256
     create: bool = True
     width: int = 4
+
+
+def check_names(options: Mapping[str, str]) -> None:
+    """Refuse options the connector does not know, naming the valid ones."""
+    for key in options:
+        low = str(key).lower()
+        if low in _CANONICAL:
+            continue
+        if low in KAFKA_POINTERS:
+            raise ValueError(f"zlog option {key!r} is a Kafka source option: {KAFKA_POINTERS[low]}")
+        near = difflib.get_close_matches(low, list(_CANONICAL), n=1, cutoff=0.75)
+        hint = f" Did you mean {_CANONICAL[near[0]]!r}?" if near else ""
+        raise ValueError(f"zlog: unknown option {key!r}.{hint} Valid options: {', '.join(OPTIONS)} "
+                         f"(aliases: {', '.join(ALIASES)})")
+
+
+def _resolve_aliases(opts: dict[str, str]) -> dict[str, str]:
+    """Fold each alias into its zlog option; the same option twice is refused."""
+    out = dict(opts)
+    for alias, name in ALIASES.items():
+        raw = out.pop(alias.lower(), None)
+        if raw is None:
+            continue
+        if name.lower() in out:
+            raise ValueError(f"zlog options {name} and {alias} (an alias of {name}) were both given: "
+                             "give one")
+        if alias == "failOnDataLoss":
+            text = str(raw).strip().lower()
+            if text not in ("true", "false"):
+                raise ValueError(f"zlog option failOnDataLoss: expected true or false, got {raw!r} "
+                                 "(or use onDataLoss: fail, skip or rows)")
+            raw = "fail" if text == "true" else "skip"
+        elif alias in ("startingOffsets", "endingOffsets") and str(raw).strip().startswith("{"):
+            raise ValueError(f"zlog option {alias}: per-partition JSON offsets are Kafka's; a log has "
+                             f"one position: use {name} = 'earliest', 'latest' or a number, got {raw!r}")
+        out[name.lower()] = raw
+    return out
 
 
 def _int(opts: Mapping[str, str], key: str, name: str, default: int | None, low: int) -> int | None:
@@ -78,9 +152,23 @@ def _bool(opts: Mapping[str, str], key: str, name: str, default: bool) -> bool:
     raise ValueError(f"zlog option {name}: expected true or false, got {raw!r}")
 
 
+def _seconds(opts: Mapping[str, str], key: str, name: str, default: float) -> float:
+    raw = opts.get(key)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"zlog option {name}: expected seconds, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"zlog option {name}: expected a finite number of seconds >= 0, got {raw!r}")
+    return value
+
+
 def parse_options(options: Mapping[str, str]) -> ZlogOptions:
     """Check every option; raise ValueError naming the option at fault."""
-    opts = {str(k).lower(): v for k, v in options.items()}
+    check_names(options)
+    opts = _resolve_aliases({str(k).lower(): v for k, v in options.items()})
     log = opts.get("log")
     if not log or not str(log).strip():
         raise ValueError("zlog option log is required: .option('log', '<log name>')")
@@ -100,13 +188,6 @@ def parse_options(options: Mapping[str, str]) -> ZlogOptions:
     if on_loss not in ON_DATA_LOSS:
         raise ValueError(f"zlog option onDataLoss: expected one of {', '.join(ON_DATA_LOSS)}, "
                          f"got {opts.get('ondataloss')!r}")
-    hole_raw = opts.get("holewait")
-    try:
-        hole_wait = 2.0 if hole_raw in (None, "") else float(hole_raw)
-    except ValueError:
-        raise ValueError(f"zlog option holeWait: expected seconds, got {hole_raw!r}") from None
-    if hole_wait < 0:
-        raise ValueError(f"zlog option holeWait: must not be negative, got {hole_raw!r}")
     return ZlogOptions(
         conf=conf,
         pool=str(opts.get("pool") or "zlog"),
@@ -117,7 +198,7 @@ def parse_options(options: Mapping[str, str]) -> ZlogOptions:
         starting=starting,
         ending=ending,
         min_partitions=_int(opts, "minpartitions", "minPartitions", 0, 0) or 0,
-        hole_wait=hole_wait,
+        hole_wait=_seconds(opts, "holewait", "holeWait", 2.0),
         on_data_loss=on_loss,
         max_entries_per_trigger=_int(opts, "maxentriespertrigger", "maxEntriesPerTrigger", None, 1),
         batch_size=_int(opts, "batchsize", "batchSize", 256, 1) or 256,

@@ -20,8 +20,11 @@ if TYPE_CHECKING:
 
 
 class ZlogPartition(InputPartition):
-    """Positions p in [start, end) with p % width == index, of the view of `epoch`.
-    Every position below known_tail had been handed out when the read was planned."""
+    """Positions p in [start, end) with p % width == index: object `index` of
+    the view of `epoch` as the plan saw it. The set is frozen at plan time; a
+    reconfiguration before or during the read changes where they are read
+    from, not which positions the partition delivers. Every position below
+    known_tail had been handed out when the read was planned."""
 
     def __init__(self, epoch: int, width: int, index: int, start: int, end: int, known_tail: int) -> None:
         super().__init__(None)
@@ -33,8 +36,11 @@ class ZlogPartition(InputPartition):
         self.known_tail = known_tail
 
     def count(self) -> int:
-        first = self.start + (self.index - self.start) % self.width
-        return 0 if first >= self.end else (self.end - 1 - first) // self.width + 1
+        return len(self.positions())
+
+    def positions(self) -> range:
+        """The positions this partition delivers, in order."""
+        return range(self.start + (self.index - self.start) % self.width, self.end, self.width)
 
     def __repr__(self) -> str:
         return (f"ZlogPartition(epoch={self.epoch}, object={self.index}/{self.width}, "

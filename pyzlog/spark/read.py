@@ -1,9 +1,10 @@
-"""Reading one partition on an executor: a strided Stream turned into Arrow batches."""
+"""Reading one partition on an executor: its planned positions as Arrow batches."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pyarrow as pa
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from ..errors import ZlogError
 from ..reader import RecordKind, Stream
@@ -15,6 +16,8 @@ from .plan import ZlogPartition
 BATCH_ROWS = 4096
 
 SCHEMA_DDL = "position long, data binary, kind string, epoch long"
+SCHEMA = StructType([StructField("position", LongType()), StructField("data", BinaryType()),
+                     StructField("kind", StringType()), StructField("epoch", LongType())])
 ARROW_SCHEMA = pa.schema([
     pa.field("position", pa.int64()),
     pa.field("data", pa.binary()),
@@ -43,16 +46,20 @@ def _batch(pos: list[int], data: list[bytes | None], kind: list[str], epoch: lis
          pa.array(kind, pa.string()), pa.array(epoch, pa.int64())], schema=ARROW_SCHEMA)
 
 
-def read_partition(opts: ZlogOptions, part: ZlogPartition | None,
+def read_partition(opts: ZlogOptions, part: object,
                    batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    if part is None or part.start >= part.end:
+    # An empty plan reaches here as Spark's own placeholder partition (or None).
+    if not isinstance(part, ZlogPartition) or part.start >= part.end:
         return
     rows = opts.on_data_loss == "rows"
     with opened_log(opts) as log:
         if log.epoch < part.epoch:
             log.refresh()
-        stream = Stream(log, part.start, part.end, stride_index=part.index, known_tail=part.known_tail,
-                        hole_wait=opts.hole_wait, decode=log.decode)
+        # Exactly the planned positions (p % width == index of the planned view),
+        # read from whichever view holds each one now: a reconfiguration since
+        # planning moves where they are read from, never which are delivered.
+        stream = Stream(log, part.start, part.end, stride_index=part.index, stride=part.width,
+                        known_tail=part.known_tail, hole_wait=opts.hole_wait, decode=log.decode)
         pos: list[int] = []
         data: list[bytes | None] = []
         kind: list[str] = []

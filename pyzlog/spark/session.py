@@ -12,7 +12,7 @@ def local_session(master: str = "local[2]", app: str = "pyzlog", **conf: str) ->
     installed package."""
     from pyspark.sql import SparkSession
 
-    from .source import ZlogDataSource
+    from . import register
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -29,5 +29,5 @@ def local_session(master: str = "local[2]", app: str = "pyzlog", **conf: str) ->
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(ZlogDataSource)
+    register(spark)
     return spark

@@ -18,6 +18,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from ..errors import ZlogError
 from .connection import opened_log
 from .options import ZlogOptions
+from .report import WriteReport
 
 logger = logging.getLogger("pyzlog.spark")
 
@@ -58,39 +59,53 @@ def summarize(messages: Iterable[Any]) -> dict[str, Any]:
     }
 
 
-def _check_schema(schema: StructType, overwrite: bool) -> None:
+def _report(opts: ZlogOptions, messages: list[Any], batch_id: int | None, committed: bool) -> WriteReport:
+    s = summarize(messages)
+    return WriteReport(opts.log, batch_id, s["count"], s["min"], s["max"],
+                       tuple(tuple(r) for r in s["ranges"]), s["tasks"], committed)
+
+
+def data_column(schema: StructType, overwrite: bool) -> str:
+    """The one rule for batch and streaming writes: the column named `data`
+    in any case (`data`, `Data`, ...), binary or string. Returns its exact name."""
     if overwrite:
-        raise ValueError("zlog: a log is append-only; write with mode('append'), not overwrite")
-    names = {f.name.lower(): f for f in schema.fields}
-    f = names.get("data")
-    if f is None:
+        raise ValueError("zlog: a log is append-only; write with mode('append') (streaming: "
+                         "outputMode('append')), not overwrite or complete")
+    found = [f for f in schema.fields if f.name.lower() == "data"]
+    if not found:
         raise ValueError(f"zlog write: the DataFrame needs a 'data' column (binary or string); "
                          f"it has {', '.join(schema.fieldNames()) or 'no columns'}")
+    if len(found) > 1:
+        raise ValueError(f"zlog write: columns {', '.join(repr(f.name) for f in found)} all match "
+                         "'data'; keep one")
+    f = found[0]
     if not isinstance(f.dataType, (BinaryType, StringType)):
-        raise ValueError(f"zlog write: column 'data' must be binary or string, not {f.dataType.simpleString()}")
+        raise ValueError(f"zlog write: column {f.name!r} must be binary or string, "
+                         f"not {f.dataType.simpleString()}")
+    return f.name
 
 
-def _entries(items: Iterator[Any]) -> Iterator[bytes]:
-    """`data` values of Arrow batches or Rows, as bytes (strings UTF-8 encoded)."""
+def _entries(items: Iterator[Any], column: str) -> Iterator[bytes]:
+    """`column` values of Arrow batches (batch writes) or Rows (streaming
+    writes), as bytes (strings UTF-8 encoded)."""
     for item in items:
         if isinstance(item, pa.RecordBatch):
-            idx = [n.lower() for n in item.schema.names].index("data")
-            values: Iterable[Any] = item.column(idx).to_pylist()
+            values: Iterable[Any] = item.column(column).to_pylist()
         else:
-            values = (item["data"],)
+            values = (item[column],)
         for v in values:
             if v is None:
-                raise ValueError("zlog write: column 'data' has a null value (entries cannot be null)")
+                raise ValueError(f"zlog write: column {column!r} has a null value (entries cannot be null)")
             yield v.encode("utf-8") if isinstance(v, str) else bytes(v)
 
 
-def append_all(opts: ZlogOptions, items: Iterator[Any]) -> ZlogCommitMessage:
+def append_all(opts: ZlogOptions, items: Iterator[Any], column: str) -> ZlogCommitMessage:
     """One task's write: append_many per batchSize entries."""
     msg = ZlogCommitMessage()
     try:
         with opened_log(opts) as log:
             batch: list[bytes] = []
-            for entry in _entries(items):
+            for entry in _entries(items, column):
                 batch.append(entry)
                 if len(batch) >= opts.batch_size:
                     msg.add(log.append_many(batch))
@@ -118,43 +133,48 @@ def _abort_report(opts: ZlogOptions, messages: list[Any], what: str) -> None:
 
 
 class ZlogWriter(DataSourceArrowWriter):
-    def __init__(self, opts: ZlogOptions, schema: StructType, overwrite: bool) -> None:
-        _check_schema(schema, overwrite)
+    def __init__(self, opts: ZlogOptions, schema: StructType, overwrite: bool, reports: Any = None) -> None:
+        self.column = data_column(schema, overwrite)
         self.opts = opts
+        self.reports = reports  # an accumulator of WriteReports in the driver (report.py)
         with opened_log(opts, create=opts.create):  # create it once, on the driver
             pass
-        self.last_summary: dict[str, Any] | None = None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ZlogCommitMessage:
-        return append_all(self.opts, iterator)
+        return append_all(self.opts, iterator, self.column)
 
     def commit(self, messages: list[Any]) -> None:
-        self.last_summary = summarize(messages)
-        logger.info("zlog write to %r: %d entries appended (positions %s..%s)", self.opts.log,
-                    self.last_summary["count"], self.last_summary["min"], self.last_summary["max"])
+        _publish(self.reports, _report(self.opts, messages, None, committed=True))
 
     def abort(self, messages: list[Any]) -> None:
         _abort_report(self.opts, messages, "write")
+        _publish(self.reports, _report(self.opts, messages, None, committed=False))
 
 
 class ZlogStreamWriter(DataSourceStreamWriter):
     """At-least-once: a micro-batch that is run again appends its rows again."""
 
-    def __init__(self, opts: ZlogOptions, schema: StructType, overwrite: bool) -> None:
-        _check_schema(schema, False)  # streaming "complete" mode cannot replace a log either
-        if overwrite:
-            raise ValueError("zlog: a log is append-only; use outputMode('append')")
+    def __init__(self, opts: ZlogOptions, schema: StructType, overwrite: bool, reports: Any = None) -> None:
+        self.column = data_column(schema, overwrite)  # "complete" mode cannot replace a log either
         self.opts = opts
+        self.reports = reports
         with opened_log(opts, create=opts.create):
             pass
 
     def write(self, iterator: Iterator[Any]) -> ZlogCommitMessage:
-        return append_all(self.opts, iterator)
+        return append_all(self.opts, iterator, self.column)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
-        s = summarize(messages)
-        logger.info("zlog stream write to %r, batch %d: %d entries (positions %s..%s)",
-                    self.opts.log, batchId, s["count"], s["min"], s["max"])
+        _publish(self.reports, _report(self.opts, messages, batchId, committed=True))
 
     def abort(self, messages: list[Any], batchId: int) -> None:
         _abort_report(self.opts, messages, f"stream write batch {batchId}")
+        _publish(self.reports, _report(self.opts, messages, batchId, committed=False))
+
+
+def _publish(reports: Any, report: WriteReport) -> None:
+    """To the driver through the accumulator (see report.py), and to this
+    worker's log (the driver's stderr where Spark forwards it)."""
+    logger.info("%s", report)
+    if reports is not None:
+        reports.add([report])
