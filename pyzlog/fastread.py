@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import rados
 
-from ._fastread import ffi, lib  # type: ignore[import-not-found]  # the cffi extension
+from ._fastread import ffi, lib  # the cffi extension (untyped)
 
 #: result kinds (which call a result answers)
 READ, RANGE, STAT, MAX_POSITION, EXEC = lib.FR_READ, lib.FR_RANGE, lib.FR_STAT, lib.FR_MAX_POSITION, lib.FR_EXEC
@@ -99,7 +99,7 @@ def _oid(oid: str | bytes) -> bytes:
 class Pool:
     """An I/O context on a pool (and namespace); it lives as long as its Native."""
 
-    __slots__ = ("native", "name", "namespace", "handle")
+    __slots__ = ("handle", "name", "namespace", "native")
 
     def __init__(self, native: Native, name: str, namespace: str, handle: Any) -> None:
         self.native, self.name, self.namespace, self.handle = native, name, namespace, handle
@@ -309,19 +309,37 @@ def _record_batch(b: Any, signed: bool) -> pa.RecordBatch:
     if _kind_dictionary is None:
         _kind_dictionary = pa.array(KIND_NAMES, pa.string())
     n = int(b.rows)
-    addr = lambda p: int(ffi.cast("uintptr_t", p))  # noqa: E731
+    foreign: Any = pa.foreign_buffer  # untyped in pyarrow's stubs
+
+    def addr(p: Any) -> int:
+        return int(ffi.cast("uintptr_t", p))
+
     schema = batch_schema(signed)
     num = schema.field("position").type
-    positions = pa.Array.from_buffers(num, n, [None, pa.foreign_buffer(addr(b.positions), 8 * n, base=b)])
-    epochs = pa.Array.from_buffers(num, n, [None, pa.foreign_buffer(addr(b.epochs), 8 * n, base=b)])
-    codes = pa.Array.from_buffers(pa.int8(), n, [None, pa.foreign_buffer(addr(b.kinds), n, base=b)])
+    positions = pa.Array.from_buffers(num, n, [None, foreign(addr(b.positions), 8 * n, base=b)])
+    epochs = pa.Array.from_buffers(num, n, [None, foreign(addr(b.epochs), 8 * n, base=b)])
+    codes = pa.Array.from_buffers(pa.int8(), n, [None, foreign(addr(b.kinds), n, base=b)])
     kinds = pa.DictionaryArray.from_arrays(codes, _kind_dictionary)
     data = pa.Array.from_buffers(pa.binary(), n, [
-        pa.foreign_buffer(addr(b.validity), (n + 7) // 8, base=b),
-        pa.foreign_buffer(addr(b.offsets), 4 * (n + 1), base=b),
-        pa.foreign_buffer(addr(b.data), int(b.data_len), base=b),
+        foreign(addr(b.validity), (n + 7) // 8, base=b),
+        foreign(addr(b.offsets), 4 * (n + 1), base=b),
+        foreign(addr(b.data), int(b.data_len), base=b),
     ], null_count=int(b.null_count))
     return pa.RecordBatch.from_arrays([positions, data, kinds, epochs], schema=schema)
+
+
+def batch_of(positions: Sequence[int], kinds: Sequence[str], epochs: Sequence[int],
+             data: Sequence[bytes | None], *, signed: bool = False) -> pa.RecordBatch:
+    """A batch of BATCH_SCHEMA from Python values: for the few rows a reader
+    makes itself (a hole it filled as lost), so every batch has one schema."""
+    import pyarrow as pa
+
+    schema = batch_schema(signed)
+    num = schema.field("position").type
+    codes = pa.array([KIND_NAMES.index(k) for k in kinds], pa.int8())
+    kind_dict: Any = pa.DictionaryArray.from_arrays(codes, pa.array(KIND_NAMES, pa.string()))
+    return pa.RecordBatch.from_arrays([pa.array(positions, num), pa.array(data, pa.binary()), kind_dict,
+                                       pa.array(epochs, num)], schema=schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,9 +386,12 @@ class ReadQueue:
         if handle == ffi.NULL:
             raise MemoryError("fr_queue_new")
         self.native = native
-        self._q = ffi.gc(handle, lib.fr_queue_release)
+        self._q: Any = ffi.gc(handle, lib.fr_queue_release)  # None once closed
         self._out = ffi.new("fr_result[]", max_results)
         self._max = max_results
+
+    def _closed(self) -> Any:
+        raise ZlogError("the read queue is closed")
 
     def _sent(self, ret: int, what: str) -> None:
         if ret < 0:
@@ -378,7 +399,7 @@ class ReadQueue:
 
     def read(self, pool: Pool, oid: str | bytes, epoch: int, position: int, tag: int) -> None:
         """cls_zlog "read" of one position: READ result, the stored bytes."""
-        ret = lib.fr_read(self._q, pool.handle, _oid(oid), epoch, position, tag)
+        ret = lib.fr_read(self._q or self._closed(), pool.handle, _oid(oid), epoch, position, tag)
         if ret < 0:
             self._sent(ret, f"read at {position}")
 
@@ -391,7 +412,7 @@ class ReadQueue:
             raise ValueError("one tag per position")
         for i in range(0, n, MAX_CALLS_PER_OP):
             chunk = slice(i, i + MAX_CALLS_PER_OP)
-            ret = lib.fr_read_many(self._q, pool.handle, _oid(oid), epoch, list(positions[chunk]),
+            ret = lib.fr_read_many(self._q or self._closed(), pool.handle, _oid(oid), epoch, list(positions[chunk]),
                                    list(tags[chunk]), min(MAX_CALLS_PER_OP, n - i))
             if ret < 0:
                 self._sent(ret, f"read of {n} positions on {oid!r}")
@@ -399,22 +420,22 @@ class ReadQueue:
     def read_range(self, pool: Pool, oid: str | bytes, epoch: int, first: int, last: int,
                    max_entries: int, max_bytes: int, tag: int) -> None:
         """cls_zlog "read_range": RANGE result, a RangeWindow."""
-        ret = lib.fr_read_range(self._q, pool.handle, _oid(oid), epoch, first, last, max_entries, max_bytes, tag)
+        ret = lib.fr_read_range(self._q or self._closed(), pool.handle, _oid(oid), epoch, first, last, max_entries, max_bytes, tag)
         if ret < 0:
             self._sent(ret, f"read_range on {oid!r}")
 
     def stat(self, pool: Pool, oid: str | bytes, tag: int) -> None:
         """cls_zlog "stat": STAT result, a wire.ObjectStat."""
-        self._sent(lib.fr_stat(self._q, pool.handle, _oid(oid), tag), f"stat on {oid!r}")
+        self._sent(lib.fr_stat(self._q or self._closed(), pool.handle, _oid(oid), tag), f"stat on {oid!r}")
 
     def max_position(self, pool: Pool, oid: str | bytes, epoch: int, tag: int) -> None:
         """cls_zlog "max_position": MAX_POSITION result, int or None (empty)."""
-        self._sent(lib.fr_max_position(self._q, pool.handle, _oid(oid), epoch, tag), f"max_position on {oid!r}")
+        self._sent(lib.fr_max_position(self._q or self._closed(), pool.handle, _oid(oid), epoch, tag), f"max_position on {oid!r}")
 
     def exec(self, pool: Pool, oid: str | bytes, method: str, payload: bytes, tag: int,
              cls: str = wire.CLASS) -> None:
         """Any read-only class method: EXEC result, its reply bytes."""
-        self._sent(lib.fr_exec(self._q, pool.handle, _oid(oid), cls.encode(), method.encode(),
+        self._sent(lib.fr_exec(self._q or self._closed(), pool.handle, _oid(oid), cls.encode(), method.encode(),
                                payload, len(payload), tag), f"{method} on {oid!r}")
 
     def wait(self, timeout: float | None = None, max_results: int | None = None) -> list[Result]:
@@ -422,7 +443,7 @@ class ReadQueue:
         seconds (None: no limit) for the first. [] on timeout, or at once
         when nothing is in flight. Bytes returned are copies."""
         out = self._out
-        n = lib.fr_wait(self._q, out, min(max_results or self._max, self._max),
+        n = lib.fr_wait(self._q or self._closed(), out, min(max_results or self._max, self._max),
                         -1.0 if timeout is None else timeout)
         results: list[Result] = []
         append = results.append
@@ -450,11 +471,11 @@ class ReadQueue:
     @property
     def pending(self) -> int:
         """Calls sent whose result wait() has not returned yet."""
-        return int(lib.fr_queue_pending(self._q))
+        return int(lib.fr_queue_pending(self._q)) if self._q is not None else 0
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until nothing is in flight (results stay for wait()); True if so."""
-        return bool(lib.fr_queue_drain(self._q, -1.0 if timeout is None else timeout))
+        return bool(lib.fr_queue_drain(self._q or self._closed(), -1.0 if timeout is None else timeout))
 
     def close(self) -> None:
         """Drop the queue now: undelivered results are discarded, and reads
@@ -519,7 +540,7 @@ class Reads:
                 else:
                     try:
                         done(code, value)
-                    except Exception:  # noqa: BLE001 - the drain thread must outlive a bad callback
+                    except Exception:
                         import logging
 
                         logging.getLogger("pyzlog").exception("read completion failed")

@@ -20,7 +20,6 @@ import os
 import random
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -103,18 +102,19 @@ def _native_reads(queue: Any, pool: Any, oid_of: Callable[[int], bytes], epoch: 
 
 
 def _native_scan(native: Any, pool: Any, log: Any, lo: int, hi: int, size: int, duration: float,
-                 tick: _Ticker, counts: dict[str, int], per_call: int) -> Run:
+                 tick: _Ticker, counts: dict[str, float], per_call: int, ahead: int) -> Run:
     """Whole scans of [lo, hi) into Arrow batches until `duration` is up."""
     from .fastread import STOP_MISSING, ViewScan
     from .layout import view_objects
 
     oids = view_objects(log.name, log.views[-1])
     n = 0
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     end = t0 + duration
     now = t0
     while now < end:
-        scan = ViewScan(native.queue(), pool, oids, log.epoch, lo, hi, per_call=per_call)
+        scan = ViewScan(native.queue(), pool, oids, log.epoch, lo, hi, per_call=per_call, ahead=ahead)
         try:
             while True:
                 built = scan.next_batch()
@@ -130,20 +130,20 @@ def _native_scan(native: Any, pool: Any, log: Any, lo: int, hi: int, size: int, 
                     raise ZlogError(f"scan stopped at unwritten position {built.stop_position}")
                 if scan.position >= hi or now >= end:
                     break
-            else:
-                pass
             if scan.position >= hi:
                 counts["full_passes"] += 1
         finally:
             scan.close()
     tick.finish()
+    counts["client_cpu_s"] += time.process_time() - cpu0
     return n, now - t0, []
 
 
 def _stream_passes(log: Any, lo: int, hi: int, size: int, duration: float, tick: _Ticker,
-                   counts: dict[str, int]) -> Run:
+                   counts: dict[str, float]) -> Run:
     """Whole Log.stream() passes over [lo, hi) until `duration` is up."""
     n = 0
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     end = t0 + duration
     now = t0
@@ -161,12 +161,13 @@ def _stream_passes(log: Any, lo: int, hi: int, size: int, duration: float, tick:
             counts["full_passes"] += 1
         now = time.perf_counter()
     tick.finish()
+    counts["client_cpu_s"] += time.process_time() - cpu0
     return n, now - t0, []
 
 
 def bench_fastread(env: Any, *, duration: float = 12.0, rounds: int = 4, entries: int = 20000,
                    small_entries: int = 100000, size: int = 1024, small_size: int = 16, depth: int = 16,
-                   width: int = 4, per_call: int = 1024,
+                   width: int = 4, per_call: int = 1024, ahead: int = 4,
                    out: str = "results/bench-fastread.json") -> dict[str, Any]:
     """Run every case, `duration` seconds each split over `rounds` alternating rounds."""
     from .fastread import Native, Reads
@@ -189,9 +190,14 @@ def bench_fastread(env: Any, *, duration: float = 12.0, rounds: int = 4, entries
             m = min(entries, 4096)
             raw_oids = _write_raw_objects(b, m, os.urandom(size), progress)
             rnd = random.Random(1)
-            oid_bytes = {p % width: log.oid_of(p).encode() for p in range(lo, lo + width)}
-            oid_of = lambda p: oid_bytes[p % width]  # noqa: E731 - one view: the object is p % width
-            pick = lambda: rnd.randrange(lo, hi)  # noqa: E731
+            oid_bytes: dict[int, bytes] = {p % width: log.oid_of(p).encode() for p in range(lo, lo + width)}
+
+            def oid_of(p: int) -> bytes:  # one view: the object is p % width
+                return oid_bytes[p % width]
+
+            def pick() -> int:
+                return rnd.randrange(lo, hi)
+
             reads = Reads(native)
 
             def raw_read(i: int, done: Done) -> None:
@@ -206,7 +212,9 @@ def bench_fastread(env: Any, *, duration: float = 12.0, rounds: int = 4, entries
                 fut.add_done_callback(lambda f: done(None if f.result()[0] == 0 else
                                                      ZlogError(f"read: errno {-f.result()[0]}")))
 
-            counts = {k: {"full_passes": 0, "gaps": 0} for k in ("scan_1k", "stream_1k", "scan_16", "stream_16")}
+            counts: dict[str, dict[str, float]] = {
+                k: {"full_passes": 0, "gaps": 0, "client_cpu_s": 0.0}
+                for k in ("scan_1k", "stream_1k", "scan_16", "stream_16")}
             d = depth
             plan: list[tuple[str, str, str, int, str, int, Callable[[float, _Ticker], Run]]] = [
                 (f"native_read_depth{d}", f"native read depth {d}", "native", d, "ReadQueue.read", size,
@@ -220,12 +228,13 @@ def bench_fastread(env: Any, *, duration: float = 12.0, rounds: int = 4, entries
                 (f"raw_aio_read_depth{d}", f"raw aio_read depth {d}", "raw", d, "aio_read", size,
                  lambda t, k: run_async(raw_read, d, t, k)),
                 ("native_scan_1k", f"native scan {size} B", "native", 0, "ViewScan", size,
-                 lambda t, k: _native_scan(native, pool, log, lo, hi, size, t, k, counts["scan_1k"], per_call)),
+                 lambda t, k: _native_scan(native, pool, log, lo, hi, size, t, k, counts["scan_1k"], per_call,
+                                           ahead)),
                 ("stream_1k", f"Log.stream() {size} B", "zlog", 0, "Log.stream", size,
                  lambda t, k: _stream_passes(log, lo, hi, size, t, k, counts["stream_1k"])),
                 ("native_scan_16", f"native scan {small_size} B", "native", 0, "ViewScan", small_size,
                  lambda t, k: _native_scan(native, pool, small, slo, shi, small_size, t, k, counts["scan_16"],
-                                           per_call)),
+                                           per_call, ahead)),
                 ("stream_16", f"Log.stream() {small_size} B", "zlog", 0, "Log.stream", small_size,
                  lambda t, k: _stream_passes(small, slo, shi, small_size, t, k, counts["stream_16"])),
             ]
@@ -239,13 +248,20 @@ def bench_fastread(env: Any, *, duration: float = 12.0, rounds: int = 4, entries
             cases = {key: summarize_runs(key, system, dep, runs[key], sz, api=api)
                      for key, _, system, dep, api, sz, _ in plan}
             for k, c in counts.items():
-                cases["native_" + k if k.startswith("scan") else k].update(c)
+                case = cases["native_" + k if k.startswith("scan") else k]
+                case.update(c)
+                # the client process's CPU (all its threads, librados' included) per entry
+                case["client_cpu_us_per_entry"] = c["client_cpu_s"] / max(case["ops"], 1) * 1e6
 
         def ratio(a: str, b_: str) -> tuple[float, list[float]]:
             per_round = round_ratios(runs[a], runs[b_])
             return statistics.median(per_round), per_round
 
         ratios: dict[str, float] = {}
+        for k in ("1k", "16"):  # client CPU per entry, stream over native scan
+            ratios[f"client_cpu_stream_vs_scan_{k}"] = (cases[f"stream_{k}"]["client_cpu_us_per_entry"]
+                                                         / max(cases[f"native_scan_{k}"]["client_cpu_us_per_entry"],
+                                                               1e-9))
         round_r: dict[str, list[float]] = {}
         for key, a, b_ in (("native_read_vs_raw", f"native_read_depth{d}", f"raw_aio_read_depth{d}"),
                            ("native_read_many_vs_raw", f"native_read_many_depth{d}", f"raw_aio_read_depth{d}"),
@@ -259,7 +275,8 @@ def bench_fastread(env: Any, *, duration: float = 12.0, rounds: int = 4, entries
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "params": {"duration_s": duration, "rounds": rounds, "entries": entries, "entry_bytes": size,
                        "small_entries": small_entries, "small_entry_bytes": small_size, "depth": depth,
-                       "width": width, "per_call": per_call, "pool": b.pool, "raw_objects": m},
+                       "width": width, "per_call": per_call, "ahead": ahead, "pool": b.pool,
+                       "raw_objects": m},
             "machine": machine_info(b.cluster),
             "logs": {name: [lo, hi], small_name: [slo, shi]},
             "cases": cases,
@@ -283,8 +300,8 @@ def markdown_fastread(r: dict[str, Any]) -> str:
     d = p["depth"]
     lines = [f"Native read path, width {p['width']}, {_setup_line(r)} (ratios: median of the per-round ratios)",
              "",
-             "| case | entry B | depth | entries/s | MB/s | p50 ms | p99 ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| case | entry B | depth | entries/s | MB/s | p50 ms | p99 ms | client CPU us/entry |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     rows = [("native ReadQueue.read (one op per read)", f"native_read_depth{d}"),
             ("native ReadQueue.read_many (one op per object)", f"native_read_many_depth{d}"),
             ("native Reads.read (a Future per read)", f"native_futures_depth{d}"),
@@ -296,16 +313,17 @@ def markdown_fastread(r: dict[str, Any]) -> str:
         c = r["cases"][key]
         lines.append(f"| {label} | {c['entry_bytes']} | {c['depth'] or '-'} | {_fmt(c['ops_per_s'])} | "
                      f"{_fmt(c['mb_per_s'], '.2f')} | {_fmt(c['latency_ms']['p50'], '.2f')} | "
-                     f"{_fmt(c['latency_ms']['p99'], '.2f')} |")
+                     f"{_fmt(c['latency_ms']['p99'], '.2f')} | {_fmt(c.get('client_cpu_us_per_entry'), '.2f')} |")
     ra, t = r["ratios"], r["targets"]
-    lines += ["",
-              f"native read / raw aio_read at depth {d}: **{ra['native_read_vs_raw']:.2f}** "
-              f"(target >= {t['native_read_vs_raw']:g}); one op per object: {ra['native_read_many_vs_raw']:.2f}; "
-              f"a Future per read: {ra['native_futures_vs_raw']:.2f}; today's read_async: "
-              f"{ra['read_async_vs_raw']:.2f}",
-              f"scan to Arrow / stream(): **{ra['scan_vs_stream_1k']:.1f}x** with {p['entry_bytes']} B entries, "
-              f"**{ra['scan_vs_stream_16']:.1f}x** with {p['small_entry_bytes']} B entries "
-              f"(target >= {t['scan_vs_stream_1k']:g})"]
+    reads = (f"native read / raw aio_read at depth {d}: **{ra['native_read_vs_raw']:.2f}** "
+             f"(target >= {t['native_read_vs_raw']:g}); one op per object: {ra['native_read_many_vs_raw']:.2f}; "
+             f"a Future per read: {ra['native_futures_vs_raw']:.2f}; today's read_async: "
+             f"{ra['read_async_vs_raw']:.2f}")
+    scans = (f"scan to Arrow / stream(): **{ra['scan_vs_stream_1k']:.1f}x** with {p['entry_bytes']} B entries, "
+             f"**{ra['scan_vs_stream_16']:.1f}x** with {p['small_entry_bytes']} B entries "
+             f"(target >= {t['scan_vs_stream_1k']:g}); client CPU per entry: "
+             f"{ra['client_cpu_stream_vs_scan_1k']:.1f}x and {ra['client_cpu_stream_vs_scan_16']:.1f}x less")
+    lines += ["", reads, scans]
     return "\n".join(lines)
 
 
@@ -323,12 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entries", type=int, default=20000)
     ap.add_argument("--small-entries", type=int, default=100000)
     ap.add_argument("--per-call", type=int, default=1024, help="entries per read_range call of the native scan")
+    ap.add_argument("--ahead", type=int, default=4, help="read_range calls in flight per object (native scan)")
     ap.add_argument("--out", default="results/bench-fastread.json")
     a = ap.parse_args(argv)
     env = Env(a.conf, a.pool, a.seqr, a.keyring, a.client, None)
     try:
         bench_fastread(env, duration=a.duration, rounds=a.rounds, entries=a.entries,
-                       small_entries=a.small_entries, per_call=a.per_call, out=a.out)
+                       small_entries=a.small_entries, per_call=a.per_call, ahead=a.ahead, out=a.out)
     except ZlogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

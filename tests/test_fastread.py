@@ -19,8 +19,15 @@ import pyarrow as pa
 import pytest
 
 import pyzlog
-from pyzlog import Log, RecordKind, wire
-from pyzlog.errors import ClusterUnavailable, Filled, NotWritten, PoolNotFound, StaleEpoch, Trimmed
+from pyzlog import Log, wire
+from pyzlog.errors import (
+    ClusterUnavailable,
+    Filled,
+    NotWritten,
+    PoolNotFound,
+    StaleEpoch,
+    Trimmed,
+)
 from pyzlog.fastread import (
     MAX_CALLS_PER_OP,
     STOP_END,
@@ -31,9 +38,10 @@ from pyzlog.fastread import (
     RangeWindow,
     Reads,
     ViewScan,
+    batch_of,
+    batch_schema,
     build_batch,
     error,
-    lib,
 )
 from pyzlog.layout import META_NAMESPACE, view_objects
 
@@ -90,7 +98,7 @@ def native_oids(log: Log) -> list[bytes]:
 def test_single_reads_match_the_python_path(native, queue, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
     log = gappy_log
     pool = native.pool(log.pool)
-    for p in range(0, 45):
+    for p in range(45):
         queue.read(pool, log.oid_of(p), log.epoch, p, p)
     got = wait_all(queue)
     assert sorted(got) == list(range(45))
@@ -199,6 +207,7 @@ def test_window_record_batch_columns(native, queue, gappy_log: Log) -> None:  # 
     log = gappy_log
     queue.read_range(native.pool(log.pool), log.oid_of(1), log.epoch, 0, 1000, 512, 1 << 20, 0)
     ((code, window),) = wait_all(queue).values()
+    assert code == 0
     batch = window.record_batch()  # type: ignore[union-attr]
     assert batch.schema.field("position").type == pa.uint64()
     rows = batch.to_pylist()
@@ -212,6 +221,17 @@ def test_window_record_batch_columns(native, queue, gappy_log: Log) -> None:  # 
     del window, batch
     gc.collect()
     assert signed.column("data").to_pylist()[0] == b"d5"  # the batch keeps its own memory
+
+
+def test_batches_made_in_python_share_the_schema(native, queue, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
+    log = gappy_log
+    queue.read_range(native.pool(log.pool), log.oid_of(1), log.epoch, 0, 1000, 512, 1 << 20, 0)
+    ((_, window),) = wait_all(queue).values()
+    lost = batch_of([25], ["lost"], [log.epoch], [None])
+    assert lost.schema == batch_schema() == window.record_batch().schema  # type: ignore[union-attr]
+    table = pa.Table.from_batches([window.record_batch(), lost])  # type: ignore[union-attr]
+    assert table.column("kind").to_pylist()[-2:] == ["data", "lost"]
+    assert batch_of([1], ["data"], [2], [b"x"], signed=True).schema == batch_schema(signed=True)
 
 
 def windows_of(native, queue, log: Log, first: int = 0, last: int = 1000, per_call: int = 512,  # type: ignore[no-untyped-def]
@@ -355,6 +375,9 @@ def test_connection_is_shared_and_errors_are_typed(native, rados_cluster, ceph) 
     assert q.wait(5.0) == [] and q.pending == 0  # nothing in flight: no waiting
     assert q.drain(0.1)
     q.close()
+    with pytest.raises(pyzlog.ZlogError, match="closed"):
+        q.read(native.pool(ceph.pool), "x", 1, 0, 0)
+    assert q.pending == 0
 
 
 def test_closed_connection_refuses_reads(ceph) -> None:  # type: ignore[no-untyped-def]
@@ -376,7 +399,8 @@ def test_closed_connection_refuses_reads(ceph) -> None:  # type: ignore[no-untyp
 def _run(script: str, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "script.py"
     path.write_text(script)
-    return subprocess.run([sys.executable, "-P", str(path)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-P", str(path)], capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def _crashed(out: subprocess.CompletedProcess[str]) -> bool:
