@@ -2,12 +2,13 @@
 //
 // Data objects hold log positions as omap entries keyed by a fixed-width hex
 // position (so key order is position order); the omap header holds the
-// object's sealed epoch, the highest position written or filled, and a trim
-// watermark. Metadata objects hold the log's epoch and view history as the
+// object's sealed epoch, the highest position written, filled or trimmed, a
+// trim watermark, and once its view is closed, where that view ends. Metadata objects hold the log's epoch and view history as the
 // object's data. Request and reply layouts are in docs/cls_zlog.md.
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -74,9 +75,13 @@ struct DataHeader {
   bool has_max = false;
   uint64_t max_pos = 0;
   uint64_t trim_below = 0;  // every position < trim_below is trimmed
+  // Set by close (a reconfiguration): positions >= view_end belong to a later
+  // view, so no client, however stale its view history, can store one here.
+  bool has_end = false;
+  uint64_t view_end = 0;
 };
 
-constexpr uint8_t kHeaderVersion = 1;
+constexpr uint8_t kHeaderVersion = 2;  // version 1 (no view end) is still read
 
 int decode_header(bufferlist& bl, DataHeader* h) {
   *h = DataHeader{};
@@ -87,7 +92,11 @@ int decode_header(bufferlist& bl, DataHeader* h) {
   h->has_max = d.u8() != 0;
   h->max_pos = d.u64();
   h->trim_below = d.u64();
-  if (!d.done() || ver != kHeaderVersion) {
+  if (ver >= 2) {
+    h->has_end = d.u8() != 0;
+    h->view_end = d.u64();
+  }
+  if (!d.done() || ver < 1 || ver > kHeaderVersion) {
     cls_log(0, "zlog: corrupt data object header");
     return -EIO;
   }
@@ -144,6 +153,8 @@ int write_header(cls_method_context_t hctx, const DataHeader& h, bool exists) {
   put_u8(bl, h.has_max ? 1 : 0);
   put_u64(bl, h.max_pos);
   put_u64(bl, h.trim_below);
+  put_u8(bl, h.has_end ? 1 : 0);
+  put_u64(bl, h.view_end);
   return cls_cxx_map_write_header(hctx, &bl);
 }
 
@@ -153,6 +164,10 @@ void note_position(DataHeader* h, uint64_t pos) {
     h->max_pos = pos;
   }
 }
+
+// A position at or past a closed view's end belongs to a later view: the
+// request's view history is stale, whatever its epoch says.
+bool past_end(const DataHeader& h, uint64_t pos) { return h.has_end && pos >= h.view_end; }
 
 // An entry value: state, epoch of the request that stored it, then the data.
 struct Entry {
@@ -235,6 +250,7 @@ int zlog_write(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   DataHeader h;
   int r = read_header_for_write(hctx, epoch, &h);
   if (r < 0) return r;
+  if (past_end(h, pos)) return -ERR_STALE;
   r = check_free(hctx, h, pos);
   if (r < 0) return r;
   bufferlist val = make_entry(WRITTEN, epoch, data, len);
@@ -271,6 +287,7 @@ int zlog_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   DataHeader h;
   int r = read_header_for_write(hctx, epoch, &h);
   if (r < 0) return r;
+  if (past_end(h, top)) return -ERR_STALE;
   for (auto& kv : vals) {
     r = check_free(hctx, h, std::stoull(kv.first, nullptr, 16));
     if (r < 0) return r;
@@ -306,10 +323,11 @@ int zlog_read(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
   return 0;
 }
 
-// fill: u64 epoch, u64 pos, u8 reason. Unwritten -> filled; filled stays
-// filled (with its first reason). reason 0: a client filled it; 1: a reader
-// filled a hole whose writer never wrote (lost), kept so every later reader
-// reports the same loss.
+// fill: u64 epoch, u64 pos, u8 reason. Unwritten -> filled. reason 0: a
+// client filled it; 1: a reader filled a hole whose writer never wrote (lost),
+// kept so every later reader reports the same loss. Filling again with the
+// same reason succeeds; with the other reason it is refused (ENOMSG), so a
+// reader that loses the race reads the kind that won: one kind per position.
 int zlog_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t epoch = d.u64();
@@ -321,13 +339,18 @@ int zlog_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   bool exists;
   int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
+  if (past_end(h, pos)) return -ERR_STALE;
 
   bufferlist cur;
   Entry e;
   bool found;
   r = get_entry(hctx, h, pos, &cur, &e, &found);
   if (r < 0) return r;
-  if (found) return e.state == FILLED ? 0 : state_error(e.state);
+  if (found) {
+    if (e.state != FILLED) return state_error(e.state);
+    const uint8_t first_reason = e.len == 1 ? static_cast<uint8_t>(e.data[0]) : FILL_JUNK;
+    return first_reason == reason ? 0 : -ERR_FILLED;
+  }
 
   if (!exists) {
     r = cls_cxx_create(hctx, false);
@@ -353,6 +376,7 @@ int zlog_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   bool exists;
   int r = read_header_at(hctx, epoch, &h, &exists);
   if (r < 0) return r;
+  if (past_end(h, pos)) return -ERR_STALE;
   if (pos < h.trim_below) return 0;
   bufferlist val = make_entry(TRIMMED, epoch, nullptr, 0);
   if (!h.has_max || pos > h.max_pos) {
@@ -366,7 +390,9 @@ int zlog_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   return cls_cxx_map_set_val(hctx, pos_key(pos), &val);
 }
 
-// trim_to: u64 epoch, u64 pos. Trims every position <= pos held here.
+// trim_to: u64 epoch, u64 pos. Trims every position <= pos held here, and
+// raises max to pos (to the view's end - 1 on a closed object): tail finding
+// reads max, so it never hands out a position at or below a trim watermark.
 int zlog_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t epoch = d.u64();
@@ -380,6 +406,8 @@ int zlog_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   if (r < 0) return r;
   if (pos + 1 <= h.trim_below) return 0;
   h.trim_below = pos + 1;
+  const uint64_t top = h.has_end ? (h.view_end == 0 ? 0 : std::min(pos, h.view_end - 1)) : pos;
+  if (!h.has_end || h.view_end > 0) note_position(&h, top);
   if (exists) {
     r = cls_cxx_map_remove_range(hctx, pos_key(0), pos_key(pos + 1));
     if (r < 0) return r;
@@ -400,6 +428,29 @@ int zlog_seal(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   if (epoch <= h.sealed_epoch) return -ERR_STALE;
   h.sealed_epoch = epoch;
   return write_header(hctx, h, exists);
+}
+
+// close: u64 epoch, u64 end. Records where this object's view ends, as part
+// of a reconfiguration: the caller must have sealed the object at exactly
+// `epoch` (ESTALE otherwise), and nothing may be stored at or past `end`
+// (EINVAL). The end is set once: closing again at the same end succeeds (a
+// proposer finishing another's reconfiguration), at another end is EINVAL.
+int zlog_close(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
+  Decoder d(in->c_str(), in->length());
+  uint64_t epoch = d.u64();
+  uint64_t end = d.u64();
+  if (!d.done() || epoch > kMaxEpoch || end > kMaxPosition) return -EINVAL;
+
+  DataHeader h;
+  bool exists;
+  int r = read_header(hctx, &h, &exists);
+  if (r < 0) return r;
+  if (!exists || epoch == 0 || epoch != h.sealed_epoch) return -ERR_STALE;  // 0: never sealed
+  if (h.has_end) return h.view_end == end ? 0 : -EINVAL;
+  if (h.has_max && h.max_pos >= end) return -EINVAL;
+  h.has_end = true;
+  h.view_end = end;
+  return write_header(hctx, h, true);
 }
 
 // max_position: u64 epoch -> u8 has_max, u64 max_pos
@@ -490,7 +541,8 @@ int zlog_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out) 
   return 0;
 }
 
-// stat: (empty) -> u64 sealed_epoch, u8 has_max, u64 max_pos, u64 trim_below.
+// stat: (empty) -> u64 sealed_epoch, u8 has_max, u64 max_pos, u64 trim_below,
+// u8 has_end, u64 view_end.
 // No epoch check: it only reports, and tools need it to pick a new epoch.
 int zlog_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
   if (in->length() != 0) return -EINVAL;
@@ -503,6 +555,8 @@ int zlog_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
   put_u8(*out, h.has_max ? 1 : 0);
   put_u64(*out, h.max_pos);
   put_u64(*out, h.trim_below);
+  put_u8(*out, h.has_end ? 1 : 0);
+  put_u64(*out, h.view_end);
   return 0;
 }
 
@@ -648,6 +702,7 @@ void __cls_init() {
   cls_register_cxx_method(h, "trim", CLS_METHOD_RD | CLS_METHOD_WR, zlog_trim, &mh);
   cls_register_cxx_method(h, "trim_to", CLS_METHOD_RD | CLS_METHOD_WR, zlog_trim_to, &mh);
   cls_register_cxx_method(h, "seal", CLS_METHOD_RD | CLS_METHOD_WR, zlog_seal, &mh);
+  cls_register_cxx_method(h, "close", CLS_METHOD_RD | CLS_METHOD_WR, zlog_close, &mh);
   cls_register_cxx_method(h, "max_position", CLS_METHOD_RD, zlog_max_position, &mh);
   cls_register_cxx_method(h, "stat", CLS_METHOD_RD, zlog_stat, &mh);
   cls_register_cxx_method(h, "meta_create", CLS_METHOD_RD | CLS_METHOD_WR, zlog_meta_create, &mh);

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from . import wire
 from .errors import NotWritten, ZlogError, from_errno
 from .fastappend import NativeAppends
+from .stale import StaleWait
 
 if TYPE_CHECKING:
     from .log import Log
@@ -48,7 +49,9 @@ class AsyncOps:
         self._work = threading.Event()  # the dispatcher has queued entries to send
         self._queue: deque[tuple[bytes, Future[int], float]] = deque()
         self._in_flight = 0
-        self._refresh = False
+        self._refresh = False  # a write was refused for its epoch: see _stale before the next round
+        self._refused_epoch = 0
+        self._stale = StaleWait(log, "async append")
         self._closed = False
         self._thread: threading.Thread | None = None
         self._native: NativeAppends | None = None
@@ -123,16 +126,16 @@ class AsyncOps:
             refresh, self._refresh = self._refresh, False
             try:
                 if refresh:
-                    self.log.refresh()
+                    self._stale(self._refused_epoch)  # refresh; back off, repair or give up if stuck
                 first = self.log.take_positions(len(batch))
             except ZlogError as e:
                 for _, fut, _ in batch:
                     self._finish(fut, error=e)
                 continue
-            epoch = self.log.epoch
             for k, (stored, fut, t0) in enumerate(batch):
                 pos = first + k
-                self.log.data.submit(self.log.oid_of(pos), "write", wire.write(epoch, pos, stored), 0,
+                epoch, oid = self.log.locate(pos)
+                self.log.data.submit(oid, "write", wire.write(epoch, pos, stored), 0,
                                      functools.partial(self._written, stored, fut, pos, t0))
 
     def _native_done(self, item: tuple[bytes, Future[int], float], pos: int, code: int) -> None:
@@ -144,9 +147,11 @@ class AsyncOps:
 
     def _written(self, stored: bytes, fut: Future[int], pos: int, t0: float, ret: int, _out: bytes) -> None:
         if ret == 0:
+            self._stale.reset()
             self._finish(fut, result=pos)
         elif ret in _RETRYABLE:
             if ret == -errno.ESTALE:
+                self._refused_epoch = self.log.epoch
                 self._refresh = True
             self._requeue((stored, fut, t0))  # a new position next round
         else:
@@ -169,11 +174,11 @@ class AsyncOps:
     def read(self, position: int) -> Future[bytes]:
         self._begin()
         fut: Future[bytes] = Future()
-        self._read(position, fut, time.monotonic())
+        self._read(position, fut, StaleWait(self.log, f"read_async at {position}"))
         return fut
 
-    def _read(self, position: int, fut: Future[bytes], t0: float) -> None:
-        epoch = self.log.epoch
+    def _read(self, position: int, fut: Future[bytes], stale: StaleWait) -> None:
+        epoch, oid = self.log.locate(position)
 
         def done(ret: int, out: bytes) -> None:
             if ret == 0:
@@ -183,20 +188,19 @@ class AsyncOps:
                     self._finish(fut, error=ZlogError(f"position {position}: cannot decode entry: {e}"))
             elif ret == -errno.ENOENT:
                 self._finish(fut, error=NotWritten(position))
-            elif ret == -errno.ESTALE and time.monotonic() - t0 < 30:
+            elif ret == -errno.ESTALE:
                 # refresh off the librados callback thread, then try again
-                threading.Thread(target=self._reread, args=(position, fut, t0, epoch), daemon=True).start()
+                threading.Thread(target=self._reread, args=(position, fut, stale, epoch), daemon=True).start()
             else:
                 self._finish(fut, error=from_errno(ret, f"read at {position}", position))
 
-        self.log.data.submit(self.log.oid_of(position), "read", wire.epoch_position(epoch, position),
+        self.log.data.submit(oid, "read", wire.epoch_position(epoch, position),
                              wire.MAX_ENTRY_BYTES + 64, done)
 
-    def _reread(self, position: int, fut: Future[bytes], t0: float, epoch: int) -> None:
+    def _reread(self, position: int, fut: Future[bytes], stale: StaleWait, epoch: int) -> None:
         try:
-            if self.log.refresh().epoch == epoch:
-                time.sleep(0.005)
-            self._read(position, fut, t0)
+            stale(epoch)
+            self._read(position, fut, stale)
         except ZlogError as e:
             self._finish(fut, error=e)
 

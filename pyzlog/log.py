@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -37,13 +38,12 @@ from .metadata import MetaStore
 from .objects import ClassIO, check
 from .reader import HOLE_WAIT_SECONDS, Record, Stream, check_stream_args
 from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
+from .stale import StaleWait
 from .tailfind import find_tail, highest_position, seal_new_epoch, stat_objects
 
 logger = logging.getLogger("pyzlog")
 
 DEFAULT_WIDTH = 4
-#: how long an operation keeps refreshing its view after StaleEpoch answers
-STALE_RETRY_SECONDS = 30.0
 #: how long an append waits for a sequencer that answers "log initialising"
 #: before it appends by slow tail finding instead
 SEQUENCER_RETRY_SECONDS = 10.0
@@ -86,6 +86,8 @@ class Log:
         self.data = ClassIO(open_ioctx(cluster, pool), cluster)
         self.meta_store = MetaStore(ClassIO(open_ioctx(cluster, pool, META_NAMESPACE), cluster), name)
         self._meta: wire.Meta | None = None
+        self._meta_lock = threading.Lock()  # refresh never installs an older epoch
+        self._repair_lock = threading.Lock()  # one repair at a time per Log
         self.sequencer = SequencerClient(sequencer) if isinstance(sequencer, str) else sequencer
         self._seqr_down = False
         self._seqr_recheck_at = 0.0
@@ -128,11 +130,36 @@ class Log:
 
     # ------------------------------------------------------------- metadata
     def refresh(self) -> wire.Meta:
-        meta = self.meta_store.get()
-        if self._meta is None or meta.config != self._meta.config:
-            self.encode, self.decode = codec_for(json.loads(meta.config) if meta.config else {})
-        self._meta = meta
-        return meta
+        """Read the metadata again. Never goes back: threads sharing this Log
+        may refresh concurrently, and a slower read of an older epoch must not
+        replace a newer one (the epoch and the view history are replaced
+        together, as one snapshot)."""
+        fetched = self.meta_store.get()
+        with self._meta_lock:
+            current = self._meta
+            if current is None or fetched.epoch >= current.epoch:
+                if current is None or fetched.config != current.config:
+                    self.encode, self.decode = codec_for(json.loads(fetched.config) if fetched.config else {})
+                self._meta = current = fetched
+            return current
+
+    def refresh_epoch(self) -> int:
+        return self.refresh().epoch
+
+    def repair(self, stale_epoch: int) -> None:
+        """The log's objects refuse `stale_epoch` and no newer epoch has been
+        installed for a while: whoever started an epoch change (a sequencer's
+        recovery, a reconfiguration) died or stalls between sealing and
+        installing. Finish it by installing a newer epoch ourselves."""
+        with self._repair_lock:
+            if self.refresh().epoch > stale_epoch:
+                return  # another thread (or process) got there first
+            logger.warning("log %r: objects sealed above epoch %d and no newer epoch installed; "
+                           "finishing the epoch change", self.name, stale_epoch)
+            try:
+                find_tail(self)
+            except ZlogError as e:
+                logger.warning("log %r: could not finish the epoch change: %s", self.name, e)
 
     @property
     def meta(self) -> wire.Meta:
@@ -154,27 +181,25 @@ class Log:
     def oid_of(self, position: int) -> str:
         return oid_of(self.name, self.views, position)
 
+    def locate(self, position: int) -> tuple[int, str]:
+        """(epoch, object) for `position` from one metadata snapshot: a request
+        must never pair one refresh's epoch with another's view history."""
+        meta = self.meta
+        return meta.epoch, oid_of(self.name, meta.views, position)
+
     # ---------------------------------------------------- position operations
     def _call(self, method: str, position: int, payload: Callable[[int], bytes],
               out_len: int = 64) -> bytes:
         """One class call on the object holding `position`, tagged with the
         current epoch; a stale epoch refreshes the view and retries."""
         check_position(position)
-        deadline = time.monotonic() + STALE_RETRY_SECONDS
-        delay = 0.002
+        stale = StaleWait(self, f"{method} at {position}")
         while True:
-            epoch = self.epoch
-            oid = self.oid_of(position)
+            epoch, oid = self.locate(position)
             ret, out = self.data.call_raw(oid, method, payload(epoch), out_len)
             if ret != -errno.ESTALE:
                 break
-            if self.refresh().epoch == epoch:
-                # the object is sealed above the log's epoch: a sequencer or
-                # reconfiguration is between seal and install; give it time.
-                if time.monotonic() > deadline:
-                    raise StaleEpoch(f"{method} at {position}: epoch {epoch} stayed stale")
-                time.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, 0.2)
+            stale(epoch)
         if ret == -errno.ENOENT and method == "read":
             raise NotWritten(position)  # the object was never created
         if ret < 0:
@@ -205,31 +230,39 @@ class Log:
         self._call("trim", position, lambda e: wire.epoch_position(e, position))
 
     def trim_to(self, position: int) -> None:
-        """Trim every position <= `position`, on every object that may hold one."""
+        """Trim every position <= `position`, on every object that may hold one.
+
+        The objects' max rises to `position` with the watermark, so tail finding
+        never hands out a trimmed position again; a trim beyond what is stored
+        also moves the log to a new epoch, so a sequencer counting below it
+        recovers its counter above it instead of handing out trimmed positions."""
         check_position(position)
-        for _ in range(100):
-            epoch = self.epoch
-            oids = [oid for v in self.views if v.start <= position for oid in view_objects(self.name, v)]
-            futs = [(oid, self.data.call_async(oid, "trim_to", wire.epoch_position(epoch, position)))
+        stored_top = self.max_position()
+        stale = StaleWait(self, f"trim_to {position}")
+        while True:
+            meta = self.meta
+            oids = [oid for v in meta.views if v.start <= position for oid in view_objects(self.name, v)]
+            futs = [(oid, self.data.call_async(oid, "trim_to", wire.epoch_position(meta.epoch, position)))
                     for oid in oids]
             results = [(oid, f.result()[0]) for oid, f in futs]
-            if any(r == -errno.ESTALE for _, r in results):
-                self.refresh()
-                time.sleep(0.01)
-                continue
-            for oid, ret in results:
-                check(ret, "trim_to", oid)
-            return
-        raise StaleEpoch(f"trim_to {position}: epoch kept changing")
+            if not any(r == -errno.ESTALE for _, r in results):
+                break
+            stale(meta.epoch)
+        for oid, ret in results:
+            check(ret, "trim_to", oid)
+        if stored_top is None or position > stored_top:
+            find_tail(self)
 
     # ------------------------------------------------------------------ tail
     def max_position(self) -> int | None:
-        """Highest position written or filled in the newest view, without sealing."""
+        """Highest position written, filled or trimmed in the newest view, without sealing."""
+        stale = StaleWait(self, "max_position")
         while True:
+            meta = self.meta
             try:
-                return highest_position(self.data, view_objects(self.name, self.views[-1]), self.epoch)
+                return highest_position(self.data, view_objects(self.name, meta.views[-1]), meta.epoch)
             except StaleEpoch:
-                self.refresh()
+                stale(meta.epoch)
 
     def next_position_hint(self) -> int:
         """The next position an append would try, from max_position (no seal)."""
@@ -275,15 +308,15 @@ class Log:
         filled first. Success is reported only for data that is stored."""
         stored = self._stored(data)
         deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
+        stale = StaleWait(self, "append")
         while time.monotonic() < deadline:
             pos = self.take_positions(1)
-            epoch = self.epoch
-            ret, _ = self.data.call_raw(self.oid_of(pos), "write", wire.write(epoch, pos, stored))
+            epoch, oid = self.locate(pos)
+            ret, _ = self.data.call_raw(oid, "write", wire.write(epoch, pos, stored))
             if ret == 0:
                 return pos
             if ret == -errno.ESTALE:
-                if self.refresh().epoch == epoch:
-                    time.sleep(0.005)  # sealed above the log's epoch: a new epoch is being installed
+                stale(epoch)
             elif ret not in (-errno.EROFS, -errno.ENOMSG, -errno.EIDRM):
                 raise from_errno(ret, f"append to {self.name!r}", pos)
         raise ZlogError(f"append to {self.name!r}: no position could be written in "
@@ -295,6 +328,7 @@ class Log:
             return None
         retry_until = time.monotonic() + SEQUENCER_RETRY_SECONDS
         delay = 0.001
+        behind = 0  # answers in a row showing the sequencer at an epoch the metadata never had
         while True:
             try:
                 status, seqr_epoch, pos, _ = self.sequencer.next(self.pool, self.name, self.epoch, count)
@@ -310,18 +344,33 @@ class Log:
                 self._seqr_down = False
             if status == OK:
                 return int(pos)
-            if status == STALE_EPOCH:
-                if self.refresh().epoch < seqr_epoch:
-                    time.sleep(0.001)
+            if status == STALE_EPOCH and time.monotonic() < retry_until:
+                if self.refresh().epoch >= seqr_epoch:
+                    behind = 0
+                    continue
+                behind += 1
+                if behind >= 3:
+                    # the sequencer serves this name at an epoch above the
+                    # metadata's: the log was removed and created again (or the
+                    # cluster was). Move the log past it; the sequencer then
+                    # recovers this log afresh when it sees the newer epoch.
+                    logger.warning("sequencer %s serves %r at epoch %d, above the log's %d: "
+                                   "moving the log past it", self.sequencer.address, self.name,
+                                   seqr_epoch, self.epoch)
+                    find_tail(self, above=int(seqr_epoch))
+                    behind = 0
+                else:
+                    time.sleep(0.005 * behind)
                 continue
             if status == RETRY and time.monotonic() < retry_until:
                 time.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 0.05)
                 continue
-            if status in (RETRY, RECOVERY_FAILED):
+            if status in (RETRY, RECOVERY_FAILED, STALE_EPOCH):
                 logger.warning("sequencer %s cannot serve %r (%s); using slow tail finding",
                                self.sequencer.address, self.name,
-                               "still initialising" if status == RETRY else "its recovery failed")
+                               {RETRY: "still initialising", RECOVERY_FAILED: "its recovery failed",
+                                STALE_EPOCH: "its epoch stayed ahead of the log's"}[status])
                 self._seqr_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
                 return None
             raise InvalidRequest(f"sequencer {self.sequencer.address} refused the request (status {status})")
@@ -352,17 +401,19 @@ class Log:
         todo = [(i, self._stored(d)) for i, d in enumerate(entries)]
         positions: builtins.list[int] = [-1] * len(todo)
         deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
+        stale_wait = StaleWait(self, "append_many")
         while todo:
             if time.monotonic() > deadline:
                 raise ZlogError(f"append_many to {self.name!r}: {len(todo)} entries not stored in time")
             first = self.take_positions(len(todo))
-            epoch = self.epoch
+            meta = self.meta
+            epoch = meta.epoch
             by_oid: dict[str, builtins.list[tuple[int, bytes]]] = {}
             owner: dict[int, int] = {}
             for k, (i, stored) in enumerate(todo):
                 pos = first + k
                 owner[pos] = i
-                by_oid.setdefault(self.oid_of(pos), []).append((pos, stored))
+                by_oid.setdefault(oid_of(self.name, meta.views, pos), []).append((pos, stored))
             calls = [(oid, batch, self.data.call_async(oid, "write_many", wire.write_many(epoch, batch)))
                      for oid, items in by_oid.items() for batch in _batches(items)]
             retry: builtins.list[tuple[int, bytes]] = []
@@ -389,7 +440,7 @@ class Log:
                 else:
                     check(ret, "write_many", oid)
             if stale:
-                self.refresh()
+                stale_wait(epoch)
             todo = sorted(retry)
         return positions
 
@@ -397,12 +448,14 @@ class Log:
         """Append by slow tail finding, without asking any sequencer."""
         stored = self._stored(data)
         pos = self.next_position_hint()
+        stale = StaleWait(self, "append_slow")
         while True:
-            ret, _ = self.data.call_raw(self.oid_of(pos), "write", wire.write(self.epoch, pos, stored))
+            epoch, oid = self.locate(pos)
+            ret, _ = self.data.call_raw(oid, "write", wire.write(epoch, pos, stored))
             if ret == 0:
                 return pos
             if ret == -errno.ESTALE:
-                self.refresh()
+                stale(epoch)
             elif ret not in (-errno.EROFS, -errno.ENOMSG, -errno.EIDRM):
                 raise from_errno(ret, f"append to {self.name!r}", pos)
             pos = max(pos + 1, self.next_position_hint())
@@ -451,9 +504,14 @@ class Log:
         positions stay where they were written; other clients refresh when
         their old epoch is refused."""
         _check_width(width)
-        epoch, start = seal_new_epoch(
-            self, lambda expected, epoch, nxt: self.meta_store.propose_view(expected, epoch, nxt, width),
-            f"reconfigure {self.name!r}: the epoch kept changing under us")
+        for _ in range(5):
+            epoch, start = seal_new_epoch(self, width, f"reconfigure {self.name!r}: the epoch kept changing under us")
+            if self.views[-1].width == width:
+                break
+            # we finished a reconfiguration someone else had cut in half (with
+            # its width): now make ours
+        else:
+            raise ZlogError(f"reconfigure {self.name!r}: other reconfigurations kept racing ours")
         logger.info("log %r: view %d from position %d over %d objects", self.name, epoch, start, width)
         return self.views[-1]
 

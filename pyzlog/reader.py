@@ -12,6 +12,7 @@ for it, then fills it, and reports it as LOST so the log moves on.
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 from . import wire
 from .errors import Filled, InvalidRequest, ReadOnly, Trimmed, from_errno
 from .layout import check_position, data_oid, view_end, view_of
+from .stale import StaleWait
 
 if TYPE_CHECKING:
     from .log import Log
@@ -72,16 +74,17 @@ class ObjectCursor:
         self._pending_epoch = 0
         self._stride = stride  # the object holds every stride-th position
         self.max_fresh = False  # has a fetch completed since the last forget_from?
+        self._stale = StaleWait(log, f"read_range on {oid}")
 
     def _issue(self) -> None:
         if self._pending is None and self.known_upto <= self.last:
             first = self.known_upto
             last = min(self.last, first + self._stride * self.per_call - 1)
             self._pending_from = first
-            self._pending_epoch = self.log.epoch
+            self._pending_epoch = epoch = self.log.epoch
             self._pending = self.log.data.call_async(
                 self.oid, "read_range",
-                wire.read_range(self.log.epoch, first, last, self.per_call, self.call_bytes),
+                wire.read_range(epoch, first, last, self.per_call, self.call_bytes),
                 wire.range_reply_size(self.per_call, self.call_bytes))
 
     def _wait(self) -> None:
@@ -90,9 +93,9 @@ class ObjectCursor:
         fut, self._pending = self._pending, None
         ret, out = fut.result()
         if ret == -errno.ESTALE:
-            if self.log.refresh().epoch == self._pending_epoch:
-                time.sleep(0.005)  # a new epoch is being installed
+            self._stale(self._pending_epoch)  # StaleEpoch if the epoch stays refused
             return  # the caller loops and re-issues at the new epoch
+        self._stale.reset()
         if ret == -errno.ENOENT:  # object never created: nothing stored in the range
             self.known_upto = min(self.last, self._pending_from + self._stride * self.per_call - 1) + 1
             self.max_fresh = True
@@ -166,7 +169,12 @@ class Stream:
         self._view_end: int | None = None
         self._cursors: list[ObjectCursor] = []
         self._views: tuple[wire.View, ...] | None = None
-        self._hole_since: dict[int, float] = {}
+        # (bound, first seen): since then every position below bound was known
+        # to have been handed out. Bounds increase; a hole's wait counts from
+        # the first time a tail beyond it was seen, so holes found together
+        # (one lost batch of positions) are waited for together.
+        self._tail_bounds: list[float] = []
+        self._tail_times: list[float] = []
         self._idle_since: float | None = None
 
     def __iter__(self) -> Iterator[Record]:
@@ -191,16 +199,30 @@ class Stream:
             for c in self._cursors:
                 c.start()
 
-    def _below_tail(self, position: int) -> bool:
-        """Has some later position been written or filled (so this one was handed out)?"""
+    def _saw_tail(self, bound: int) -> None:
+        """Every position below `bound` was handed out, as seen now."""
+        if not self._tail_bounds or bound > self._tail_bounds[-1]:
+            self._tail_bounds.append(bound)
+            self._tail_times.append(time.monotonic())
+            if len(self._tail_bounds) > 64:  # a long follow: forget bounds the stream has passed
+                keep = max(bisect.bisect_right(self._tail_bounds, self.position) - 1, 0)
+                del self._tail_bounds[:keep], self._tail_times[:keep]
+
+    def _hole_since(self, position: int) -> float | None:
+        """When `position` was first known to lie below the tail (some later
+        position handed out), or None if it is at the tail."""
         if self._view_end is not None:
-            return True  # a later view exists: everything in this one is below the tail
-        if self.known_tail is not None and position < self.known_tail:
-            return True
-        for c in self._cursors:
-            c.refresh_max()  # every object, not only those read so far
-        tops = [c.max_position for c in self._cursors if c.max_position is not None]
-        return bool(tops) and max(tops) > position
+            self._saw_tail(self._view_end)  # a later view exists: all of this one is below the tail
+        elif self.known_tail is not None and position < self.known_tail:
+            self._saw_tail(self.known_tail)
+        else:
+            for c in self._cursors:
+                c.refresh_max()  # every object, not only those read so far
+            tops = [c.max_position for c in self._cursors if c.max_position is not None]
+            if tops:
+                self._saw_tail(max(tops))
+        i = bisect.bisect_right(self._tail_bounds, position)
+        return self._tail_times[i] if i < len(self._tail_bounds) else None
 
     def _advance(self) -> None:
         self.position += self.stride or 1
@@ -220,7 +242,6 @@ class Stream:
             entry = cursor.lookup(self.position)
             rec = self._record(entry) if entry is not None else self._unwritten(cursor)
             if rec is not None:
-                self._hole_since.pop(self.position, None)
                 self._idle_since = None
                 self._advance()
                 return rec
@@ -238,13 +259,13 @@ class Stream:
         """An unwritten position: a hole to wait on and then fill, or the tail.
         None means "look again"."""
         pos = self.position
-        if not self._below_tail(pos):
+        since = self._hole_since(pos)
+        if since is None:
             if not self.follow:
                 raise StopIteration  # reached the tail
             self._wait_at_tail(pos)
             return None
         now = time.monotonic()
-        since = self._hole_since.setdefault(pos, now)
         if now - since < self.hole_wait:
             time.sleep(min(0.01 + (now - since) / 4, 0.2, self.hole_wait - (now - since)))
             cursor.forget_from(pos)

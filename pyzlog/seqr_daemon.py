@@ -33,6 +33,9 @@ class SequencerDaemon:
         self.server = _seqr.Server(host, port)
         self._pool = ThreadPoolExecutor(recovery_threads, thread_name_prefix="recovery")
         self._running: set[tuple[str, str]] = set()
+        # asked for again while running: the running recovery may install an
+        # epoch the client has already passed, so run once more after it
+        self._again: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,9 +56,17 @@ class SequencerDaemon:
                 key = (pool, name)
                 with self._lock:
                     if key in self._running:
-                        continue  # the running recovery will install a newer epoch
+                        self._again[key] = max(client_epoch, self._again.get(key, 0))
+                        continue
                     self._running.add(key)
-                self._pool.submit(self._recover, pool, name, client_epoch)
+                self._submit(pool, name, client_epoch)
+
+    def _submit(self, pool: str, name: str, client_epoch: int) -> None:
+        try:
+            self._pool.submit(self._recover, pool, name, client_epoch)
+        except RuntimeError:  # shutting down
+            with self._lock:
+                self._running.discard((pool, name))
 
     def _recover(self, pool: str, name: str, client_epoch: int) -> None:
         try:
@@ -72,7 +83,14 @@ class SequencerDaemon:
             self.server.fail(pool, name, f"internal error: {e}")
         finally:
             with self._lock:
-                self._running.discard((pool, name))
+                again = self._again.pop((pool, name), None)
+                if again is None:
+                    self._running.discard((pool, name))
+            if again is not None and not self._stop.is_set():
+                self._submit(pool, name, again)  # still marked running: asked again meanwhile
+            elif again is not None:
+                with self._lock:
+                    self._running.discard((pool, name))
 
     def stop(self) -> None:
         self._stop.set()

@@ -1,12 +1,12 @@
-"""Slow tail finding (CORFU): seal every object of the newest view at a new
-epoch, then take the max of max_position over them. All objects are
-contacted concurrently with aio, not one after another."""
+"""Slow tail finding (CORFU) and every other epoch change: seal every object
+of the newest view at a new epoch, then take the max over them (writes, fills
+and trims). All objects are contacted concurrently with aio, not one after
+another."""
 from __future__ import annotations
 
 import errno
 import random
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import wire
@@ -53,37 +53,64 @@ def highest_position(data: ClassIO, oids: list[str], epoch: int) -> int | None:
     return top
 
 
-def seal_objects(data: ClassIO, oids: list[str], epoch: int) -> int | None:
-    """Seal every object at `epoch` and return the highest position written or
-    filled in any of them (None if all are empty). Raises StaleEpoch if some
-    object is already sealed at `epoch` or above (someone else is sealing)."""
+def seal_objects(data: ClassIO, oids: list[str], epoch: int) -> None:
+    """Seal every object at `epoch`. Raises StaleEpoch if some object is
+    already sealed at `epoch` or above (someone else is sealing)."""
     seals = [(oid, data.call_async(oid, "seal", wire.epoch_only(epoch))) for oid in oids]
     for oid, fut in seals:
         check(fut.result()[0], "seal", oid)
-    return highest_position(data, oids, epoch)
 
 
-def seal_new_epoch(log: Log, install: Callable[[int, int, int], None], failure: str,
-                   attempts: int = 50) -> tuple[int, int]:
-    """The one way a log moves to a new epoch: seal every object of the newest
-    view at an epoch above any seen, find the next position after what they
-    hold, then `install(expected_epoch, new_epoch, next_position)` by
-    compare-and-swap on the metadata. Races (a seal refused, the CAS lost)
-    retry with jittered backoff; `failure` is the error after `attempts`.
+def close_objects(data: ClassIO, oids: list[str], epoch: int, end: int) -> None:
+    """Record on every object (sealed at `epoch` by us) that its view ends at
+    `end`: from then on they refuse positions >= end, whatever a client's
+    epoch. StaleEpoch if someone sealed one higher meanwhile."""
+    closes = [(oid, data.call_async(oid, "close", wire.epoch_position(epoch, end))) for oid in oids]
+    for oid, fut in closes:
+        check(fut.result()[0], "close", oid)
+
+
+def seal_new_epoch(log: Log, width: int | None, failure: str, attempts: int = 50,
+                   above: int = 0) -> tuple[int, int]:
+    """The one way a log moves to a new epoch, above `above` and any epoch seen.
+
+    Seal every object of the newest view, then stat them all. If one records
+    a view end, an earlier reconfiguration was cut in half after closing it:
+    finish that one (close the rest at the same end, install a view from
+    there). Otherwise the next position is the one after everything stored or
+    trimmed; with `width` (a reconfiguration) close every object there and
+    install a view of `width` objects from it, else install the epoch for the
+    same view (slow tail finding). Installing is a compare-and-swap on the
+    metadata; races (a seal refused, the CAS lost) retry with jittered
+    back-off, and `failure` is the error after `attempts`.
 
     Returns (new_epoch, next_position): no client at an older epoch can write
-    to the newest view's objects, and every position written so far is below
+    to the newest view's objects, and every position stored so far is below
     next_position."""
     delay = 0.005
     for _ in range(attempts):
         meta = log.refresh()
         view = meta.views[-1]
         oids = view_objects(log.name, view)
-        epoch = max(meta.epoch, highest_sealed(log.data, oids)) + 1
+        epoch = max(meta.epoch, above, highest_sealed(log.data, oids)) + 1
         try:
-            top = seal_objects(log.data, oids, epoch)
-            nxt = view.start if top is None else max(view.start, top + 1)
-            install(meta.epoch, epoch, nxt)
+            seal_objects(log.data, oids, epoch)
+            stats = stat_objects(log.data, oids)
+            if any(st.sealed_epoch != epoch for st in stats):
+                raise StaleEpoch("sealed higher by someone else")
+            ends = {st.view_end for st in stats if st.view_end is not None}
+            if ends:
+                nxt = max(ends)  # only one proposer can close at one epoch: one end
+                close_objects(log.data, oids, epoch, nxt)
+                log.meta_store.propose_view(meta.epoch, epoch, nxt, width or view.width)
+            else:
+                tops = [st.max_position for st in stats if st.max_position is not None]
+                nxt = max(view.start, max(tops) + 1) if tops else view.start
+                if width is None:
+                    log.meta_store.new_epoch(meta.epoch, epoch)
+                else:
+                    close_objects(log.data, oids, epoch, nxt)
+                    log.meta_store.propose_view(meta.epoch, epoch, nxt, width)
         except (StaleEpoch, EpochChanged):
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, 0.5)
@@ -93,10 +120,10 @@ def seal_new_epoch(log: Log, install: Callable[[int, int, int], None], failure: 
     raise ZlogError(failure)
 
 
-def find_tail(log: Log, attempts: int = 50) -> tuple[int, int]:
-    """Install a new epoch on `log` (same view) and find its tail: slow tail
-    finding. Returns (epoch, next_position)."""
+def find_tail(log: Log, attempts: int = 50, above: int = 0) -> tuple[int, int]:
+    """Install a new epoch on `log` (above `above`) and find its tail: slow
+    tail finding. Returns (epoch, next_position)."""
     return seal_new_epoch(
-        log, lambda expected, epoch, _nxt: log.meta_store.new_epoch(expected, epoch),
+        log, None,
         f"log {log.name!r}: could not seal a new epoch after {attempts} attempts "
-        "(another sequencer or reconfiguration keeps racing)", attempts)
+        "(another sequencer or reconfiguration keeps racing)", attempts, above)

@@ -33,7 +33,7 @@ _Q = struct.Struct("<Q")
 _RANGE_REQ = struct.Struct("<QQQII")
 _RANGE_HEAD = struct.Struct("<QBQQI")
 _RANGE_ENTRY = struct.Struct("<QBQI")
-_STAT = struct.Struct("<QBQQ")
+_STAT = struct.Struct("<QBQQBQ")
 _MAXPOS = struct.Struct("<BQ")
 
 
@@ -50,7 +50,7 @@ def write_many(epoch: int, entries: list[tuple[int, bytes]]) -> bytes:
 
 
 def epoch_position(epoch: int, position: int) -> bytes:
-    """read, trim and trim_to take (epoch, position)."""
+    """read, trim and trim_to take (epoch, position); close takes (epoch, end)."""
     return _QQ.pack(epoch, position)
 
 
@@ -121,11 +121,13 @@ class ObjectStat:
     sealed_epoch: int
     max_position: int | None
     trim_below: int
+    #: where the object's view ends, once a reconfiguration closed it
+    view_end: int | None = None
 
 
 def parse_stat(buf: bytes) -> ObjectStat:
-    sealed, has_max, max_pos, trim_below = _STAT.unpack(buf)
-    return ObjectStat(sealed, max_pos if has_max else None, trim_below)
+    sealed, has_max, max_pos, trim_below, has_end, end = _STAT.unpack(buf)
+    return ObjectStat(sealed, max_pos if has_max else None, trim_below, end if has_end else None)
 
 
 # ------------------------------------------------------------------ metadata

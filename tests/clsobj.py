@@ -48,6 +48,9 @@ class Obj:
     def seal(self, epoch: int) -> int:
         return self.call("seal", wire.epoch_only(epoch))[0]
 
+    def close(self, epoch: int, end: int) -> int:
+        return self.call("close", wire.epoch_position(epoch, end))[0]
+
     def max_position(self, epoch: int) -> tuple[int, int | None]:
         ret, out = self.call("max_position", wire.epoch_only(epoch))
         return ret, (wire.parse_max_position(out) if ret == 0 else None)

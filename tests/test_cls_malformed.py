@@ -32,7 +32,7 @@ SEALED = 3  # the populated data object's sealed epoch
 U64_MAX = (1 << 64) - 1
 
 DATA_METHODS = ["write", "write_many", "read", "read_range", "fill", "trim", "trim_to", "seal",
-                "max_position", "stat"]
+                "close", "max_position", "stat"]
 META_METHODS = ["meta_create", "meta_get", "meta_new_epoch", "meta_propose_view"]
 METHODS = DATA_METHODS + META_METHODS
 # Registered CLS_METHOD_RD only: on a missing object the OSD answers ENOENT
@@ -51,6 +51,7 @@ VALID: dict[str, bytes] = {
     "trim": wire.epoch_position(7, 6),
     "trim_to": wire.epoch_position(7, 3),
     "seal": wire.epoch_only(9),
+    "close": wire.epoch_position(SEALED, 1000),
     "max_position": wire.epoch_only(7),
     "stat": b"",
     "meta_create": wire.meta_create(4, b'{"x":1}'),
@@ -65,10 +66,11 @@ DEFINED: dict[str, set[int]] = {
     "write_many": {OK, -errno.EFBIG, -errno.ESTALE, -errno.EROFS, -errno.ENOMSG, -errno.EIDRM},
     "read": {OK, -errno.ESTALE, -errno.ENODATA, -errno.ENOMSG, -errno.EIDRM},
     "read_range": {OK, -errno.ESTALE},
-    "fill": {OK, -errno.ESTALE, -errno.EROFS, -errno.EIDRM},
+    "fill": {OK, -errno.ESTALE, -errno.EROFS, -errno.ENOMSG, -errno.EIDRM},
     "trim": {OK, -errno.ESTALE},
     "trim_to": {OK, -errno.ESTALE},
     "seal": {OK, -errno.ESTALE},
+    "close": {OK, -errno.ESTALE},
     "max_position": {OK, -errno.ESTALE},
     "stat": {OK},
     "meta_create": {-errno.EEXIST},  # the metadata object exists

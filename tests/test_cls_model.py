@@ -1,7 +1,7 @@
 """cls_zlog against a pure-Python model of one data object.
 
 A hypothesis state machine drives random sequences of every data method
-(write, write_many, read, fill, trim, trim_to, seal, max_position, read_range)
+(write, write_many, read, fill, trim, trim_to, seal, close, max_position, read_range)
 at one real object, a fresh one per example, and at the model below, and
 asserts the same return code and the same bytes for every step. Positions are
 0..15 and epochs small so that collisions, trims over data and stale epochs
@@ -47,6 +47,7 @@ class Model:
     sealed: int = 0
     trim_below: int = 0  # every position below it is trimmed
     max_pos: int | None = None  # highest position written, filled or trimmed
+    view_end: int | None = None  # set by close: positions from here belong to a later view
     entries: dict[int, tuple[EntryState, int, bytes]] = field(default_factory=dict)  # (state, epoch, data)
 
     def _taken(self, pos: int) -> int | None:
@@ -56,6 +57,9 @@ class Model:
         e = self.entries.get(pos)
         return None if e is None else STATE_ERROR[e[0]]
 
+    def _past_end(self, pos: int) -> bool:
+        return self.view_end is not None and pos >= self.view_end
+
     def _note(self, pos: int) -> None:
         if self.max_pos is None or pos > self.max_pos:
             self.max_pos = pos
@@ -63,7 +67,7 @@ class Model:
     def write(self, epoch: int, pos: int, data: bytes) -> int:
         if len(data) > wire.MAX_ENTRY_BYTES:
             return TOO_BIG
-        if epoch < self.sealed:
+        if epoch < self.sealed or self._past_end(pos):
             return STALE
         err = self._taken(pos)
         if err is not None:
@@ -79,7 +83,7 @@ class Model:
             return EINVAL
         if any(len(d) > wire.MAX_ENTRY_BYTES for _, d in batch):
             return TOO_BIG
-        if epoch < self.sealed:
+        if epoch < self.sealed or self._past_end(max(positions)):
             return STALE
         for p in sorted(positions):  # the first taken position, in position order
             err = self._taken(p)
@@ -105,21 +109,24 @@ class Model:
             return STATE_ERROR[e[0]], b""
         return OK, e[2]
 
-    def fill(self, epoch: int, pos: int) -> int:
-        if epoch < self.sealed:
+    def fill(self, epoch: int, pos: int, reason: int) -> int:
+        if epoch < self.sealed or self._past_end(pos):
             return STALE
         err = self._taken(pos)
+        mark = wire.LOST_MARK if reason == wire.FILL_LOST else b""
         if err == FILLED:
-            return OK  # idempotent; the stored epoch stays the first fill's
+            # the same reason again is idempotent (the stored epoch stays the
+            # first fill's); the other reason is refused: one kind per position
+            return OK if self.entries[pos][2] == mark else FILLED
         if err is not None:
             return err
-        self.entries[pos] = (EntryState.FILLED, epoch, b"")
+        self.entries[pos] = (EntryState.FILLED, epoch, mark)
         self.exists = True
         self._note(pos)
         return OK
 
     def trim(self, epoch: int, pos: int) -> int:
-        if epoch < self.sealed:
+        if epoch < self.sealed or self._past_end(pos):
             return STALE
         self.exists = True
         if pos >= self.trim_below:
@@ -134,6 +141,22 @@ class Model:
         if pos + 1 > self.trim_below:
             self.trim_below = pos + 1
             self.entries = {p: e for p, e in self.entries.items() if p > pos}
+            # max covers the watermark (within a closed view), so tail finding
+            # never hands out a trimmed position
+            if self.view_end is None:
+                self._note(pos)
+            elif self.view_end > 0:
+                self._note(min(pos, self.view_end - 1))
+        return OK
+
+    def close(self, epoch: int, end: int) -> int:
+        if not self.exists or epoch == 0 or epoch != self.sealed:
+            return STALE
+        if self.view_end is not None:
+            return OK if end == self.view_end else EINVAL
+        if self.max_pos is not None and self.max_pos >= end:
+            return EINVAL
+        self.view_end = end
         return OK
 
     def seal(self, epoch: int) -> int:
@@ -178,7 +201,7 @@ class Model:
     def stat(self) -> tuple[int, ObjectStat | None]:
         if not self.exists:
             return NOENT, None
-        return OK, ObjectStat(self.sealed, self.max_pos, self.trim_below)
+        return OK, ObjectStat(self.sealed, self.max_pos, self.trim_below, self.view_end)
 
 
 # ------------------------------------------------------------- strategies
@@ -261,12 +284,12 @@ class ClsZlogMachine(RuleBasedStateMachine):
         event(f"read {errname(got[0])}")
         assert got == self.model.read(e, pos)
 
-    @rule(epoch=EPOCHS, pos=TARGETS)
-    def fill(self, epoch: Epoch, pos: Pos) -> None:
+    @rule(epoch=EPOCHS, pos=TARGETS, reason=st.sampled_from([wire.FILL_JUNK, wire.FILL_LOST]))
+    def fill(self, epoch: Epoch, pos: Pos, reason: int) -> None:
         e, pos = self.epoch(epoch), self.pos(pos)
-        got = self.obj.fill(e, pos)
+        got = self.obj.fill(e, pos, reason)
         event(f"fill {errname(got)}")
-        assert got == self.model.fill(e, pos)
+        assert got == self.model.fill(e, pos, reason)
 
     @rule(epoch=EPOCHS, pos=TARGETS)
     def trim(self, epoch: Epoch, pos: Pos) -> None:
@@ -288,6 +311,13 @@ class ClsZlogMachine(RuleBasedStateMachine):
         got = self.obj.seal(e)
         event(f"seal {errname(got)}")
         assert got == self.model.seal(e)
+
+    @rule(epoch=EPOCHS, end=st.integers(0, 20))
+    def close(self, epoch: Epoch, end: int) -> None:
+        e = self.epoch(epoch)
+        got = self.obj.close(e, end)
+        event(f"close {errname(got)}")
+        assert got == self.model.close(e, end)
 
     @rule(epoch=EPOCHS)
     def max_position(self, epoch: Epoch) -> None:

@@ -75,7 +75,10 @@ def test_state_moves(obj: Obj, state: str, op: str) -> None:
 def test_fill_reasons(obj: Obj) -> None:
     assert obj.fill(0, 1) == OK
     assert obj.fill(0, 2, wire.FILL_LOST) == OK
-    assert obj.fill(0, 2, wire.FILL_JUNK) == OK  # still filled, the first reason stays
+    assert obj.fill(0, 2, wire.FILL_LOST) == OK  # filled again for the same reason: fine
+    # the other reason loses: one kind per position, whichever came first
+    assert obj.fill(0, 2, wire.FILL_JUNK) == FILLED
+    assert obj.fill(0, 1, wire.FILL_LOST) == FILLED
     assert obj.fill(0, 3, 2) == EINVAL
     assert obj.read(0, 2)[0] == FILLED
     ret, rr = obj.read_range(0, 0, 10)
@@ -183,6 +186,45 @@ def test_trim_to(obj: Obj) -> None:
     assert rr is not None and rr.trim_below == 10
     assert [e.position for e in rr.entries] == [10, 12, 14, 16, 18]
     assert obj.trim_to(0, wire.MAX_POSITION + 1) == EINVAL
+
+
+def test_trim_to_above_max_raises_max(obj: Obj) -> None:
+    """Tail finding reads max: a watermark above the data must show there, or
+    trimmed positions would be handed out again."""
+    assert obj.write(0, 3, b"x") == OK
+    assert obj.trim_to(0, 20) == OK
+    assert obj.max_position(0) == (OK, 20)
+    assert obj.stat()[1] == wire.ObjectStat(0, 20, 21)
+    assert obj.write(0, 21, b"y") == OK
+
+
+# ------------------------------------------------------------------ close
+
+
+def test_close_ends_the_view_on_this_object(obj: Obj) -> None:
+    assert obj.write(0, 4, b"x") == OK
+    assert obj.close(0, 8) == STALE  # only at the epoch the caller sealed
+    assert obj.seal(2) == OK
+    assert obj.close(1, 8) == STALE and obj.close(3, 8) == STALE
+    assert obj.close(2, 4) == EINVAL  # 4 is stored: the end must be above it
+    assert obj.close(2, 8) == OK
+    assert obj.close(2, 8) == OK  # again, same end: another proposer finishing the job
+    assert obj.close(2, 9) == EINVAL  # set once
+    assert obj.stat()[1] == wire.ObjectStat(2, 4, 0, 8)
+    assert obj.seal(3) == OK and obj.close(3, 8) == OK
+    # at or past the end: whatever the epoch, the position belongs to a later view
+    for pos in (8, 12, 100):
+        assert obj.write(3, pos, b"y") == STALE
+        assert obj.write_many(3, [(0, b"a"), (pos, b"b")]) == STALE
+        assert obj.fill(3, pos) == STALE
+        assert obj.trim(3, pos) == STALE
+    assert obj.write(3, 0, b"z") == OK  # below it the object works as before
+    assert obj.trim_to(3, 50) == OK
+    assert obj.stat()[1] == wire.ObjectStat(3, 7, 51, 8)  # max stays inside the view
+
+
+def test_close_needs_the_object(obj: Obj) -> None:
+    assert obj.close(0, 5) == STALE  # never sealed: not created
 
 
 # -------------------------------------------------------------- write_many

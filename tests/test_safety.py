@@ -1,0 +1,284 @@
+"""Safety regressions: each test reproduced a defect against the real cluster
+(issue 16) before its fix. Data anomalies first, then bounded waits: whatever a
+dead or slow process leaves half done, every operation ends within a bounded
+time (succeeds, or raises a typed error)."""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from seqr_proc import SeqrProcess
+
+import pyzlog
+from pyzlog import Log, RecordKind, wire
+from pyzlog.cluster import open_ioctx
+from pyzlog.layout import META_NAMESPACE, view_objects
+
+#: a wait that a dead process can cause must end well within this (the
+#: client finishes a half-done epoch change after a few seconds)
+BOUND = 25.0
+
+
+@pytest.fixture(scope="module")
+def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
+    p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
+    yield p
+    p.kill()
+
+
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """fn()'s result, failing the test if it has not returned in `seconds`."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still waiting after {seconds:.0f}s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def seal_raw(lg: Log, epoch: int, indices: list[int] | None = None) -> None:
+    """Seal objects of the newest view at `epoch` as a process would that then
+    died before installing the epoch in the metadata."""
+    oids = view_objects(lg.name, lg.views[-1])
+    for i in (range(len(oids)) if indices is None else indices):
+        lg.data.call(oids[i], "seal", wire.epoch_only(epoch))
+
+
+def kinds(records: Any) -> list[RecordKind]:
+    return [r.kind for r in records]
+
+
+# ------------------------------------------------------------ data anomalies
+
+@pytest.mark.parametrize("with_seqr", [False, True], ids=["no-sequencer", "sequencer"])
+def test_trimmed_positions_are_never_handed_out_again(rados_cluster, ceph, log_name, seqr,
+                                                      with_seqr) -> None:  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=4,
+                    sequencer=seqr.address if with_seqr else None)
+    assert lg.append_many([b"e%d" % i for i in range(10)]) == list(range(10))
+    lg.trim_to(20)  # above everything stored
+    lg.reconfigure(width=3)
+    p = lg.append(b"after the trim")
+    assert p > 20, f"position {p} was trimmed, and is handed out again"
+    assert lg.first_position() == 21
+    fresh = Log.open(rados_cluster, ceph.pool, log_name)
+    recs = list(fresh.stream(0))
+    assert kinds(recs[:21]) == [RecordKind.TRIMMED] * 21
+    assert recs[-1].position == p and recs[-1].data == b"after the trim"
+    for q in (0, 15, 20):
+        with pytest.raises(pyzlog.Trimmed):
+            fresh.read(q)
+
+
+def test_a_trim_while_appends_are_in_flight_never_comes_back(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """The realistic form: trim_to(tail() - 1) with async appends in flight,
+    then a reconfiguration. No position at or below the watermark is ever
+    acknowledged after the trim, nor holds data again."""
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address)
+    acked_at: dict[int, float] = {}
+
+    def note(f: Any) -> None:
+        if f.exception() is None:
+            acked_at[f.result()] = time.monotonic()
+
+    for i in range(300):
+        lg.append_async(b"a%d" % i).add_done_callback(note)
+    q = lg.tail() - 1
+    lg.trim_to(q)
+    trimmed_at = time.monotonic()
+    for i in range(300):
+        lg.append_async(b"b%d" % i).add_done_callback(note)
+    lg.reconfigure(width=2)
+    for i in range(50):
+        lg.append_async(b"c%d" % i).add_done_callback(note)
+    lg.flush()
+    late = sorted(p for p, t in acked_at.items() if p <= q and t > trimmed_at)
+    assert not late, f"acknowledged after trim_to({q}) at trimmed positions {late[:10]}"
+    recs = list(Log.open(rados_cluster, ceph.pool, log_name).stream(0, hole_wait=0.2))
+    assert all(r.kind == RecordKind.TRIMMED for r in recs[:q + 1])
+    data_at = {r.position for r in recs if r.kind == RecordKind.DATA}
+    assert data_at == {p for p in acked_at if p > q}
+
+
+def test_a_reconfiguration_cut_in_half_is_finished_at_its_recorded_end(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """Killed after closing some objects at the new view's start, before the
+    metadata had the new view: the next client finishes it there."""
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=3)
+    lg.append_many([b"x%d" % i for i in range(5)])
+    epoch = lg.epoch + 1
+    seal_raw(lg, epoch)
+    oids = view_objects(lg.name, lg.views[-1])
+    lg.data.call(oids[0], "close", wire.epoch_position(epoch, 5))
+    p = within(BOUND, lambda: lg.append(b"after"))
+    assert p == 5 and lg.views[-1].start == 5 and lg.epoch > epoch
+    # the old view's objects keep refusing positions of the new one
+    assert lg.data.call_raw(oids[2], "write", wire.write(lg.epoch, 8, b"z"))[0] == -errno.ESTALE
+    assert [r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream(0)] == \
+        [b"x%d" % i for i in range(5)] + [b"after"]
+
+
+def test_refresh_never_goes_back_to_an_older_epoch(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    a = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    before = a.meta_store.get()
+    Log.open(rados_cluster, ceph.pool, log_name).reconfigure(width=3)
+    assert a.refresh().epoch == 2
+    a.meta_store.get = lambda: before  # type: ignore[method-assign]  # a slow refresh's older read
+    assert a.refresh().epoch == 2
+    assert a.epoch == 2 and len(a.views) == 2
+
+
+def test_an_old_views_object_refuses_positions_past_its_end(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    a = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    assert a.append(b"x") == 0
+    Log.open(rados_cluster, ceph.pool, log_name).reconfigure(width=3)  # new view from 1 at epoch 2
+    new = a.meta_store.get()
+    # what a thread sharing `a` could hold after a slower refresh stored the
+    # old view history beside the new epoch: new epoch, old views
+    a._meta = dataclasses.replace(new, views=new.views[:1])
+    pos = a.append(b"y")
+    fresh = Log.open(rados_cluster, ceph.pool, log_name)
+    assert fresh.read(pos) == b"y", "acknowledged, but not where readers look"
+    assert [(r.position, r.kind, r.data) for r in fresh.stream(pos, pos + 1)] == \
+        [(pos, RecordKind.DATA, b"y")]
+
+
+def test_every_reader_reports_one_kind_at_a_position(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    lg.write(1, b"x")  # position 0 is a hole below the tail
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    fill_lost = reader.fill_lost
+
+    def loses_the_race(position: int) -> None:
+        lg.fill(position)  # a client's plain fill lands first
+        fill_lost(position)
+
+    reader.fill_lost = loses_the_race  # type: ignore[method-assign]
+    seen = list(reader.stream(0, hole_wait=0.05))
+    again = list(Log.open(rados_cluster, ceph.pool, log_name).stream(0))
+    assert kinds(seen) == kinds(again) == [RecordKind.FILLED, RecordKind.DATA]
+
+
+# --------------------------------------------------------------- bounded waits
+
+@pytest.mark.parametrize("sealed", [[0, 1, 2, 3], [0]], ids=["all-sealed", "some-sealed"])
+@pytest.mark.parametrize("with_seqr", [False, True], ids=["no-sequencer", "sequencer"])
+def test_a_half_done_epoch_change_does_not_wedge_the_log(rados_cluster, ceph, log_name, seqr,
+                                                         sealed, with_seqr) -> None:  # type: ignore[no-untyped-def]
+    """A sequencer or reconfiguration killed after sealing, before installing."""
+    address = seqr.address if with_seqr else None
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=4, sequencer=address)
+    old = lg.append_many([b"old%d" % i for i in range(8)])
+    seal_raw(lg, lg.epoch + 1, sealed)
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    recs = within(BOUND, lambda: list(reader.stream(0, old[-1] + 1)))
+    assert [r.data for r in recs] == [b"old%d" % i for i in range(8)]
+    p = within(BOUND, lambda: lg.append(b"new"))
+    assert p > old[-1] and reader.read(p) == b"new"
+    f = lg.append_async(b"async")
+    assert reader.read(within(BOUND, lambda: f.result())) == b"async"
+
+
+def test_no_sequencer_client_finishes_an_interrupted_reconfiguration(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    lg.append_many([b"a", b"b", b"c"])
+    seal_raw(lg, lg.epoch + 1)
+    # max_position (slow tail finding's step) must not spin on the sealed objects
+    assert within(BOUND, lg.max_position) == 2
+    assert within(BOUND, lambda: lg.append(b"d")) == 3
+
+
+def test_a_recovery_asked_for_while_one_finishes_is_not_dropped(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    from pyzlog.seqr_daemon import SequencerDaemon
+
+    class SlowToFinish:
+        """The daemon's server, pausing after each install: the finished
+        recovery still counts as running while a newer epoch is shown."""
+
+        def __init__(self, server: Any) -> None:
+            self._server = server
+            self.installed = threading.Event()
+
+        def install(self, *args: Any) -> Any:
+            applied = self._server.install(*args)
+            self.installed.set()
+            time.sleep(1.0)
+            return applied
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._server, name)
+
+    daemon = SequencerDaemon(rados_cluster, port=0)
+    slow = SlowToFinish(daemon.server)
+    daemon.server = slow  # type: ignore[assignment]
+    daemon.start()
+    try:
+        lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+        client = pyzlog.SequencerClient(f"127.0.0.1:{daemon.port}")
+        client.next(ceph.pool, log_name, lg.epoch)  # unknown log: a recovery starts
+        assert slow.installed.wait(10)
+        epoch = lg.seal_and_find_tail()[0]  # another client moves the epoch on
+        client.next(ceph.pool, log_name, epoch)  # -> the daemon must recover again
+
+        def ready() -> bool:
+            state = [x for x in daemon.server.logs() if x["log"] == log_name]
+            return bool(state) and state[0]["state"] == "ready" and state[0]["epoch"] > epoch
+
+        deadline = time.monotonic() + 10
+        while not ready() and time.monotonic() < deadline:
+            client.next(ceph.pool, log_name, epoch)
+            time.sleep(0.1)
+        assert ready(), f"log left as {[x for x in daemon.server.logs() if x['log'] == log_name]}"
+    finally:
+        daemon.stop()
+
+
+def _remove_log(rados_cluster: Any, pool: str, lg: Log) -> None:
+    data = open_ioctx(rados_cluster, pool)
+    meta = open_ioctx(rados_cluster, pool, META_NAMESPACE)
+    for v in lg.views:
+        for oid in view_objects(lg.name, v):
+            try:
+                data.remove_object(oid)
+            except Exception:  # noqa: BLE001 - never created
+                pass
+    meta.remove_object(lg.name)
+
+
+def test_a_log_created_again_under_its_name_while_a_sequencer_serves_it(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    first = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+    for _ in range(3):
+        first.append(b"first life")
+    first.reconfigure(width=2)
+    first.append(b"first life")  # the sequencer serves it at epoch 4 or so
+    _remove_log(rados_cluster, ceph.pool, first)
+    again = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+    assert again.epoch == 1
+    p = within(BOUND, lambda: again.append(b"second life"))
+    assert again.read(p) == b"second life"
+    f = again.append_async(b"second life, async")
+    assert again.read(within(BOUND, lambda: f.result())) == b"second life, async"
+
+
+def test_holes_found_together_are_waited_for_together(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=4)
+    lg.write(40, b"x")  # 0..39 were handed out and never written: one lost batch
+    t0 = time.monotonic()
+    recs = within(60, lambda: list(lg.stream(0, hole_wait=1.0)))
+    elapsed = time.monotonic() - t0
+    assert kinds(recs) == [RecordKind.LOST] * 40 + [RecordKind.DATA]
+    # one hole_wait for all forty, not forty of them (generous: a busy host)
+    assert elapsed < 15, f"40 holes took {elapsed:.1f}s"
