@@ -22,7 +22,8 @@ reader_skip         a streaming reader (or the final scan) skipped a position
 reader_backwards    a streaming reader went back (or repeated a position)
 phantom_read        data read whose append failed (definitely), or that no
                     append ever tried
-filled_then_data    a position seen filled/lost/trimmed later returns data
+filled_then_data    a position seen filled/lost later returns data, or seen
+                    trimmed later returns data appended after that
 data_then_gap       a position seen with data later reads as filled/lost
 wrong_data          bytes read differ from what was acknowledged at that
                     position, or are not a well-formed payload
@@ -439,6 +440,14 @@ def check(history: History | Iterable[Op], final_scan: Mapping[int, Any],
         datas = [ob for ob in lst if ob.seen == DATA]
         for g in gaps:
             later = [d for d in datas if d.start > g.end]
+            if g.seen == TRIMMED:
+                # a reader may return an entry it fetched (read ahead) before a
+                # trim it finishes after: data that existed before the trim
+                # was seen is a stale read, not a resurrection. Only data whose
+                # every append began after the trim was seen came back.
+                later = [d for d in later
+                         if d.data is not None and tried.get(d.data)
+                         and min(a.start for a in tried[d.data]) > g.end]
             if later:
                 rep.add("filled_then_data", f"position {pos}: {g.seen} ({g.source}) then data "
                         f"{describe(later[0].data)} ({later[0].source})")

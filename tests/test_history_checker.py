@@ -179,6 +179,27 @@ def test_lost_then_data_in_final_scan() -> None:
     assert "filled_then_data" in found(h, scan(d(0, p)))  # ... and data showed up there later
 
 
+def test_trimmed_then_newly_appended_data() -> None:
+    """A trimmed position that takes a new append (issue 16's resurrection)."""
+    h = History()
+    h.read_seen("c", 0, TRIMMED)
+    p = payload("a", 0)
+    h.append_ok("a", p, 0)  # begun after the trim was seen
+    h.read_seen("c", 0, "data", p)
+    assert "filled_then_data" in found(h, scan(gap(0, TRIMMED)))
+
+
+def test_trimmed_then_data_appended_before_is_a_stale_read() -> None:
+    """A reader returning an entry it fetched before the trim: no anomaly."""
+    h = History()
+    p = payload("a", 0)
+    h.append_ok("a", p, 0)
+    h.complete(h.invoke(TRIM, "t", position=0, upto=True), "ok")
+    h.read_seen("c", 0, TRIMMED)
+    h.read_seen("r", 0, "data", p)  # from its read-ahead window
+    assert "filled_then_data" not in found(h, scan(gap(0, TRIMMED)))
+
+
 def test_data_then_gap() -> None:
     h = History()
     p = payload("a", 0)
