@@ -3,9 +3,11 @@
 append_async returns a concurrent.futures.Future of the position. Queued
 entries are sent in batches: one sequencer request takes positions for every
 entry waiting, then each entry is written with an aio class call: from C++
-(fastappend.py) when it can be, else through python-rados. An entry whose
-write is refused (stale epoch, position taken) goes back to the queue and gets
-a new position; its future resolves only once the entry is stored.
+(fastappend.py) when it can be, else through python-rados. A write's outcome
+is judged as every append's is (appending.judge): an entry refused for its
+epoch or its position goes back to the queue and gets a new position, and its
+future resolves only once the entry is stored (or fails after
+APPEND_DEADLINE_SECONDS).
 """
 from __future__ import annotations
 
@@ -15,18 +17,16 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 from . import wire
+from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge
 from .errors import NotWritten, ZlogError, from_errno
 from .fastappend import NativeAppends
+from .positions import Positions
 from .stale import StaleWait
-
-if TYPE_CHECKING:
-    from .log import Log
+from .state import LogState
 
 DEFAULT_MAX_IN_FLIGHT = 128
-_RETRYABLE = (-errno.ESTALE, -errno.EROFS, -errno.ENOMSG, -errno.EIDRM)
 
 
 class AsyncOps:
@@ -35,10 +35,12 @@ class AsyncOps:
     only when max_in_flight is reached, and sets or clears the idle Event only
     when the client goes idle or busy."""
 
-    def __init__(self, log: Log, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True) -> None:
+    def __init__(self, log: LogState, positions: Positions, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 coalesce: bool = True) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.log = log
+        self.positions = positions
         self.max_in_flight = max_in_flight
         self.coalesce = coalesce
         self._lock = threading.Lock()  # guards _in_flight, _waiting, _closed, _thread
@@ -77,10 +79,9 @@ class AsyncOps:
         fut: Future[int] = Future()
         item = (stored, fut, time.monotonic())
         native = self._open_native() if self._try_native else self._native
-        log = self.log
-        if native is not None and not log._seqr_down and item[2] >= log._seqr_recheck_at:
+        if native is not None and self.positions.sequencer_usable(item[2]):
             try:
-                native.append(log.meta, stored, item)
+                native.append(self.log.meta, stored, item)
             except RuntimeError:  # closed under us by a concurrent close()
                 self._finish(fut, error=ZlogError("log is closed"))
         else:
@@ -90,7 +91,8 @@ class AsyncOps:
     def _open_native(self) -> NativeAppends | None:
         with self._native_lock:
             if self._try_native:
-                self._native = NativeAppends.open(self.log, self._native_done, self.coalesce)
+                self._native = NativeAppends.open(self.log, self.positions.sequencer, self._native_done,
+                                                  self.coalesce)
                 self._try_native = False
         return self._native
 
@@ -106,8 +108,6 @@ class AsyncOps:
             self._work.set()
 
     def _dispatch(self) -> None:
-        from .log import APPEND_DEADLINE_SECONDS
-
         while True:
             self._work.wait()
             self._work.clear()
@@ -127,7 +127,7 @@ class AsyncOps:
             try:
                 if refresh:
                     self._stale(self._refused_epoch)  # refresh; back off, repair or give up if stuck
-                first = self.log.take_positions(len(batch))
+                first = self.positions.take(len(batch))
             except ZlogError as e:
                 for _, fut, _ in batch:
                     self._finish(fut, error=e)
@@ -146,16 +146,19 @@ class AsyncOps:
             self._written(item[0], item[1], pos, item[2], code, b"")
 
     def _written(self, stored: bytes, fut: Future[int], pos: int, t0: float, ret: int, _out: bytes) -> None:
-        if ret == 0:
+        try:
+            outcome = judge(ret, self.log.name, pos)
+        except ZlogError as e:
+            self._finish(fut, error=e)
+            return
+        if outcome is Outcome.STORED:
             self._stale.reset()
             self._finish(fut, result=pos)
-        elif ret in _RETRYABLE:
-            if ret == -errno.ESTALE:
-                self._refused_epoch = self.log.epoch
-                self._refresh = True
-            self._requeue((stored, fut, t0))  # a new position next round
-        else:
-            self._finish(fut, error=from_errno(ret, f"append to {self.log.name!r}", pos))
+            return
+        if outcome is Outcome.STALE:
+            self._refused_epoch = self.log.epoch
+            self._refresh = True
+        self._requeue((stored, fut, t0))  # a new position next round
 
     def _finish(self, fut: Future, result: object = None, error: BaseException | None = None) -> None:  # type: ignore[type-arg]
         # free the slot first: a done-callback that submits again must not block

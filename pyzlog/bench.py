@@ -323,8 +323,7 @@ class _Bench:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             log.append(b"warm-up")
-            if not getattr(log, "_seqr_down", False) and \
-                    getattr(log, "_seqr_recheck_at", 0.0) <= time.monotonic():
+            if log.positions.sequencer_usable():
                 for _ in range(20):
                     log.append(b"warm-up")
                 return True

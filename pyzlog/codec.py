@@ -12,8 +12,11 @@ from .errors import InvalidRequest
 CODECS = ("none", "zstd")
 ZSTD_LEVEL = 3
 
+#: bytes -> bytes: one direction of a codec
+Codec = Callable[[bytes], bytes]
 
-def codec_for(config: dict[str, Any]) -> tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]:
+
+def codec_for(config: dict[str, Any]) -> tuple[Codec, Codec]:
     """(encode, decode) for a log's config."""
     name = config.get("compression", "none")
     if name == "none":

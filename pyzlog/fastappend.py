@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from .cluster import connection_settings
 from .layout import data_oid_prefix
+from .sequencer import SequencerClient
+from .state import LogState
 
 if TYPE_CHECKING:
-    from .log import Log
     from .wire import Meta
 
 logger = logging.getLogger("pyzlog")
@@ -47,12 +48,10 @@ def enabled() -> bool:
 class NativeAppends:
     """One C++ Appender for one log, and the thread that reports its outcomes."""
 
-    def __init__(self, log: Log, done: Done, coalesce: bool) -> None:
+    def __init__(self, log: LogState, seqr: SequencerClient, done: Done, coalesce: bool) -> None:
         from . import _appender  # type: ignore[attr-defined]  # the C++ extension
 
-        assert log.sequencer is not None
         client, conf_file, options = connection_settings(log.cluster)
-        seqr = log.sequencer
         self._appender = _appender.Appender(client, conf_file, options, log.pool, log.name,
                                             seqr.host, seqr.port, seqr.timeout, coalesce)
         self.HANDED_BACK: int = _appender.HANDED_BACK
@@ -67,12 +66,13 @@ class NativeAppends:
         _live.add(self)
 
     @classmethod
-    def open(cls, log: Log, done: Done, coalesce: bool) -> NativeAppends | None:
+    def open(cls, log: LogState, seqr: SequencerClient | None, done: Done,
+             coalesce: bool) -> NativeAppends | None:
         """None (after one warning) if the C++ path cannot serve this log."""
-        if not enabled() or log.sequencer is None:
+        if not enabled() or seqr is None:
             return None
         try:
-            return cls(log, done, coalesce)
+            return cls(log, seqr, done, coalesce)
         except (ImportError, RuntimeError) as e:
             logger.warning("async appends to %r go through python-rados: the C++ path is unavailable (%s)",
                            log.name, e)

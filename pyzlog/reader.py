@@ -20,15 +20,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
-from . import wire
+from . import ops, wire
 from .errors import Filled, InvalidRequest, ReadOnly, Trimmed, from_errno
 from .layout import check_position, data_oid, view_end, view_of
 from .stale import StaleWait
-
-if TYPE_CHECKING:
-    from .log import Log
+from .state import LogState
 
 #: default seconds a reader waits on an unwritten position below the tail
 HOLE_WAIT_SECONDS = 2.0
@@ -58,7 +55,7 @@ class Record:
 class ObjectCursor:
     """One data object's entries in [first, last], fetched ahead with aio."""
 
-    def __init__(self, log: Log, oid: str, first: int, last: int, stride: int,
+    def __init__(self, log: LogState, oid: str, first: int, last: int, stride: int,
                  per_call: int = PER_CALL, call_bytes: int = CALL_BYTES) -> None:
         self.log = log
         self.oid = oid
@@ -147,7 +144,7 @@ class ObjectCursor:
 class Stream:
     """Iterator over positions [start, end) of a log; see Log.stream."""
 
-    def __init__(self, log: Log, start: int = 0, end: int | None = None, *, follow: bool = False,
+    def __init__(self, log: LogState, start: int = 0, end: int | None = None, *, follow: bool = False,
                  hole_wait: float = HOLE_WAIT_SECONDS, per_call: int = PER_CALL,
                  decode: Callable[[bytes], bytes] | None = None, stride_index: int | None = None,
                  stride: int | None = None, known_tail: int | None = None) -> None:
@@ -271,7 +268,7 @@ class Stream:
             cursor.forget_from(pos)
             return None
         try:
-            self.log.fill_lost(pos)
+            ops.fill(self.log, pos, wire.FILL_LOST)
             return Record(pos, RecordKind.LOST, None, self.log.epoch)
         except (Filled, Trimmed, ReadOnly):
             cursor.forget_from(pos)  # someone else got there first: read what it is now

@@ -21,7 +21,8 @@ import rados
 from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import connect
 from .errors import ZlogError
-from .log import Log
+from .state import LogState
+from .tailfind import find_tail
 
 log = logging.getLogger("zlog-seqr")
 
@@ -70,8 +71,9 @@ class SequencerDaemon:
 
     def _recover(self, pool: str, name: str, client_epoch: int) -> None:
         try:
-            lg = Log.open(self.cluster, pool, name)
-            epoch, nxt = lg.seal_and_find_tail()
+            state = LogState(self.cluster, pool, name)
+            state.refresh()  # LogNotFound if missing
+            epoch, nxt = find_tail(state)
             self.server.install(pool, name, epoch, nxt)
             log.info("log %s/%s: sealed epoch %d, serving from position %d (client was at epoch %d)",
                      pool, name, epoch, nxt, client_epoch)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Protocol
 
 from .errors import StaleEpoch
+from .state import LogState
+from .tailfind import repair
 
 #: an operation refused for this long, the log's epoch never moving, raises StaleEpoch
 STALE_RETRY_SECONDS = 30.0
@@ -24,20 +25,12 @@ STALE_RETRY_SECONDS = 30.0
 REPAIR_AFTER_SECONDS = 2.0
 
 
-class Refreshable(Protocol):
-    name: str
-
-    def refresh_epoch(self) -> int: ...
-
-    def repair(self, stale_epoch: int) -> None: ...
-
-
 class StaleWait:
     """One operation's handling of refused epochs; call it with the epoch that
     was refused, then retry. Raises StaleEpoch once the operation has been
     refused for STALE_RETRY_SECONDS."""
 
-    def __init__(self, log: Refreshable, what: str, limit: float = STALE_RETRY_SECONDS) -> None:
+    def __init__(self, log: LogState, what: str, limit: float = STALE_RETRY_SECONDS) -> None:
         self.log = log
         self.what = what
         self.limit = limit
@@ -60,7 +53,7 @@ class StaleWait:
             self._stuck_since = now
         if now - self._stuck_since >= REPAIR_AFTER_SECONDS:
             self._stuck_since = None
-            self.log.repair(refused_epoch)
+            repair(self.log, refused_epoch)
             return
         time.sleep(self._delay * random.uniform(0.5, 1.5))
         self._delay = min(self._delay * 2, 0.2)

@@ -1,21 +1,21 @@
 """Slow tail finding (CORFU) and every other epoch change: seal every object
 of the newest view at a new epoch, then take the max over them (writes, fills
 and trims). All objects are contacted concurrently with aio, not one after
-another."""
+another. Also the repair of an epoch change someone else left half done."""
 from __future__ import annotations
 
 import errno
+import logging
 import random
 import time
-from typing import TYPE_CHECKING
 
 from . import wire
 from .errors import EpochChanged, StaleEpoch, ZlogError
 from .layout import view_objects
 from .objects import ClassIO, check
+from .state import LogState
 
-if TYPE_CHECKING:
-    from .log import Log
+logger = logging.getLogger("pyzlog")
 
 
 def stat_objects(data: ClassIO, oids: list[str]) -> list[wire.ObjectStat]:
@@ -70,7 +70,7 @@ def close_objects(data: ClassIO, oids: list[str], epoch: int, end: int) -> None:
         check(fut.result()[0], "close", oid)
 
 
-def seal_new_epoch(log: Log, width: int | None, failure: str, attempts: int = 50,
+def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int = 50,
                    above: int = 0) -> tuple[int, int]:
     """The one way a log moves to a new epoch, above `above` and any epoch seen.
 
@@ -120,10 +120,26 @@ def seal_new_epoch(log: Log, width: int | None, failure: str, attempts: int = 50
     raise ZlogError(failure)
 
 
-def find_tail(log: Log, attempts: int = 50, above: int = 0) -> tuple[int, int]:
+def find_tail(log: LogState, attempts: int = 50, above: int = 0) -> tuple[int, int]:
     """Install a new epoch on `log` (above `above`) and find its tail: slow
     tail finding. Returns (epoch, next_position)."""
     return seal_new_epoch(
         log, None,
         f"log {log.name!r}: could not seal a new epoch after {attempts} attempts "
         "(another sequencer or reconfiguration keeps racing)", attempts, above)
+
+
+def repair(log: LogState, stale_epoch: int) -> None:
+    """The log's objects refuse `stale_epoch` and no newer epoch has been
+    installed for a while: whoever started an epoch change (a sequencer's
+    recovery, a reconfiguration) died or stalls between sealing and
+    installing. Finish it by installing a newer epoch ourselves."""
+    with log.repair_lock:
+        if log.refresh().epoch > stale_epoch:
+            return  # another thread (or process) got there first
+        logger.warning("log %r: objects sealed above epoch %d and no newer epoch installed; "
+                       "finishing the epoch change", log.name, stale_epoch)
+        try:
+            find_tail(log)
+        except ZlogError as e:
+            logger.warning("log %r: could not finish the epoch change: %s", log.name, e)

@@ -12,6 +12,7 @@ import pytest
 from seqr_proc import SeqrProcess
 
 import pyzlog
+import pyzlog.positions
 from pyzlog import Log, RecordKind, wire
 
 
@@ -44,11 +45,10 @@ def test_append_many(log: Log) -> None:
     assert all(log.read(p) == b"b%d" % i for i, p in enumerate(positions))
 
 
-def test_append_many_moves_past_taken_positions(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+def test_append_many_moves_past_taken_positions(rados_cluster, ceph, log_name, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     log.fill(3)  # the slow path will try 0.. and find 3 taken
-    log._slow_next = 0
-    log.max_position = lambda: None  # type: ignore[method-assign]  # force positions 0..5 to be tried
+    monkeypatch.setattr(pyzlog.positions, "max_position", lambda _log: None)  # force positions 0..5 to be tried
     positions = log.append_many([b"x%d" % i for i in range(6)])
     assert len(set(positions)) == 6 and 3 not in positions
     assert all(log.read(p) == b"x%d" % i for i, p in enumerate(positions))
@@ -170,7 +170,7 @@ def test_async_reconfigure_and_sequencer_restart_while_appending(rados_cluster, 
             assert pos not in acked
             acked[pos] = data
         assert len(acked) > 500
-        assert not log._seqr_down
+        assert log.positions.sequencer_usable()
         st = log._async._native.stats()
         assert st["handed_back"] > 0  # the C++ path met the epoch changes and handed entries back
         tail_entries = [log.append_async(b"after-%d" % i) for i in range(200)]
@@ -304,7 +304,7 @@ def test_sequencer_down_and_back(rados_cluster, ceph, log_name, tmp_path: Path, 
         s.start()
         time.sleep(1.2)  # clients look for the sequencer again after a second
         after = [log.append(b"c%d" % i) for i in range(20)]
-        assert not log._seqr_down
+        assert log.positions.sequencer_usable()
         allpos = first + during + after
         assert len(set(allpos)) == 60
         assert [log.read(p) for p in allpos] == [b"%s%d" % (c, i) for c in (b"a", b"b", b"c") for i in range(20)]
@@ -317,7 +317,7 @@ def test_zstd_compression(rados_cluster, ceph, log_name) -> None:  # type: ignor
     payload = b"compressible " * 500
     pos = log.append(payload)
     assert log.read(pos) == payload
-    stored = log.data.call(log.oid_of(pos), "read", wire.epoch_position(log.epoch, pos), 1 << 20)
+    stored = log.state.data.call(log.oid_of(pos), "read", wire.epoch_position(log.epoch, pos), 1 << 20)
     assert len(stored) < len(payload) // 10
     # a reader that was not told about compression decodes by itself
     other = Log.open(rados_cluster, ceph.pool, log_name)
@@ -359,6 +359,7 @@ def test_abandoned_stream_exits_cleanly(ceph, log_name, tmp_path: Path) -> None:
     script = tmp_path / "abandon.py"
     script.write_text(f"""
 import pyzlog
+import pyzlog.positions
 c = pyzlog.connect({ceph.conf!r})
 log = pyzlog.Log.create(c, {ceph.pool!r}, {log_name!r}, width=8)
 log.append_many([b"x" * 100] * 5000)
@@ -380,6 +381,7 @@ def test_dropped_follow_streams_survive_gc(ceph, log_name, tmp_path: Path) -> No
     script.write_text(f"""
 import gc, threading
 import pyzlog
+import pyzlog.positions
 from pyzlog import Log
 r = pyzlog.connect({ceph.conf!r})
 w = Log.create(r, {ceph.pool!r}, {log_name!r}, width=4)

@@ -111,13 +111,13 @@ def test_slow_tail_finding(log: Log) -> None:
     assert log.epoch == 3
     # every object of the view is sealed at the new epoch: old-epoch writes are refused
     for i in range(3):
-        obj_stat = log.data.call(f"zlog.{log.name}.1.{i}", "stat", b"", 64)
+        obj_stat = log.state.data.call(f"zlog.{log.name}.1.{i}", "stat", b"", 64)
         assert wire.parse_stat(obj_stat).sealed_epoch == 3
-    stale = log.data.call_raw(log.oid_of(40), "write", wire.write(2, 40, b"old"))[0]
+    stale = log.state.data.call_raw(log.oid_of(40), "write", wire.write(2, 40, b"old"))[0]
     assert isinstance(pyzlog.errors.from_errno(stale, "write"), pyzlog.StaleEpoch)
     # a client holding the old epoch refreshes by itself and succeeds
     other = Log.open(log.cluster, log.pool, log.name)
-    other._meta = wire.Meta(2, other.meta.config, other.views)
+    other.state._meta = wire.Meta(2, other.meta.config, other.views)
     other.write(41, b"fresh")
     assert other.epoch == 3 and log.read(41) == b"fresh"
 
@@ -139,7 +139,7 @@ def test_tail_finding_uses_aio_only(log: Log, monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(ClassIO, "call_async", counting)
     # the metadata object itself is still read with a plain call
-    monkeypatch.setattr(log.meta_store.io, "call_raw", real_call_raw.__get__(log.meta_store.io), raising=False)
+    monkeypatch.setattr(log.state.meta_store.io, "call_raw", real_call_raw.__get__(log.state.meta_store.io), raising=False)
     _epoch, nxt = log.seal_and_find_tail()
     assert nxt == 4
     # stat (pick the epoch), seal, stat again (the max, and any view end): each on all 3 at once

@@ -15,6 +15,7 @@ import pytest
 from seqr_proc import SeqrProcess
 
 import pyzlog
+import pyzlog.ops
 from pyzlog import Log, RecordKind, wire
 from pyzlog.cluster import open_ioctx
 from pyzlog.layout import META_NAMESPACE, view_objects
@@ -55,7 +56,7 @@ def seal_raw(lg: Log, epoch: int, indices: list[int] | None = None) -> None:
     died before installing the epoch in the metadata."""
     oids = view_objects(lg.name, lg.views[-1])
     for i in (range(len(oids)) if indices is None else indices):
-        lg.data.call(oids[i], "seal", wire.epoch_only(epoch))
+        lg.state.data.call(oids[i], "seal", wire.epoch_only(epoch))
 
 
 def kinds(records: Any) -> list[RecordKind]:
@@ -122,21 +123,21 @@ def test_a_reconfiguration_cut_in_half_is_finished_at_its_recorded_end(rados_clu
     epoch = lg.epoch + 1
     seal_raw(lg, epoch)
     oids = view_objects(lg.name, lg.views[-1])
-    lg.data.call(oids[0], "close", wire.epoch_position(epoch, 5))
+    lg.state.data.call(oids[0], "close", wire.epoch_position(epoch, 5))
     p = within(BOUND, lambda: lg.append(b"after"))
     assert p == 5 and lg.views[-1].start == 5 and lg.epoch > epoch
     # the old view's objects keep refusing positions of the new one
-    assert lg.data.call_raw(oids[2], "write", wire.write(lg.epoch, 8, b"z"))[0] == -errno.ESTALE
+    assert lg.state.data.call_raw(oids[2], "write", wire.write(lg.epoch, 8, b"z"))[0] == -errno.ESTALE
     assert [r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream(0)] == \
         [b"x%d" % i for i in range(5)] + [b"after"]
 
 
 def test_refresh_never_goes_back_to_an_older_epoch(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
     a = Log.create(rados_cluster, ceph.pool, log_name, width=2)
-    before = a.meta_store.get()
+    before = a.state.meta_store.get()
     Log.open(rados_cluster, ceph.pool, log_name).reconfigure(width=3)
     assert a.refresh().epoch == 2
-    a.meta_store.get = lambda: before  # type: ignore[method-assign]  # a slow refresh's older read
+    a.state.meta_store.get = lambda: before  # type: ignore[method-assign]  # a slow refresh's older read
     assert a.refresh().epoch == 2
     assert a.epoch == 2 and len(a.views) == 2
 
@@ -145,10 +146,10 @@ def test_an_old_views_object_refuses_positions_past_its_end(rados_cluster, ceph,
     a = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     assert a.append(b"x") == 0
     Log.open(rados_cluster, ceph.pool, log_name).reconfigure(width=3)  # new view from 1 at epoch 2
-    new = a.meta_store.get()
+    new = a.state.meta_store.get()
     # what a thread sharing `a` could hold after a slower refresh stored the
     # old view history beside the new epoch: new epoch, old views
-    a._meta = dataclasses.replace(new, views=new.views[:1])
+    a.state._meta = dataclasses.replace(new, views=new.views[:1])
     pos = a.append(b"y")
     fresh = Log.open(rados_cluster, ceph.pool, log_name)
     assert fresh.read(pos) == b"y", "acknowledged, but not where readers look"
@@ -156,17 +157,18 @@ def test_an_old_views_object_refuses_positions_past_its_end(rados_cluster, ceph,
         [(pos, RecordKind.DATA, b"y")]
 
 
-def test_every_reader_reports_one_kind_at_a_position(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+def test_every_reader_reports_one_kind_at_a_position(rados_cluster, ceph, log_name, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     lg.write(1, b"x")  # position 0 is a hole below the tail
     reader = Log.open(rados_cluster, ceph.pool, log_name)
-    fill_lost = reader.fill_lost
+    fill = pyzlog.ops.fill
 
-    def loses_the_race(position: int) -> None:
-        lg.fill(position)  # a client's plain fill lands first
-        fill_lost(position)
+    def loses_the_race(log, position: int, reason: int = wire.FILL_JUNK) -> None:  # type: ignore[no-untyped-def]
+        if reason == wire.FILL_LOST:
+            lg.fill(position)  # a client's plain fill lands before the reader's
+        fill(log, position, reason)
 
-    reader.fill_lost = loses_the_race  # type: ignore[method-assign]
+    monkeypatch.setattr(pyzlog.ops, "fill", loses_the_race)
     seen = list(reader.stream(0, hole_wait=0.05))
     again = list(Log.open(rados_cluster, ceph.pool, log_name).stream(0))
     assert kinds(seen) == kinds(again) == [RecordKind.FILLED, RecordKind.DATA]

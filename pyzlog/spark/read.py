@@ -7,7 +7,7 @@ import pyarrow as pa
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from ..errors import ZlogError
-from ..reader import RecordKind, Stream
+from ..reader import RecordKind
 from .connection import opened_log
 from .options import ZlogOptions
 from .plan import ZlogPartition
@@ -58,8 +58,8 @@ def read_partition(opts: ZlogOptions, part: object,
         # Exactly the planned positions (p % width == index of the planned view),
         # read from whichever view holds each one now: a reconfiguration since
         # planning moves where they are read from, never which are delivered.
-        stream = Stream(log, part.start, part.end, stride_index=part.index, stride=part.width,
-                        known_tail=part.known_tail, hole_wait=opts.hole_wait, decode=log.decode)
+        stream = log.stream(part.start, part.end, stride_index=part.index, stride=part.width,
+                            known_tail=part.known_tail, hole_wait=opts.hole_wait)
         pos: list[int] = []
         data: list[bytes | None] = []
         kind: list[str] = []

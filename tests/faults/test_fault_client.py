@@ -65,7 +65,7 @@ def _stale_writes(h: History, stale: Log, epoch: int, positions: range, writer: 
     for k, pos in enumerate(positions):
         data = payload(writer, k)
         op = h.invoke(APPEND, writer, data=data)
-        ret, _ = stale.data.call_raw(stale.oid_of(pos), "write", wire.write(epoch, pos, data))
+        ret, _ = stale.state.data.call_raw(stale.oid_of(pos), "write", wire.write(epoch, pos, data))
         if ret == 0:
             h.complete(op, OK, position=pos)  # the checker then sees what happened to it
         else:

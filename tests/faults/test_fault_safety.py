@@ -56,8 +56,8 @@ def test_a_stale_view_history_beside_a_new_epoch(rados_cluster, ceph, log_name, 
         for k in range(5):
             wait_until(lambda: w.counts()["acked"] >= 20 * (k + 1), 60, "appends")
             Log.open(rados_cluster, ceph.pool, log_name).reconfigure(width=2 + k % 2)
-            new = lg.meta_store.get()
-            lg._meta = dataclasses.replace(new, views=new.views[:1])  # the stale history
+            new = lg.state.meta_store.get()
+            lg.state._meta = dataclasses.replace(new, views=new.views[:1])  # the stale history
             for i in range(5):
                 data = payload("stale", k * 5 + i)
                 op = h.invoke("append", "stale", data=data)

@@ -1,0 +1,141 @@
+"""Appends: the one place that decides what a refused write means and what
+happens next. Every append path follows judge():
+
+- 0: stored, the append is done;
+- ESTALE: the log's epoch moved on (or an epoch change is under way):
+  StaleWait refreshes, backs off, repairs a change left half done, and gives
+  up with StaleEpoch after its limit; then the entry takes a new position;
+- EROFS, ENOMSG, EIDRM: the position was written, filled or trimmed first,
+  or lies past the end of a closed view: the entry takes a new position;
+- anything else raises its typed error.
+
+An entry not stored within APPEND_DEADLINE_SECONDS fails. store() is the
+pipeline of sync appends, batches and slow appends; aio.py runs async appends
+through judge() with the same deadline and the same StaleWait. The C++ path
+decides nothing: what it cannot store plainly it hands back to aio.py.
+"""
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Iterator
+from enum import Enum
+
+from . import wire
+from .errors import EntryTooLarge, InvalidRequest, ZlogError, from_errno
+from .layout import oid_of
+from .positions import Positions
+from .stale import StaleWait
+from .state import LogState
+
+#: an append gives up (and raises) after this long without storing its entry
+APPEND_DEADLINE_SECONDS = 120.0
+#: write_many's byte budget per call (the class also caps its entry count)
+BATCH_BYTES = 8 << 20
+
+
+class Outcome(Enum):
+    STORED = "stored"
+    STALE = "stale"  # refresh (StaleWait), then a new position
+    TAKEN = "taken"  # a new position
+
+
+_TAKEN_CODES = frozenset((-errno.EROFS, -errno.ENOMSG, -errno.EIDRM))
+
+
+def judge(ret: int, log_name: str, position: int) -> Outcome:
+    """What a write's return code means for an append; raises for a failure
+    no new position can cure."""
+    if ret == 0:
+        return Outcome.STORED
+    if ret == -errno.ESTALE:
+        return Outcome.STALE
+    if ret in _TAKEN_CODES:
+        return Outcome.TAKEN
+    raise from_errno(ret, f"append to {log_name!r}", position)
+
+
+def stored_form(log: LogState, data: bytes) -> bytes:
+    """The bytes stored for `data`: checked, encoded, within the size limit."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidRequest(f"entries are bytes, not {type(data).__name__}")
+    if len(data) > wire.MAX_ENTRY_BYTES:
+        raise EntryTooLarge(f"entry of {len(data)} bytes is over the limit of {wire.MAX_ENTRY_BYTES}")
+    stored = log.encode(bytes(data))
+    if len(stored) > wire.MAX_ENTRY_BYTES:
+        raise EntryTooLarge(f"encoded entry of {len(stored)} bytes is over the limit of {wire.MAX_ENTRY_BYTES}")
+    return stored
+
+
+def store(log: LogState, positions: Positions, entries: list[bytes], what: str,
+          slow: bool = False) -> list[int]:
+    """Store already encoded `entries`, taking positions for all of those
+    still to be stored with one request per round (from `positions`, or
+    with `slow` by slow tail finding only). Returns each entry's position:
+    increasing in entry order, except that an entry refused at its first
+    position is stored later, at a new one."""
+    todo = list(enumerate(entries))
+    placed = [-1] * len(entries)
+    deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
+    stale = StaleWait(log, what)
+    while todo:
+        if time.monotonic() > deadline:
+            raise ZlogError(f"{what} to {log.name!r}: {len(todo)} of {len(entries)} entries not stored in "
+                            f"{APPEND_DEADLINE_SECONDS:.0f}s")
+        first = positions.take_slow(len(todo)) if slow else positions.take(len(todo))
+        meta = log.meta
+        refused: list[tuple[int, bytes]] = []
+        was_stale = False
+        for pos, item, ret in _write(log, meta, first, todo):
+            outcome = judge(ret, log.name, pos)
+            if outcome is Outcome.STORED:
+                placed[item[0]] = pos
+            else:
+                was_stale = was_stale or outcome is Outcome.STALE
+                refused.append(item)
+        if was_stale:
+            stale(meta.epoch)
+        todo = refused
+    return placed
+
+
+def _write(log: LogState, meta: wire.Meta, first: int,
+           todo: list[tuple[int, bytes]]) -> Iterator[tuple[int, tuple[int, bytes], int]]:
+    """Write todo[k] at first + k at meta's epoch: one class write for a single
+    entry, else one write_many per object and batch, sent concurrently.
+    Yields (position, item, return code) for every entry."""
+    epoch = meta.epoch
+    if len(todo) == 1:
+        oid = oid_of(log.name, meta.views, first)
+        ret, _ = log.data.call_raw(oid, "write", wire.write(epoch, first, todo[0][1]))
+        yield first, todo[0], ret
+        return
+    by_oid: dict[str, list[tuple[int, tuple[int, bytes]]]] = {}
+    for k, item in enumerate(todo):
+        by_oid.setdefault(oid_of(log.name, meta.views, first + k), []).append((first + k, item))
+    calls = [(oid, batch, log.data.call_async(oid, "write_many",
+                                              wire.write_many(epoch, [(p, it[1]) for p, it in batch])))
+             for oid, placed in by_oid.items() for batch in _batches(placed)]
+    for oid, batch, fut in calls:
+        ret = fut.result()[0]
+        if ret in _TAKEN_CODES:
+            # write_many is all or nothing: store what can be stored one by one
+            for pos, item in batch:
+                yield pos, item, log.data.call_raw(oid, "write", wire.write(epoch, pos, item[1]))[0]
+        else:
+            for pos, item in batch:
+                yield pos, item, ret
+
+
+def _batches(items: list[tuple[int, tuple[int, bytes]]]) -> list[list[tuple[int, tuple[int, bytes]]]]:
+    """Split (position, item) pairs into write_many calls within the class's limits."""
+    out: list[list[tuple[int, tuple[int, bytes]]]] = [[]]
+    size = 0
+    for entry in items:
+        data = entry[1][1]
+        if out[-1] and (len(out[-1]) >= wire.MAX_BATCH_ENTRIES or size + len(data) > BATCH_BYTES):
+            out.append([])
+            size = 0
+        out[-1].append(entry)
+        size += len(data)
+    return out

@@ -1,0 +1,81 @@
+"""One log's view of the world: its metadata (epoch, views, config), and
+which object holds a position. The one home for these; everything that
+reads, writes or changes the epoch of a log works from a LogState.
+
+Refresh never goes back: threads sharing a LogState may refresh at once, and
+a slower read of an older epoch must not replace a newer one. The epoch and
+the view history are replaced together, as one snapshot (wire.Meta), so a
+request tagged with one refresh's epoch never uses another's views.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import rados
+
+from . import wire
+from .cluster import open_ioctx
+from .codec import Codec, codec_for
+from .layout import META_NAMESPACE, check_name, oid_of
+from .metadata import MetaStore
+from .objects import ClassIO
+
+
+class LogState:
+    """The metadata of log `name` in `pool` as this client last read it."""
+
+    def __init__(self, cluster: rados.Rados, pool: str, name: str) -> None:
+        self.cluster = cluster
+        self.pool = pool
+        self.name = check_name(name)
+        self.data = ClassIO(open_ioctx(cluster, pool), cluster)
+        self.meta_store = MetaStore(ClassIO(open_ioctx(cluster, pool, META_NAMESPACE), cluster), name)
+        self._meta: wire.Meta | None = None
+        self._meta_lock = threading.Lock()
+        #: one epoch-change repair at a time per client (see tailfind.repair)
+        self.repair_lock = threading.Lock()
+        self.encode: Codec
+        self.decode: Codec
+        self.encode, self.decode = codec_for({})
+
+    def refresh(self) -> wire.Meta:
+        """Read the metadata again; LogNotFound if the log is gone."""
+        fetched = self.meta_store.get()
+        with self._meta_lock:
+            current = self._meta
+            if current is None or fetched.epoch >= current.epoch:
+                if current is None or fetched.config != current.config:
+                    self.encode, self.decode = codec_for(json.loads(fetched.config) if fetched.config else {})
+                self._meta = current = fetched
+            return current
+
+    def refresh_epoch(self) -> int:
+        return self.refresh().epoch
+
+    @property
+    def meta(self) -> wire.Meta:
+        """The newest snapshot read (read now if none was)."""
+        return self._meta if self._meta is not None else self.refresh()
+
+    @property
+    def epoch(self) -> int:
+        return self.meta.epoch
+
+    @property
+    def views(self) -> tuple[wire.View, ...]:
+        return self.meta.views
+
+    @property
+    def config(self) -> dict[str, Any]:
+        raw = self.meta.config
+        return json.loads(raw) if raw else {}
+
+    def oid_of(self, position: int) -> str:
+        return oid_of(self.name, self.views, position)
+
+    def locate(self, position: int) -> tuple[int, str]:
+        """(epoch, object) for `position` from one metadata snapshot."""
+        meta = self.meta
+        return meta.epoch, oid_of(self.name, meta.views, position)
