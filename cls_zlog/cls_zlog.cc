@@ -563,8 +563,11 @@ int zlog_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
 // ------------------------------------------------------------ metadata objects
 //
 // Stored as the object's data: u8 version, u64 epoch, u32 config_len, config,
-// u32 nviews, nviews x (u64 epoch, u64 start, u32 width). meta_get returns
-// exactly these bytes. The config is opaque to the class (the client's JSON).
+// u32 nviews, nviews x (u64 epoch, u64 start, u32 width), and in version 2
+// u64 seqr_epoch, u32 seqr_len, seqr: the sequencer that took the log over at
+// seqr_epoch (its address, opaque to the class). Version 1 (no sequencer) is
+// still written while none is recorded. meta_get returns exactly these bytes.
+// The config is opaque to the class (the client's JSON).
 
 struct View {
   uint64_t epoch;
@@ -576,9 +579,13 @@ struct Meta {
   uint64_t epoch = 0;
   std::string config;
   std::vector<View> views;
+  uint64_t seqr_epoch = 0;
+  std::string seqr;  // empty: no sequencer recorded
 };
 
 constexpr uint8_t kMetaVersion = 1;
+constexpr uint8_t kMetaVersionSeqr = 2;
+constexpr uint32_t kMaxSeqrBytes = 255;
 
 // Loads and validates the metadata; `raw` (optional) receives the stored bytes.
 int load_meta(cls_method_context_t hctx, Meta* m, bufferlist* raw = nullptr) {
@@ -595,7 +602,9 @@ int load_meta(cls_method_context_t hctx, Meta* m, bufferlist* raw = nullptr) {
   uint32_t clen = d.u32();
   const char* c = d.bytes(clen);
   uint32_t nviews = d.u32();
-  if (!d.ok() || ver != kMetaVersion || nviews == 0 || nviews > kMaxViews) return -EIO;
+  if (!d.ok() || (ver != kMetaVersion && ver != kMetaVersionSeqr) || nviews == 0 ||
+      nviews > kMaxViews)
+    return -EIO;
   m->config.assign(c, clen);
   m->views.clear();
   if (raw) *raw = bl;
@@ -606,6 +615,14 @@ int load_meta(cls_method_context_t hctx, Meta* m, bufferlist* raw = nullptr) {
     v.width = d.u32();
     m->views.push_back(v);
   }
+  m->seqr_epoch = 0;
+  m->seqr.clear();
+  if (ver == kMetaVersionSeqr) {
+    m->seqr_epoch = d.u64();
+    uint32_t slen = d.u32();
+    const char* sq = d.bytes(slen);
+    if (d.ok()) m->seqr.assign(sq, slen);
+  }
   if (!d.done()) {
     cls_log(0, "zlog: corrupt metadata object");
     return -EIO;
@@ -615,7 +632,7 @@ int load_meta(cls_method_context_t hctx, Meta* m, bufferlist* raw = nullptr) {
 
 int store_meta(cls_method_context_t hctx, const Meta& m) {
   bufferlist bl;
-  put_u8(bl, kMetaVersion);
+  put_u8(bl, m.seqr.empty() ? kMetaVersion : kMetaVersionSeqr);
   put_u64(bl, m.epoch);
   put_bytes(bl, m.config.data(), static_cast<uint32_t>(m.config.size()));
   put_u32(bl, static_cast<uint32_t>(m.views.size()));
@@ -623,6 +640,10 @@ int store_meta(cls_method_context_t hctx, const Meta& m) {
     put_u64(bl, v.epoch);
     put_u64(bl, v.start);
     put_u32(bl, v.width);
+  }
+  if (!m.seqr.empty()) {
+    put_u64(bl, m.seqr_epoch);
+    put_bytes(bl, m.seqr.data(), static_cast<uint32_t>(m.seqr.size()));
   }
   return cls_cxx_write_full(hctx, &bl);
 }
@@ -650,30 +671,56 @@ int zlog_meta_get(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
   return load_meta(hctx, &m, out);
 }
 
-// meta_new_epoch: u64 expected, u64 new_epoch. Compare-and-swap on the epoch.
+// The optional tail of meta_new_epoch and meta_propose_view: u32 seqr_len,
+// seqr (1..kMaxSeqrBytes): the sequencer taking the log over at the new
+// epoch. Absent, the recorded sequencer stays as it is.
+bool decode_seqr(Decoder& d, bool* present, std::string* seqr) {
+  *present = d.ok() && !d.done();
+  if (!*present) return d.ok();
+  uint32_t slen = d.u32();
+  const char* sq = d.bytes(slen);
+  if (!d.done() || slen == 0 || slen > kMaxSeqrBytes) return false;
+  seqr->assign(sq, slen);
+  return true;
+}
+
+void take_over(Meta* m, bool present, const std::string& seqr, uint64_t epoch) {
+  if (!present) return;
+  m->seqr = seqr;
+  m->seqr_epoch = epoch;
+}
+
+// meta_new_epoch: u64 expected, u64 new_epoch [, u32 seqr_len, seqr].
+// Compare-and-swap on the epoch.
 int zlog_meta_new_epoch(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t expected = d.u64();
   uint64_t next = d.u64();
-  if (!d.done() || next <= expected || next > kMaxEpoch) return -EINVAL;
+  bool has_seqr;
+  std::string seqr;
+  if (!decode_seqr(d, &has_seqr, &seqr) || next <= expected || next > kMaxEpoch) return -EINVAL;
   Meta m;
   int r = load_meta(hctx, &m);
   if (r < 0) return r;
   if (m.epoch != expected) return -ERR_CAS_LOST;
   m.epoch = next;
+  take_over(&m, has_seqr, seqr, next);
   return store_meta(hctx, m);
 }
 
-// meta_propose_view: u64 expected, u64 new_epoch, u64 start, u32 width.
-// Installs a view valid from `start` at `new_epoch` if the epoch is still
-// `expected`; a second proposer at the same epoch loses with ECANCELED.
+// meta_propose_view: u64 expected, u64 new_epoch, u64 start, u32 width
+// [, u32 seqr_len, seqr]. Installs a view valid from `start` at `new_epoch` if
+// the epoch is still `expected`; a second proposer at the same epoch loses
+// with ECANCELED.
 int zlog_meta_propose_view(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   Decoder d(in->c_str(), in->length());
   uint64_t expected = d.u64();
   uint64_t next = d.u64();
   uint64_t start = d.u64();
   uint32_t width = d.u32();
-  if (!d.done() || next <= expected || next > kMaxEpoch || start > kMaxPosition || width == 0 ||
+  bool has_seqr;
+  std::string seqr;
+  if (!decode_seqr(d, &has_seqr, &seqr) || next <= expected || next > kMaxEpoch || start > kMaxPosition || width == 0 ||
       width > kMaxWidth)
     return -EINVAL;
   Meta m;
@@ -684,6 +731,7 @@ int zlog_meta_propose_view(cls_method_context_t hctx, bufferlist* in, bufferlist
   if (m.views.size() >= kMaxViews) return -ENOSPC;
   m.epoch = next;
   m.views.push_back(View{next, start, width});
+  take_over(&m, has_seqr, seqr, next);
   return store_meta(hctx, m);
 }
 

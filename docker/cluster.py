@@ -544,7 +544,8 @@ class Cluster:
         self.wait_osds_up(OSDS, 120)
         self.wait_writable(120)
         for h in st["seqrs"]:
-            self._run_container(h, images.node, ["seqr"], {"SEQR_PORT": str(SEQR_PORT)})
+            self._run_container(h, images.node, ["seqr"], {"SEQR_PORT": str(SEQR_PORT),
+                                                           "SEQR_ADVERTISE": f"{st['hosts'][h]}:{SEQR_PORT}"})
         for addr in self.sequencers:
             host, port = addr.rsplit(":", 1)
             self._wait(lambda host=host, port=int(port): _listening(host, port),  # type: ignore[misc]

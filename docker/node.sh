@@ -4,7 +4,7 @@
 #
 #   zlog-node mon           needs FSID, MON_IP; /etc/ceph holds ceph.mon.keyring
 #   zlog-node osd           needs OSD_ID, OSD_UUID; /etc/ceph holds ceph.osd.ID.keyring
-#   zlog-node seqr          zlog-seqr on 0.0.0.0:5678 (SEQR_PORT)
+#   zlog-node seqr          zlog-seqr on 0.0.0.0:5678 (SEQR_PORT), reached at SEQR_ADVERTISE
 #   zlog-node run CMD...    any command (the fault suite's in-container clients)
 set -euo pipefail
 role=${1:-}
@@ -31,7 +31,9 @@ case "$role" in
     exec ceph-osd -f -i "$OSD_ID"
     ;;
   seqr)
-    exec zlog-seqr --host 0.0.0.0 --port "${SEQR_PORT:-5678}" --conf /etc/ceph/ceph.conf
+    # standing by for pool zlog: takes over the other sequencer's logs if it dies
+    exec zlog-seqr --host 0.0.0.0 --port "${SEQR_PORT:-5678}" --advertise "${SEQR_ADVERTISE:?}" \
+      --pool zlog --conf /etc/ceph/ceph.conf
     ;;
   run)
     exec "$@"

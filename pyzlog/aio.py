@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from . import wire
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge
 from .errors import NotWritten, ZlogError, from_errno
-from .fastappend import NativeAppends
+from .fastappend import HANDED_BACK, NativeAppends
 from .positions import Positions
 from .stale import StaleWait
 from .state import LogState
@@ -58,7 +58,7 @@ class AsyncOps:
         self._thread: threading.Thread | None = None
         self._native: NativeAppends | None = None
         self._native_lock = threading.Lock()
-        self._try_native = True
+        self._native_generation = -1  # positions.generation the C++ path was opened for
 
     def _begin(self) -> None:
         with self._lock:
@@ -78,8 +78,9 @@ class AsyncOps:
         self._begin()
         fut: Future[int] = Future()
         item = (stored, fut, time.monotonic())
-        native = self._open_native() if self._try_native else self._native
-        if native is not None and self.positions.sequencer_usable(item[2]):
+        usable = self.positions.sequencer_usable(item[2])  # follows a change of sequencer
+        native = self._native if self._native_generation == self.positions.generation else self._open_native()
+        if native is not None and usable:
             try:
                 native.append(self.log.meta, stored, item)
             except RuntimeError:  # closed under us by a concurrent close()
@@ -89,11 +90,17 @@ class AsyncOps:
         return fut
 
     def _open_native(self) -> NativeAppends | None:
+        """The C++ path for the sequencer asked now; one for an earlier
+        sequencer is closed in the background (what it holds completes)."""
         with self._native_lock:
-            if self._try_native:
+            generation = self.positions.generation
+            if self._native_generation != generation:
+                old = self._native
                 self._native = NativeAppends.open(self.log, self.positions.sequencer, self._native_done,
                                                   self.coalesce)
-                self._try_native = False
+                self._native_generation = generation
+                if old is not None:
+                    threading.Thread(target=old.close, name="pyzlog-append-close", daemon=True).start()
         return self._native
 
     def _requeue(self, item: tuple[bytes, Future[int], float]) -> None:
@@ -139,8 +146,7 @@ class AsyncOps:
                                      functools.partial(self._written, stored, fut, pos, t0))
 
     def _native_done(self, item: tuple[bytes, Future[int], float], pos: int, code: int) -> None:
-        assert self._native is not None
-        if code == self._native.HANDED_BACK:
+        if code == HANDED_BACK:
             self._requeue(item)
         else:
             self._written(item[0], item[1], pos, item[2], code, b"")

@@ -130,8 +130,9 @@ def view_dict(v: Any) -> dict[str, int]:
 @click.option("--pool", envvar="ZLOG_POOL", default="zlog", show_default=True,
               help="RADOS pool of the logs [env: ZLOG_POOL]")
 @click.option("--seqr", envvar="ZLOG_SEQR", default=None, metavar="HOST:PORT",
-              help="sequencer address [env: ZLOG_SEQR]; without one, appends find the tail "
-                   "the slow way (seal + max position)")
+              help="sequencer address for logs whose metadata names none [env: ZLOG_SEQR]; "
+                   "without one, such logs get a daemon from the pool's registry, or appends "
+                   "find the tail the slow way (seal + max position)")
 @click.option("--keyring", default=None, metavar="FILE", help="cephx keyring")
 @click.option("--client", default="client.admin", show_default=True, help="cephx client name")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
@@ -419,6 +420,23 @@ def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, 
 
     b.bench_read(env, duration=duration, rounds=rounds, entries=entries, size=size, depth=depth, width=width,
                  out=_bench_out("read", out))
+
+
+@bench.command(name="failover", context_settings=CONTEXT)
+@click.option("--kills", type=click.IntRange(0, 1000), default=20, show_default=True,
+              help="rounds that kill -9 the active sequencer")
+@click.option("--pauses", type=click.IntRange(0, 1000), default=10, show_default=True,
+              help="rounds that SIGSTOP it past its lease")
+@click.option("--lease", type=click.FloatRange(0.2, 60), default=2.0, show_default=True,
+              help="the standby daemons' lease, seconds")
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-failover.json]")
+@pass_env
+def bench_failover(env: Env, kills: int, pauses: int, lease: float, out: str | None) -> None:
+    """Sequencer failover: appends' gap after the active sequencer dies or stalls."""
+    from .cluster import resolve_conf
+    from .failover_bench import bench_failover as run
+
+    run(env.cluster, resolve_conf(env.conf), env.pool, kills, pauses, lease, _bench_out("failover", out))
 
 
 # --------------------------------------------------------------------- main

@@ -14,19 +14,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conf", default=None, help="ceph.conf (default: $CEPH_CONF)")
     ap.add_argument("--pool", default="zlog")
     ap.add_argument("--entries", type=int, default=2000)
-    ap.add_argument("--seqr", default=None, help="sequencer HOST:PORT (default: none, slow tail finding)")
+    ap.add_argument("--seqr", default=None,
+                    help="sequencer HOST:PORT (default: the one the pool's daemons choose for the log)")
     args = ap.parse_args(argv)
     try:
         cluster = connect(args.conf)
         name = f"demo-{uuid.uuid4().hex[:8]}"
         log = Log.create(cluster, args.pool, name, width=4, sequencer=args.seqr)
-        print(f"created log {name!r} in pool {args.pool!r}: width 4, epoch {log.epoch}, "
-              f"sequencer {args.seqr or 'none (slow tail finding)'}")
+        print(f"created log {name!r} in pool {args.pool!r}: width 4, epoch {log.epoch}")
         first_epoch = log.epoch
         pos = log.append(b"hello, shared log")
         print(f"appended an entry at position {pos}; read back: {log.read(pos)!r}")
-        if log.epoch != first_epoch:
-            print(f"  (epoch {first_epoch} -> {log.epoch}: the sequencer sealed a new epoch when it took the log)")
+        seqr = log.refresh().sequencer
+        if seqr:
+            print(f"  (epoch {first_epoch} -> {log.epoch}: sequencer {seqr} sealed a new epoch when it took "
+                  "the log, and recorded itself in the log's metadata, where every client finds it)")
+        else:
+            print("  (no sequencer serves the pool: positions come from slow tail finding)")
         t0 = time.perf_counter()
         futures = [log.append_async(b"entry %d" % i) for i in range(args.entries)]
         positions = [f.result() for f in futures]

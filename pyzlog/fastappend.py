@@ -39,6 +39,8 @@ logger = logging.getLogger("pyzlog")
 
 #: done(item, position, code): code 0 stored, -errno refused, or HANDED_BACK
 Done = Callable[[Any, int, int], None]
+#: the code of an entry handed back unsent (appender.h; checked when an Appender opens)
+HANDED_BACK = 1
 
 
 def enabled() -> bool:
@@ -54,7 +56,8 @@ class NativeAppends:
         client, conf_file, options = connection_settings(log.cluster)
         self._appender = _appender.Appender(client, conf_file, options, log.pool, log.name,
                                             seqr.host, seqr.port, seqr.timeout, coalesce)
-        self.HANDED_BACK: int = _appender.HANDED_BACK
+        if _appender.HANDED_BACK != HANDED_BACK:
+            raise RuntimeError(f"pyzlog._appender hands back with code {_appender.HANDED_BACK}, not {HANDED_BACK}")
         self._log_name = log.name
         self._meta: Meta | None = None
         self._tickets = itertools.count()  # next() is atomic: appends may come from many threads

@@ -206,8 +206,7 @@ class Log:
 
     def close(self) -> None:
         self._async.close()
-        if self.sequencer is not None:
-            self.sequencer.close()
+        self.positions.close()
 
     def __enter__(self) -> Self:
         return self

@@ -34,13 +34,16 @@ class MetaStore:
             raise from_errno(ret, f"read metadata of log {self.name!r}")
         return wire.parse_meta(out)
 
-    def new_epoch(self, expected: int, new_epoch: int) -> None:
-        """EpochChanged if the stored epoch is no longer `expected`."""
-        self.io.call(self.name, "meta_new_epoch", wire.meta_new_epoch(expected, new_epoch))
+    def new_epoch(self, expected: int, new_epoch: int, sequencer: str | None = None) -> None:
+        """EpochChanged if the stored epoch is no longer `expected`. With
+        `sequencer`, record it as the log's sequencer from `new_epoch` on;
+        without, the recorded sequencer stays."""
+        self.io.call(self.name, "meta_new_epoch", wire.meta_new_epoch(expected, new_epoch, sequencer))
 
-    def propose_view(self, expected: int, new_epoch: int, start: int, width: int) -> None:
+    def propose_view(self, expected: int, new_epoch: int, start: int, width: int,
+                     sequencer: str | None = None) -> None:
         self.io.call(self.name, "meta_propose_view",
-                     wire.meta_propose_view(expected, new_epoch, start, width))
+                     wire.meta_propose_view(expected, new_epoch, start, width, sequencer))
 
     @staticmethod
     def list_names(meta_ioctx: rados.Ioctx) -> list[str]:

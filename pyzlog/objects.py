@@ -39,6 +39,7 @@ class ClassIO:
 
     def call_raw(self, oid: str, method: str, payload: bytes = b"", out_len: int = 256) -> tuple[int, bytes]:
         """(0 or -errno, output) without raising for class errors."""
+        _gate.enter()
         try:
             _, out = self.ioctx.execute(oid, wire.CLASS, method, payload, out_len)
             return 0, bytes(out)
@@ -51,6 +52,8 @@ class ClassIO:
             if abs(code) == errno.ETIMEDOUT:
                 raise ClusterUnavailable(f"{method} on {oid}: the cluster did not answer in time") from None
             return -abs(code), b""
+        finally:
+            _gate.leave()
 
     def call_async(self, oid: str, method: str, payload: bytes = b"",
                    out_len: int = 256) -> Future[tuple[int, bytes]]:
@@ -70,6 +73,11 @@ class ClassIO:
             finally:
                 self._done_one()  # after on_done: drain() covers running callbacks too
 
+        try:
+            _gate.enter()
+        except ClusterUnavailable:
+            on_done(-errno.ESHUTDOWN, b"")  # the process is exiting: no new calls
+            return
         with self._count_lock:
             if not self._in_flight:
                 _busy.add(self)
@@ -80,6 +88,8 @@ class ClassIO:
         except rados.Error as e:
             self._done_one()
             on_done(-abs(getattr(e, "errno", None) or errno.EIO), b"")
+        finally:
+            _gate.leave()
 
     def _done_one(self) -> None:
         with self._count_lock:
@@ -95,6 +105,36 @@ class ClassIO:
         return self._quiet.wait(timeout)
 
 
+class _Gate:
+    """Admits calls into librados until the interpreter exits; then waits for
+    the calls under way to return before librados is shut down. A call made
+    after shutdown, from a thread still running (a follow stream, an
+    appender), would otherwise abort the process inside librados."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._calls = 0
+        self._closed = False
+
+    def enter(self) -> None:
+        with self._cond:
+            if self._closed:
+                raise ClusterUnavailable("the process is exiting: no new RADOS calls")
+            self._calls += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._calls -= 1
+            if not self._calls:
+                self._cond.notify_all()
+
+    def close(self, timeout: float) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: not self._calls, timeout)
+
+
+_gate = _Gate()
 _live: weakref.WeakSet[ClassIO] = weakref.WeakSet()
 #: Every ClassIO with aio in flight, held strongly. python-rados keeps a
 #: pending op as a cycle (Ioctx -> its completion lists -> Completion -> Ioctx);
@@ -109,6 +149,7 @@ def _drain_all() -> None:
     """Before the interpreter finalizes: let aio finish, then stop librados so
     none of its threads calls back into a Python that is going away (that
     aborts the process, e.g. after a stream was abandoned mid-read-ahead)."""
+    _gate.close(30.0)  # calls still starting from other threads now fail instead
     ios = list(_live)
     for io in ios:
         io.drain(10.0)

@@ -1,12 +1,16 @@
 """Where new positions come from: the sequencer while it answers, slow tail
 finding (the position after the highest one stored) while it does not.
 
-The one home for the sequencer's health as a client sees it: a sequencer
-that cannot be reached is asked again no sooner than
-SEQUENCER_RECHECK_SECONDS later, and in between every position comes from
-the objects themselves. Positions from slow tail finding may already be
-taken by the time they are written; the class refuses such a write and the
-append takes another (appending.py).
+The one home for which sequencer a client asks and for its health as the
+client sees it. The sequencer is the one the log's metadata names (the
+daemon that took the log over last); a client follows a change as soon as
+its metadata shows one. For a log whose metadata names none, it is the
+address the application gave, or else a live daemon from the pool's
+registry (registry.py). A sequencer that cannot be reached is asked again
+no sooner than SEQUENCER_RECHECK_SECONDS later, and in between every
+position comes from the objects themselves. Positions from slow tail
+finding may already be taken by the time they are written; the class
+refuses such a write and the append takes another (appending.py).
 """
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ import random
 import threading
 import time
 
-from .errors import InvalidRequest, SequencerUnavailable, StaleEpoch
+from .errors import InvalidRequest, SequencerUnavailable, StaleEpoch, ZlogError
 from .layout import view_objects
+from .registry import preference, read_records, recent, registry_ioctx
 from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
 from .stale import StaleWait
 from .state import LogState
@@ -29,6 +34,8 @@ logger = logging.getLogger("pyzlog")
 SEQUENCER_RETRY_SECONDS = 10.0
 #: after the sequencer failed, go back to it no sooner than this
 SEQUENCER_RECHECK_SECONDS = 1.0
+#: look in the pool's registry for a sequencer no more often than this
+DISCOVER_EVERY_SECONDS = 2.0
 
 
 def max_position(log: LogState) -> int | None:
@@ -50,21 +57,72 @@ def next_position_hint(log: LogState) -> int:
 
 
 class Positions:
-    """New positions for one log, from `sequencer` (None: slow tail finding only)."""
+    """New positions for one log. `sequencer` is asked while the metadata
+    names no sequencer; with `discover`, a daemon from the pool's registry
+    is asked when neither names one. Without either: slow tail finding."""
 
-    def __init__(self, log: LogState, sequencer: SequencerClient | None) -> None:
+    def __init__(self, log: LogState, sequencer: SequencerClient | None, discover: bool = True) -> None:
         self.log = log
         self.sequencer = sequencer
+        self.timeout = sequencer.timeout if sequencer is not None else None
+        self._discover = discover
+        self._discover_at = 0.0  # no registry read before this (monotonic)
+        self._switch_lock = threading.Lock()
+        #: grows whenever the sequencer asked changes (the C++ append path reconnects)
+        self.generation = 0
         self._down = False  # the last request found the sequencer unreachable
         self._recheck_at = 0.0  # no request to the sequencer before this (monotonic)
         self._slow_lock = threading.Lock()
         self._slow_next = 0  # next position slow tail finding hands out
 
     def sequencer_usable(self, now: float | None = None) -> bool:
-        """Is the sequencer worth asking now (configured, and not found down
-        or unable to serve within the last SEQUENCER_RECHECK_SECONDS)?"""
+        """Is the sequencer worth asking now (known, and not found down or
+        unable to serve within the last SEQUENCER_RECHECK_SECONDS)?"""
+        self.follow()
         return (self.sequencer is not None and not self._down
                 and (time.monotonic() if now is None else now) >= self._recheck_at)
+
+    def follow(self) -> bool:
+        """Ask the sequencer the metadata names (or, if none, one from the
+        registry). True if that changed which sequencer is asked."""
+        named = self.log.meta.sequencer
+        current = self.sequencer.address if self.sequencer is not None else None
+        if named:
+            return named != current and self._switch(named)
+        if current is None and self._discover and time.monotonic() >= self._discover_at:
+            self._discover_at = time.monotonic() + DISCOVER_EVERY_SECONDS
+            picked = self._from_registry()
+            return picked is not None and self._switch(picked)
+        return False
+
+    def _from_registry(self) -> str | None:
+        try:
+            records = recent(read_records(registry_ioctx(self.log.cluster, self.log.pool)))
+        except ZlogError as e:
+            logger.debug("no sequencer registry for pool %r: %s", self.log.pool, e)
+            return None
+        order = preference(f"{self.log.pool}/{self.log.name}", [r.address for r in records])
+        return order[0] if order else None
+
+    def _switch(self, address: str) -> bool:
+        with self._switch_lock:
+            old = self.sequencer
+            if old is not None and old.address == address:
+                return False
+            kwargs = {} if self.timeout is None else {"timeout": self.timeout}
+            self.sequencer = SequencerClient(address, **kwargs)
+            self._down = False
+            self._recheck_at = 0.0
+            self.generation += 1
+        logger.info("log %r: asking sequencer %s%s", self.log.name, address,
+                    f" (was {old.address})" if old is not None else "")
+        if old is not None:
+            old.close()
+        return True
+
+    def close(self) -> None:
+        if self.sequencer is not None:
+            self.sequencer.close()
 
     def take(self, count: int) -> int:
         """First of `count` fresh positions: from the sequencer, or without one
@@ -84,11 +142,12 @@ class Positions:
     def tail(self) -> int:
         """The next position an append would get (the sequencer's counter, or
         without a sequencer the position after the highest one stored)."""
-        if self.sequencer is not None and time.monotonic() >= self._recheck_at:
+        self.follow()
+        seqr = self.sequencer
+        if seqr is not None and time.monotonic() >= self._recheck_at:
             try:
                 for _ in range(1000):
-                    status, _seqr_epoch, pos, _ = self.sequencer.tail(self.log.pool, self.log.name,
-                                                                      self.log.epoch)
+                    status, _seqr_epoch, pos, _ = seqr.tail(self.log.pool, self.log.name, self.log.epoch)
                     if status == OK:
                         return int(pos)
                     if status == STALE_EPOCH:
@@ -103,17 +162,21 @@ class Positions:
 
     def _from_sequencer(self, count: int) -> int | None:
         """First of `count` new positions, or None to use slow tail finding."""
-        seqr = self.sequencer
-        if seqr is None or time.monotonic() < self._recheck_at:
+        self.follow()
+        if self.sequencer is None or time.monotonic() < self._recheck_at:
             return None
         log = self.log
         retry_until = time.monotonic() + SEQUENCER_RETRY_SECONDS
         delay = 0.001
         behind = 0  # answers in a row showing the sequencer at an epoch the metadata never had
         while True:
+            seqr = self.sequencer
+            assert seqr is not None
             try:
                 status, seqr_epoch, pos, _ = seqr.next(log.pool, log.name, log.epoch, count)
             except SequencerUnavailable as e:
+                if self._moved_on():
+                    continue  # another daemon took the log over: ask it
                 if not self._down:
                     logger.warning("%s; appending to %r by slow tail finding until it is back", e, log.name)
                 self._down = True
@@ -145,6 +208,8 @@ class Positions:
                 time.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 0.05)
                 continue
+            if status == RECOVERY_FAILED and self._moved_on():
+                continue  # this daemon does not serve the log (any more): ask the one that does
             if status in (RETRY, RECOVERY_FAILED, STALE_EPOCH):
                 logger.warning("sequencer %s cannot serve %r (%s); using slow tail finding",
                                seqr.address, log.name,
@@ -153,3 +218,8 @@ class Positions:
                 self._recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
                 return None
             raise InvalidRequest(f"sequencer {seqr.address} refused the request (status {status})")
+
+    def _moved_on(self) -> bool:
+        """After a failed request: does fresh metadata name another sequencer?"""
+        self.log.refresh()
+        return self.follow()

@@ -5,7 +5,13 @@ meets a log it does not serve yet, or a client shows an epoch newer than its
 own (a reconfiguration or another sequencer), it queues a recovery request;
 the threads here take a new epoch from the log's metadata object, seal every
 data object of the newest view, run slow tail finding and install the counter
-at max + 1. Until then that log's clients get RETRY; other logs are served.
+at max + 1, recording this daemon (its advertised address) as the log's
+sequencer. Until then that log's clients get RETRY; other logs are served.
+
+A log whose metadata names another sequencer that is alive is not taken:
+its clients get RECOVERY_FAILED and follow the metadata to the owner. With
+--pool, the daemon also stands by for the pool's logs (failover.py): it takes
+over the logs of a daemon that died, and steps down from logs taken from it.
 """
 from __future__ import annotations
 
@@ -20,7 +26,10 @@ import rados
 
 from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import connect
-from .errors import ZlogError
+from .errors import InvalidRequest, ZlogError
+from .failover import Watch
+from .registry import DEFAULT_LEASE_SECONDS, refuses_connections
+from .sequencer import parse_address
 from .state import LogState
 from .tailfind import find_tail
 
@@ -29,9 +38,14 @@ log = logging.getLogger("zlog-seqr")
 
 class SequencerDaemon:
     def __init__(self, cluster: rados.Rados, host: str = "127.0.0.1", port: int = 5678,
-                 recovery_threads: int = 4) -> None:
+                 recovery_threads: int = 4, advertise: str | None = None, pools: tuple[str, ...] = (),
+                 lease: float = DEFAULT_LEASE_SECONDS) -> None:
         self.cluster = cluster
         self.server = _seqr.Server(host, port)
+        self._advertise = advertise
+        self._standby_pools = pools
+        self._lease = lease
+        self.watch: Watch | None = None
         self._pool = ThreadPoolExecutor(recovery_threads, thread_name_prefix="recovery")
         self._running: set[tuple[str, str]] = set()
         # asked for again while running: the running recovery may install an
@@ -45,22 +59,41 @@ class SequencerDaemon:
     def port(self) -> int:
         return int(self.server.port)
 
+    @property
+    def address(self) -> str:
+        """The address recorded as a log's sequencer: where clients reach this daemon."""
+        return self._advertise or f"{self.server.host}:{self.port}"
+
     def start(self) -> None:
         self.server.start()
+        if self._standby_pools:
+            try:
+                self.watch = Watch(self.cluster, self.server, self.address, list(self._standby_pools),
+                                   self._lease, self.request_recovery)
+                self.watch.start()
+            except (ZlogError, rados.Error):
+                self.server.stop()
+                raise
         self._thread = threading.Thread(target=self._serve_recoveries, name="recovery-queue", daemon=True)
         self._thread.start()
-        log.info("serving on %s:%d", self.server.host, self.port)
+        log.info("serving on %s:%d as %s%s", self.server.host, self.port, self.address,
+                 f", standing by for pools {', '.join(self._standby_pools)} (lease {self._lease:g}s)"
+                 if self._standby_pools else "")
 
     def _serve_recoveries(self) -> None:
         while not self._stop.is_set() and self.server.running:
             for pool, name, client_epoch in self.server.wait_recovery(0.5):
-                key = (pool, name)
-                with self._lock:
-                    if key in self._running:
-                        self._again[key] = max(client_epoch, self._again.get(key, 0))
-                        continue
-                    self._running.add(key)
-                self._submit(pool, name, client_epoch)
+                self.request_recovery(pool, name, client_epoch)
+
+    def request_recovery(self, pool: str, name: str, client_epoch: int) -> None:
+        """Recover (or take over) a log, once at a time per log."""
+        key = (pool, name)
+        with self._lock:
+            if key in self._running:
+                self._again[key] = max(client_epoch, self._again.get(key, 0))
+                return
+            self._running.add(key)
+        self._submit(pool, name, client_epoch)
 
     def _submit(self, pool: str, name: str, client_epoch: int) -> None:
         try:
@@ -72,8 +105,12 @@ class SequencerDaemon:
     def _recover(self, pool: str, name: str, client_epoch: int) -> None:
         try:
             state = LogState(self.cluster, pool, name)
-            state.refresh()  # LogNotFound if missing
-            epoch, nxt = find_tail(state)
+            owner = state.refresh().sequencer  # LogNotFound if missing
+            if owner and owner != self.address and self._owner_alive(pool, owner):
+                log.info("log %s/%s: served by %s, which is alive; not taking it", pool, name, owner)
+                self.server.fail(pool, name, f"served by {owner}")
+                return
+            epoch, nxt = find_tail(state, sequencer=self.address)
             self.server.install(pool, name, epoch, nxt)
             log.info("log %s/%s: sealed epoch %d, serving from position %d (client was at epoch %d)",
                      pool, name, epoch, nxt, client_epoch)
@@ -94,8 +131,15 @@ class SequencerDaemon:
                 with self._lock:
                     self._running.discard((pool, name))
 
+    def _owner_alive(self, pool: str, owner: str) -> bool:
+        if self.watch is not None:
+            return self.watch.owner_alive(pool, owner)
+        return not refuses_connections(owner)
+
     def stop(self) -> None:
         self._stop.set()
+        if self.watch is not None:
+            self.watch.stop()
         self.server.stop()
         if self._thread:
             self._thread.join(5)
@@ -112,8 +156,24 @@ class SequencerDaemon:
 @click.option("--client", default="client.admin", show_default=True)
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def main(host: str, port: int, conf: str | None, keyring: str | None, client: str, log_level: str) -> None:
+@click.option("--advertise", default=None, metavar="HOST:PORT",
+              help="the address clients reach this daemon at, recorded in the logs it serves "
+                   "[default: --host:--port; required when --host is a wildcard]")
+@click.option("--pool", "pools", multiple=True, metavar="POOL",
+              help="stand by for this pool's logs: take over those of a daemon that dies (repeatable)")
+@click.option("--lease", default=DEFAULT_LEASE_SECONDS, show_default=True, type=click.FloatRange(0.2, 600),
+              help="seconds without a beat after which a daemon counts as dead")
+def main(host: str, port: int, conf: str | None, keyring: str | None, client: str, log_level: str,
+         advertise: str | None, pools: tuple[str, ...], lease: float) -> None:
     """Run the zlog sequencer: hands out log positions from memory."""
+    if advertise is None and host in ("0.0.0.0", "::", ""):
+        raise click.UsageError(f"--host {host!r} listens everywhere: say with --advertise HOST:PORT "
+                               "where clients reach this daemon")
+    if advertise is not None:
+        try:
+            parse_address(advertise)
+        except InvalidRequest as e:
+            raise click.BadParameter(str(e), param_hint="--advertise") from None
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     _seqr.set_log_level("debug" if log_level == "debug" else "warning")
@@ -121,12 +181,15 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
         cluster = connect(conf, keyring=keyring, client=client)
     except ZlogError as e:
         raise click.ClickException(str(e)) from None
-    daemon = SequencerDaemon(cluster, host, port)
+    daemon = SequencerDaemon(cluster, host, port, advertise=advertise, pools=pools, lease=lease)
     try:
         daemon.start()
     except OSError as e:
         cluster.shutdown()
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
+    except (ZlogError, rados.Error) as e:
+        cluster.shutdown()
+        raise click.ClickException(f"cannot stand by for pools {', '.join(pools)}: {e}") from None
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -71,7 +71,7 @@ def close_objects(data: ClassIO, oids: list[str], epoch: int, end: int) -> None:
 
 
 def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int = 50,
-                   above: int = 0) -> tuple[int, int]:
+                   above: int = 0, sequencer: str | None = None) -> tuple[int, int]:
     """The one way a log moves to a new epoch, above `above` and any epoch seen.
 
     Seal every object of the newest view, then stat them all. If one records
@@ -80,7 +80,8 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
     there). Otherwise the next position is the one after everything stored or
     trimmed; with `width` (a reconfiguration) close every object there and
     install a view of `width` objects from it, else install the epoch for the
-    same view (slow tail finding). Installing is a compare-and-swap on the
+    same view (slow tail finding). With `sequencer`, the install records it
+    as the log's sequencer. Installing is a compare-and-swap on the
     metadata; races (a seal refused, the CAS lost) retry with jittered
     back-off, and `failure` is the error after `attempts`.
 
@@ -102,15 +103,15 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
             if ends:
                 nxt = max(ends)  # only one proposer can close at one epoch: one end
                 close_objects(log.data, oids, epoch, nxt)
-                log.meta_store.propose_view(meta.epoch, epoch, nxt, width or view.width)
+                log.meta_store.propose_view(meta.epoch, epoch, nxt, width or view.width, sequencer)
             else:
                 tops = [st.max_position for st in stats if st.max_position is not None]
                 nxt = max(view.start, max(tops) + 1) if tops else view.start
                 if width is None:
-                    log.meta_store.new_epoch(meta.epoch, epoch)
+                    log.meta_store.new_epoch(meta.epoch, epoch, sequencer)
                 else:
                     close_objects(log.data, oids, epoch, nxt)
-                    log.meta_store.propose_view(meta.epoch, epoch, nxt, width)
+                    log.meta_store.propose_view(meta.epoch, epoch, nxt, width, sequencer)
         except (StaleEpoch, EpochChanged):
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, 0.5)
@@ -120,13 +121,15 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
     raise ZlogError(failure)
 
 
-def find_tail(log: LogState, attempts: int = 50, above: int = 0) -> tuple[int, int]:
+def find_tail(log: LogState, attempts: int = 50, above: int = 0,
+              sequencer: str | None = None) -> tuple[int, int]:
     """Install a new epoch on `log` (above `above`) and find its tail: slow
-    tail finding. Returns (epoch, next_position)."""
+    tail finding. With `sequencer`, record it as the log's sequencer (a
+    sequencer taking the log over). Returns (epoch, next_position)."""
     return seal_new_epoch(
         log, None,
         f"log {log.name!r}: could not seal a new epoch after {attempts} attempts "
-        "(another sequencer or reconfiguration keeps racing)", attempts, above)
+        "(another sequencer or reconfiguration keeps racing)", attempts, above, sequencer)
 
 
 def repair(log: LogState, stale_epoch: int) -> None:

@@ -136,12 +136,25 @@ def meta_create(width: int, config: bytes) -> bytes:
     return struct.pack("<II", width, len(config)) + config
 
 
-def meta_new_epoch(expected: int, new_epoch: int) -> bytes:
-    return _QQ.pack(expected, new_epoch)
+#: longest sequencer address the metadata records
+MAX_SEQUENCER_BYTES = 255
 
 
-def meta_propose_view(expected: int, new_epoch: int, start: int, width: int) -> bytes:
-    return struct.pack("<QQQI", expected, new_epoch, start, width)
+def _sequencer_tail(sequencer: str | None) -> bytes:
+    """The optional tail of a metadata CAS: the sequencer taking the log over."""
+    if sequencer is None:
+        return b""
+    raw = sequencer.encode()
+    return struct.pack("<I", len(raw)) + raw
+
+
+def meta_new_epoch(expected: int, new_epoch: int, sequencer: str | None = None) -> bytes:
+    return _QQ.pack(expected, new_epoch) + _sequencer_tail(sequencer)
+
+
+def meta_propose_view(expected: int, new_epoch: int, start: int, width: int,
+                      sequencer: str | None = None) -> bytes:
+    return struct.pack("<QQQI", expected, new_epoch, start, width) + _sequencer_tail(sequencer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +171,10 @@ class Meta:
     epoch: int
     config: bytes
     views: tuple[View, ...]
+    #: the sequencer that took the log over (its address; "" if none did),
+    #: and the epoch at which it did
+    sequencer: str = ""
+    sequencer_epoch: int = 0
 
 
 def parse_meta(buf: bytes) -> Meta:
@@ -172,6 +189,12 @@ def parse_meta(buf: bytes) -> Meta:
         e, s, w = struct.unpack_from("<QQI", buf, off)
         views.append(View(e, s, w))
         off += 20
-    if ver != 1 or off != len(buf) or not views:
+    sequencer, sequencer_epoch = "", 0
+    if ver == 2:
+        sequencer_epoch, slen = struct.unpack_from("<QI", buf, off)
+        off += 12
+        sequencer = bytes(buf[off:off + slen]).decode(errors="replace")
+        off += slen
+    if ver not in (1, 2) or off != len(buf) or not views:
         raise ValueError("malformed log metadata")
-    return Meta(epoch, config, tuple(views))
+    return Meta(epoch, config, tuple(views), sequencer, sequencer_epoch)

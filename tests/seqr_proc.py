@@ -24,8 +24,10 @@ def free_port() -> int:
 
 
 class SeqrProcess:
-    def __init__(self, conf: str, port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(self, conf: str, port: int | None = None, log_path: Path | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.conf = conf
+        self.args = args  # more zlog-seqr options, e.g. ("--pool", "zlog", "--lease", "1")
         self.port = port or free_port()
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -38,7 +40,7 @@ class SeqrProcess:
     def start(self) -> "SeqrProcess":
         exe = shutil.which("zlog-seqr", path=str(Path(sys.executable).parent)) or "zlog-seqr"
         self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # type: ignore[assignment]
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--conf", self.conf],
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--conf", self.conf, *self.args],
                                      stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL,
                                      preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 20
@@ -64,3 +66,11 @@ class SeqrProcess:
 
     def stop(self) -> int | None:
         return self.kill(signal.SIGTERM)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)

@@ -359,7 +359,6 @@ def test_abandoned_stream_exits_cleanly(ceph, log_name, tmp_path: Path) -> None:
     script = tmp_path / "abandon.py"
     script.write_text(f"""
 import pyzlog
-import pyzlog.positions
 c = pyzlog.connect({ceph.conf!r})
 log = pyzlog.Log.create(c, {ceph.pool!r}, {log_name!r}, width=8)
 log.append_many([b"x" * 100] * 5000)
@@ -381,7 +380,6 @@ def test_dropped_follow_streams_survive_gc(ceph, log_name, tmp_path: Path) -> No
     script.write_text(f"""
 import gc, threading
 import pyzlog
-import pyzlog.positions
 from pyzlog import Log
 r = pyzlog.connect({ceph.conf!r})
 w = Log.create(r, {ceph.pool!r}, {log_name!r}, width=4)
@@ -402,3 +400,38 @@ print("survived")
 """)
     out = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "survived", (out.returncode, out.stderr[-2000:])
+
+
+@pytest.mark.parametrize("pause", [0.1, 0.3, 0.6])
+def test_exit_is_clean_whatever_threads_wait_on(ceph, log_name, seqr, tmp_path: Path, pause: float) -> None:  # type: ignore[no-untyped-def]
+    """The program ends while daemon threads follow a stream, read and append
+    without pause (issue 15: a stream thread crashed the exit with SIGSEGV;
+    librados aborted on a call made after it was shut down). Exit status 0;
+    the threads get a typed error, never a crash."""
+    import subprocess
+    import sys
+    Log.create(ceph_cluster := pyzlog.connect(ceph.conf), ceph.pool, log_name, sequencer=seqr.address).append(b"x")
+    ceph_cluster.shutdown()
+    script = tmp_path / "busy_exit.py"
+    script.write_text(f"""
+import threading, time
+import pyzlog
+lg = pyzlog.Log.open(pyzlog.connect({ceph.conf!r}), {ceph.pool!r}, {log_name!r})
+def follow():
+    for _ in lg.stream(0, follow=True, hole_wait=30):
+        pass
+def reads():
+    while True:
+        lg.read_async(0).result()
+def appends():
+    while True:
+        lg.append_async(b"z")
+for target in (follow, reads, appends, follow):
+    threading.Thread(target=target, daemon=True).start()
+time.sleep({pause})
+print("exiting", flush=True)
+""")
+    out = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert out.stdout.strip() == "exiting"
+    assert "ceph_assert" not in out.stderr and "Fatal Python error" not in out.stderr

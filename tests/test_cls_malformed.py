@@ -183,6 +183,11 @@ def _overclaims() -> Iterator[tuple[str, str, bytes]]:
     yield "meta_propose_view", "next=expected", wire.meta_propose_view(1, 1, 10, 4)
     yield "meta_propose_view", "width=0", wire.meta_propose_view(1, 2, 10, 0)
     yield "meta_propose_view", "width=1025", wire.meta_propose_view(1, 2, 10, wire.MAX_WIDTH + 1)
+    yield "meta_new_epoch", "seqr_len+1", wire.meta_new_epoch(1, 2) + struct.pack("<I", 5) + b"a:1"
+    yield "meta_new_epoch", "seqr_len=0", wire.meta_new_epoch(1, 2) + struct.pack("<I", 0)
+    yield "meta_new_epoch", "seqr 256", wire.meta_new_epoch(1, 2, "s" * 256)
+    yield "meta_new_epoch", "seqr then junk", wire.meta_new_epoch(1, 2, "a:1") + b"\0"
+    yield "meta_propose_view", "seqr_len short", wire.meta_propose_view(1, 2, 10, 4) + b"\1\0"
 
 
 def malformed_cases() -> Iterator[tuple[str, str, bytes]]:

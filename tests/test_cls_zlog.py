@@ -371,6 +371,29 @@ def test_meta_propose_view(data_io, oid) -> None:  # type: ignore[no-untyped-def
     assert got.epoch == 2 and got.views == (wire.View(1, 0, 2), wire.View(2, 100, 8))
 
 
+def test_meta_records_the_sequencer_taking_over(data_io, oid) -> None:  # type: ignore[no-untyped-def]
+    m = Obj(data_io, oid)
+    m.call("meta_create", wire.meta_create(2, b"{}"))
+    assert wire.parse_meta(m.call("meta_get")[1]).sequencer == ""
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(1, 2, "10.0.0.1:5678"))[0] == OK
+    got = wire.parse_meta(m.call("meta_get")[1])
+    assert (got.epoch, got.sequencer, got.sequencer_epoch) == (2, "10.0.0.1:5678", 2)
+    # an epoch change without a sequencer (slow tail finding, a repair) keeps it
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(2, 3))[0] == OK
+    assert m.call("meta_propose_view", wire.meta_propose_view(3, 4, 10, 3))[0] == OK
+    got = wire.parse_meta(m.call("meta_get")[1])
+    assert (got.epoch, got.sequencer, got.sequencer_epoch) == (4, "10.0.0.1:5678", 2)
+    assert got.views == (wire.View(1, 0, 2), wire.View(4, 10, 3))
+    # a take-over through a view change; a lost CAS changes nothing
+    assert m.call("meta_propose_view", wire.meta_propose_view(4, 5, 20, 3, "b:1"))[0] == OK
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(4, 6, "c:1"))[0] == -errno.ECANCELED
+    got = wire.parse_meta(m.call("meta_get")[1])
+    assert (got.epoch, got.sequencer, got.sequencer_epoch) == (5, "b:1", 5)
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(5, 6, ""))[0] == EINVAL  # empty address
+    assert m.call("meta_new_epoch", wire.meta_new_epoch(5, 6, "x" * 256))[0] == EINVAL
+    assert wire.parse_meta(m.call("meta_get")[1]).epoch == 5
+
+
 def test_meta_two_proposers_one_wins(data_io, oid) -> None:  # type: ignore[no-untyped-def]
     m = Obj(data_io, oid)
     m.call("meta_create", wire.meta_create(2, b""))

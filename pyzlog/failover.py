@@ -1,0 +1,224 @@
+"""Sequencer failover: a zlog-seqr daemon's watch over the pools it serves.
+
+Each daemon, on one thread:
+- beats: rewrites its registry record (registry.py) every lease / 4;
+- watches its peers' beats. A peer whose beat has not changed for a lease
+  (on this daemon's monotonic clock), or whose port refuses connections, is
+  dead: the logs its record names as their sequencer are taken over. Of the
+  live daemons, the one each log prefers (registry.preference) takes it at
+  once, the next after one lease, and so on, so a log is taken over even if
+  its first choice dies too, and two daemons rarely contend for it;
+- steps down: after a pause longer than a lease (SIGSTOP, a stalled host)
+  it checks every log it serves and forgets those the metadata now gives to
+  another daemon. Its clients' writes were refused meanwhile anyway: the
+  taking over sealed the objects at a newer epoch.
+
+Taking a log over is the usual recovery (seal a new epoch, find the tail,
+install by compare-and-swap) with this daemon recorded as the log's
+sequencer; the daemon does it only if the recorded sequencer is itself,
+none, or dead (SequencerDaemon._recover). So a live owner is never
+displaced, and two daemons cannot take a log from each other in turn.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import rados
+
+from . import wire
+from .cluster import open_ioctx
+from .errors import ZlogError
+from .layout import META_NAMESPACE
+from .metadata import MetaStore
+from .objects import ClassIO
+from .registry import DaemonRecord, preference, read_records, refuses_connections, registry_ioctx
+
+log = logging.getLogger("zlog-seqr")
+
+#: list the registry for new daemons this often (reading known ones is every tick)
+LIST_EVERY_SECONDS = 2.0
+#: check the owner of every served log this often, pause or not (a safety net)
+VERIFY_EVERY_SECONDS = 30.0
+
+
+class Peer:
+    """What this daemon has seen of another daemon's beats."""
+
+    def __init__(self, beat: int, now: float) -> None:
+        self.beat = beat
+        self.changed_at = now
+        self.refused = False
+        self.handled = False  # its logs were scanned for taking over since it died
+
+    def see(self, beat: int, now: float) -> None:
+        if beat != self.beat:
+            self.beat = beat
+            self.changed_at = now
+            self.handled = False
+
+    def dead(self, now: float, lease: float) -> bool:
+        return self.refused or now - self.changed_at >= lease
+
+
+class Watch:
+    def __init__(self, cluster: rados.Rados, server: Any, me: str, pools: list[str], lease: float,
+                 request_recovery: Callable[[str, str, int], None]) -> None:
+        self.cluster = cluster
+        self.server = server  # pyzlog._seqr.Server
+        self.me = me
+        self.pools = list(pools)
+        self.lease = lease
+        self.tick = min(0.25, lease / 4)
+        self._request_recovery = request_recovery
+        self._registry = {p: registry_ioctx(cluster, p) for p in self.pools}
+        self._meta_io = {p: ClassIO(open_ioctx(cluster, p, META_NAMESPACE), cluster) for p in self.pools}
+        self._peers: dict[str, dict[str, Peer]] = {p: {} for p in self.pools}
+        self._known: dict[str, list[str]] = {p: [] for p in self.pools}
+        self._listed_at = 0.0
+        self._pending: dict[tuple[str, str], tuple[str, float]] = {}  # (pool, log) -> (dead owner, since)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._beat = 0
+        self._started = time.time()
+        self._host = socket.gethostname()
+        self._last_tick = time.monotonic()
+        self._verified_at = time.monotonic()
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._beat_all()  # registered before the first client can look
+        self._thread = threading.Thread(target=self._run, name="failover-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+        for pool, io in self._registry.items():
+            try:
+                io.remove_object(self.me)  # a clean stop: peers need not wait a lease
+            except rados.Error:
+                pass
+
+    # ------------------------------------------------------------- liveness
+    def owner_alive(self, pool: str, owner: str) -> bool:
+        """Is `owner` (a log's recorded sequencer) alive, as far as this daemon knows?"""
+        if owner == self.me:
+            return True
+        with self._lock:
+            peer = self._peers.get(pool, {}).get(owner)
+            if peer is not None:
+                return not peer.dead(time.monotonic(), self.lease)
+        # not a daemon we watch: alive unless nothing listens at its address
+        return not refuses_connections(owner)
+
+    # ----------------------------------------------------------------- loop
+    def _run(self) -> None:
+        next_beat = 0.0
+        while not self._stop.wait(self.tick):
+            now = time.monotonic()
+            gap = now - self._last_tick
+            paused = gap > self.lease
+            self._last_tick = now
+            try:
+                if now >= next_beat or paused:
+                    self._beat_all()
+                    next_beat = now + self.lease / 4
+                if paused or now - self._verified_at > VERIFY_EVERY_SECONDS:
+                    if paused:
+                        log.warning("this daemon was stopped for %.1fs (longer than the lease): "
+                                    "checking which logs are still its own", gap)
+                    self._verify_served()
+                    self._verified_at = now
+                self._watch_peers(now)
+                self._take_over_pending(now)
+            except ZlogError as e:
+                log.warning("failover watch: %s", e)
+            except rados.Error as e:
+                log.warning("failover watch: RADOS: %s", e)
+            except Exception:
+                log.exception("failover watch failed; going on")
+
+    def _beat_all(self) -> None:
+        self._beat += 1
+        rec = DaemonRecord(self.me, self._beat, time.time(), self.lease, os.getpid(), self._host, self._started)
+        for io in self._registry.values():
+            io.write_full(self.me, rec.encode())
+
+    def _watch_peers(self, now: float) -> None:
+        if now - self._listed_at > LIST_EVERY_SECONDS:
+            self._listed_at = now
+            for pool, io in self._registry.items():
+                self._known[pool] = sorted(o.key for o in io.list_objects() if o.key != self.me)
+        for pool, io in self._registry.items():
+            records = {r.address: r for r in read_records(io, self._known[pool])}
+            with self._lock:
+                peers = self._peers[pool]
+                for address in list(peers):
+                    if address not in records:
+                        del peers[address]  # removed: stopped cleanly (its logs were asked to move)
+                for address, rec in records.items():
+                    peer = peers.get(address)
+                    if peer is None:
+                        peers[address] = peer = Peer(rec.beat, now)
+                    peer.see(rec.beat, now)
+            for address, peer in list(peers.items()):
+                peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
+                if peer.dead(now, self.lease) and not peer.handled:
+                    peer.handled = True
+                    log.warning("sequencer %s of pool %r is dead (%s): taking over its logs",
+                                address, pool, "port closed" if peer.refused else
+                                f"no beat for {now - peer.changed_at:.1f}s")
+                    self._scan_logs_of(pool, address, now)
+                    try:
+                        io.remove_object(address)  # peers need not watch it; it rewrites it if it comes back
+                    except rados.ObjectNotFound:
+                        pass
+
+    def _scan_logs_of(self, pool: str, dead: str, now: float) -> None:
+        """Queue every log of `pool` whose recorded sequencer is `dead`."""
+        io = self._meta_io[pool]
+        names = MetaStore.list_names(io.ioctx)
+        futs = [(n, io.call_async(n, "meta_get", b"", 1 << 20)) for n in names]
+        for name, fut in futs:
+            ret, out = fut.result()
+            if ret == 0 and wire.parse_meta(out).sequencer == dead:
+                self._pending.setdefault((pool, name), (dead, now))
+
+    def _take_over_pending(self, now: float) -> None:
+        if not self._pending:
+            return
+        for (pool, name), (dead, since) in list(self._pending.items()):
+            with self._lock:
+                live = [a for a, p in self._peers[pool].items() if not p.dead(now, self.lease)]
+            order = preference(f"{pool}/{name}", live + [self.me])
+            if now - since < order.index(self.me) * self.lease:
+                continue  # a daemon this log prefers gets the first chance
+            del self._pending[(pool, name)]
+            ret, out = self._meta_io[pool].call_raw(name, "meta_get", b"", 1 << 20)
+            if ret == -errno.ENOENT:
+                continue
+            if ret == 0 and wire.parse_meta(out).sequencer != dead:
+                continue  # taken over already
+            log.info("log %s/%s: taking it over from %s", pool, name, dead)
+            self._request_recovery(pool, name, 0)
+
+    def _verify_served(self) -> None:
+        """Forget every served log whose metadata names another sequencer."""
+        for info in self.server.logs():
+            if info["state"] != "ready" or info["pool"] not in self._meta_io:
+                continue
+            ret, out = self._meta_io[info["pool"]].call_raw(info["log"], "meta_get", b"", 1 << 20)
+            owner = wire.parse_meta(out).sequencer if ret == 0 else None
+            if owner != self.me:
+                self.server.forget(info["pool"], info["log"])
+                log.warning("log %s/%s: now served by %s; stepped down", info["pool"], info["log"],
+                            owner or "nobody (it is gone)")
