@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parent.parent / "pyzlog"
 #: what is built on the client and may use Log: the command line, the demo,
 #: the tools and the Spark connector (with their submodules)
 ABOVE_LOG = ("pyzlog.cli", "pyzlog.demo", "pyzlog.tools", "pyzlog.spark",
-             "pyzlog.bench", "pyzlog.spark_bench")  # the last two move into pyzlog.tools
+             "pyzlog.bench", "pyzlog.spark_bench", "pyzlog.failover_bench")  # these move into pyzlog.tools
 
 
 def module_name(path: Path) -> str:
