@@ -38,7 +38,8 @@ from .errors import ZlogError
 from .layout import META_NAMESPACE
 from .metadata import MetaStore
 from .objects import ClassIO
-from .registry import DaemonRecord, preference, read_records, refuses_connections, registry_ioctx
+from .registry import (DEFAULT_GROUP, DaemonRecord, preference, read_records, refuses_connections,
+                       registry_ioctx)
 
 log = logging.getLogger("zlog-seqr")
 
@@ -69,7 +70,7 @@ class Peer:
 
 class Watch:
     def __init__(self, cluster: rados.Rados, server: Any, me: str, pools: list[str], lease: float,
-                 request_recovery: Callable[[str, str, int], None]) -> None:
+                 request_recovery: Callable[[str, str, int], None], group: str = DEFAULT_GROUP) -> None:
         self.cluster = cluster
         self.server = server  # pyzlog._seqr.Server
         self.me = me
@@ -77,7 +78,7 @@ class Watch:
         self.lease = lease
         self.tick = min(0.25, lease / 4)
         self._request_recovery = request_recovery
-        self._registry = {p: registry_ioctx(cluster, p) for p in self.pools}
+        self._registry = {p: registry_ioctx(cluster, p, group) for p in self.pools}
         self._meta_io = {p: ClassIO(open_ioctx(cluster, p, META_NAMESPACE), cluster) for p in self.pools}
         self._peers: dict[str, dict[str, Peer]] = {p: {} for p in self.pools}
         self._known: dict[str, list[str]] = {p: [] for p in self.pools}

@@ -1,7 +1,7 @@
 """`zlog bench failover`: how long appends go without the sequencer when
 the active one dies or stalls, with a standby and no operator.
 
-Two zlog-seqr daemons stand by for the pool. Sync and async appenders run
+Two zlog-seqr daemons, a group of their own, stand by for the pool. Sync and async appenders run
 throughout. Each round kills the log's active sequencer with SIGKILL (or
 stops it with SIGSTOP, so only its lease tells the standby), and measures
 the gap from the fault to the first append acknowledged through the new
@@ -48,14 +48,15 @@ def _free_port() -> int:
 class Daemon:
     """One zlog-seqr standing by for `pool`, as a child process."""
 
-    def __init__(self, conf: str, pool: str, lease: float, logdir: Path) -> None:
+    def __init__(self, conf: str, pool: str, lease: float, logdir: Path, group: str) -> None:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         exe = shutil.which("zlog-seqr", path=str(Path(sys.executable).parent)) or "zlog-seqr"
         self.log_path = logdir / f"seqr-{self.port}.log"
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [exe, "--port", str(self.port), "--conf", conf, "--pool", pool, "--lease", str(lease)],
+                [exe, "--port", str(self.port), "--conf", conf, "--pool", pool, "--lease", str(lease),
+                 "--group", group],
                 stdout=out, stderr=out, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
@@ -149,7 +150,8 @@ def run_failover_bench(cluster: Any, conf: str, pool: str, kills: int, pauses: i
                        lease: float = DEFAULT_LEASE_SECONDS) -> dict[str, Any]:
     name = f"bench-failover-{uuid.uuid4().hex[:8]}"
     logdir = Path(tempfile.mkdtemp(prefix="zlog-failover-"))
-    daemons = [Daemon(conf, pool, lease, logdir) for _ in range(2)]
+    group = f"bench-{uuid.uuid4().hex[:8]}"  # other daemons of the pool take no part
+    daemons = [Daemon(conf, pool, lease, logdir, group) for _ in range(2)]
     lg = Log.create(cluster, pool, name, width=4, sequencer=daemons[0].address)
     lg.append(b"first")
     gaps: dict[str, list[float]] = {"kill": [], "pause": []}
@@ -162,7 +164,9 @@ def run_failover_bench(cluster: Any, conf: str, pool: str, kills: int, pauses: i
             active_addr = lg.refresh().sequencer
             active = next((d for d in daemons if d.address == active_addr), None)
             if active is None:
-                failures.append(f"round {i}: the log's sequencer {active_addr!r} is none of the daemons")
+                failures.append(f"round {i}: the log's sequencer {active_addr!r} is none of the daemons" +
+                                ("" if active_addr else " (the metadata names none: does every OSD run this "
+                                 "cls_zlog? an older class does not record sequencers)"))
                 break
             t0 = time.monotonic()
             active.signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
@@ -178,7 +182,7 @@ def run_failover_bench(cluster: Any, conf: str, pool: str, kills: int, pauses: i
             if fault == "kill":
                 active.proc.wait(5)
                 daemons.remove(active)
-                daemons.append(Daemon(conf, pool, lease, logdir))  # an operator-less fleet keeps two
+                daemons.append(Daemon(conf, pool, lease, logdir, group))  # an operator-less fleet keeps two
             else:
                 active.signal(signal.SIGCONT)
             time.sleep(lease)  # the new standby is seen beating before the next round

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 from typing import Any
 
 import rados
 
 from . import wire
-from .errors import LogExists, LogNotFound, from_errno
+from .errors import InvalidRequest, LogExists, LogNotFound, from_errno
 from .objects import ClassIO
+
+logger = logging.getLogger("pyzlog")
 
 
 class MetaStore:
@@ -38,12 +41,26 @@ class MetaStore:
         """EpochChanged if the stored epoch is no longer `expected`. With
         `sequencer`, record it as the log's sequencer from `new_epoch` on;
         without, the recorded sequencer stays."""
-        self.io.call(self.name, "meta_new_epoch", wire.meta_new_epoch(expected, new_epoch, sequencer))
+        self._cas("meta_new_epoch", lambda s: wire.meta_new_epoch(expected, new_epoch, s), sequencer)
 
     def propose_view(self, expected: int, new_epoch: int, start: int, width: int,
                      sequencer: str | None = None) -> None:
-        self.io.call(self.name, "meta_propose_view",
-                     wire.meta_propose_view(expected, new_epoch, start, width, sequencer))
+        self._cas("meta_propose_view", lambda s: wire.meta_propose_view(expected, new_epoch, start, width, s),
+                  sequencer)
+
+    def _cas(self, method: str, payload: Any, sequencer: str | None) -> None:
+        try:
+            self.io.call(self.name, method, payload(sequencer))
+        except InvalidRequest:
+            if sequencer is None:
+                raise
+            # an OSD still runs a cls_zlog from before sequencer records:
+            # install the epoch anyway (the log stays served; clients cannot
+            # find the sequencer in the metadata until the class is upgraded)
+            logger.warning("log %r: the OSD's cls_zlog does not record sequencers (older than this "
+                           "client): installing the epoch without %s; upgrade the class on every OSD",
+                           self.name, sequencer)
+            self.io.call(self.name, method, payload(None))
 
     @staticmethod
     def list_names(meta_ioctx: rados.Ioctx) -> list[str]:

@@ -30,6 +30,8 @@ from .errors import ZlogError
 from .sequencer import parse_address
 
 REGISTRY_NAMESPACE = "zlog.seqr"
+#: daemons of one group stand by for each other; clients look in the default one
+DEFAULT_GROUP = "default"
 #: a daemon whose beat has not changed for this long is taken for dead
 DEFAULT_LEASE_SECONDS = 2.0
 #: clients: a record older than this many leases (wall clock) is not offered
@@ -59,8 +61,11 @@ class DaemonRecord:
             return None  # a torn or foreign object: not a daemon
 
 
-def registry_ioctx(cluster: rados.Rados, pool: str) -> rados.Ioctx:
-    return open_ioctx(cluster, pool, REGISTRY_NAMESPACE)
+def registry_ioctx(cluster: rados.Rados, pool: str, group: str = DEFAULT_GROUP) -> rados.Ioctx:
+    """The registry of `group`'s daemons in `pool` (a separate group, e.g. a
+    benchmark's daemons, neither sees nor is seen by the default one)."""
+    namespace = REGISTRY_NAMESPACE if group == DEFAULT_GROUP else f"{REGISTRY_NAMESPACE}.{group}"
+    return open_ioctx(cluster, pool, namespace)
 
 
 def read_records(ioctx: rados.Ioctx, addresses: list[str] | None = None) -> list[DaemonRecord]:

@@ -28,7 +28,7 @@ from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import connect
 from .errors import InvalidRequest, ZlogError
 from .failover import Watch
-from .registry import DEFAULT_LEASE_SECONDS, refuses_connections
+from .registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, refuses_connections
 from .sequencer import parse_address
 from .state import LogState
 from .tailfind import find_tail
@@ -39,12 +39,13 @@ log = logging.getLogger("zlog-seqr")
 class SequencerDaemon:
     def __init__(self, cluster: rados.Rados, host: str = "127.0.0.1", port: int = 5678,
                  recovery_threads: int = 4, advertise: str | None = None, pools: tuple[str, ...] = (),
-                 lease: float = DEFAULT_LEASE_SECONDS) -> None:
+                 lease: float = DEFAULT_LEASE_SECONDS, group: str = DEFAULT_GROUP) -> None:
         self.cluster = cluster
         self.server = _seqr.Server(host, port)
         self._advertise = advertise
         self._standby_pools = pools
         self._lease = lease
+        self._group = group
         self.watch: Watch | None = None
         self._pool = ThreadPoolExecutor(recovery_threads, thread_name_prefix="recovery")
         self._running: set[tuple[str, str]] = set()
@@ -69,7 +70,7 @@ class SequencerDaemon:
         if self._standby_pools:
             try:
                 self.watch = Watch(self.cluster, self.server, self.address, list(self._standby_pools),
-                                   self._lease, self.request_recovery)
+                                   self._lease, self.request_recovery, self._group)
                 self.watch.start()
             except (ZlogError, rados.Error):
                 self.server.stop()
@@ -163,8 +164,10 @@ class SequencerDaemon:
               help="stand by for this pool's logs: take over those of a daemon that dies (repeatable)")
 @click.option("--lease", default=DEFAULT_LEASE_SECONDS, show_default=True, type=click.FloatRange(0.2, 600),
               help="seconds without a beat after which a daemon counts as dead")
+@click.option("--group", default=DEFAULT_GROUP, show_default=True,
+              help="stand by only with daemons of this group (clients find daemons of the default group)")
 def main(host: str, port: int, conf: str | None, keyring: str | None, client: str, log_level: str,
-         advertise: str | None, pools: tuple[str, ...], lease: float) -> None:
+         advertise: str | None, pools: tuple[str, ...], lease: float, group: str) -> None:
     """Run the zlog sequencer: hands out log positions from memory."""
     if advertise is None and host in ("0.0.0.0", "::", ""):
         raise click.UsageError(f"--host {host!r} listens everywhere: say with --advertise HOST:PORT "
@@ -181,7 +184,9 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
         cluster = connect(conf, keyring=keyring, client=client)
     except ZlogError as e:
         raise click.ClickException(str(e)) from None
-    daemon = SequencerDaemon(cluster, host, port, advertise=advertise, pools=pools, lease=lease)
+    if not group or not group.replace("-", "").replace("_", "").isalnum():
+        raise click.BadParameter("letters, digits, - and _ only", param_hint="--group")
+    daemon = SequencerDaemon(cluster, host, port, advertise=advertise, pools=pools, lease=lease, group=group)
     try:
         daemon.start()
     except OSError as e:
