@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
+import os
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from typing import Any
 
 from . import wire
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge
@@ -26,7 +29,13 @@ from .positions import Positions
 from .stale import StaleWait
 from .state import LogState
 
+logger = logging.getLogger("pyzlog")
+
 DEFAULT_MAX_IN_FLIGHT = 128
+
+
+def native_reads_enabled() -> bool:
+    return os.environ.get("PYZLOG_NATIVE_READS", "1") != "0"
 
 
 class AsyncOps:
@@ -59,6 +68,9 @@ class AsyncOps:
         self._native: NativeAppends | None = None
         self._native_lock = threading.Lock()
         self._native_generation = -1  # positions.generation the C++ path was opened for
+        self._reads: Any = None  # fastread.Reads: read_async on the cffi path
+        self._read_pool: Any = None
+        self._reads_tried = False
 
     def _begin(self) -> None:
         with self._lock:
@@ -186,23 +198,49 @@ class AsyncOps:
         self._read(position, fut, StaleWait(self.log, f"read_async at {position}"))
         return fut
 
+    def _native_reads(self) -> Any:
+        """fastread.Reads on this cluster's native connection (opened on the
+        first read), or None to read through python-rados."""
+        if not self._reads_tried:
+            with self._native_lock:
+                if not self._reads_tried:
+                    self._reads_tried = True
+                    if native_reads_enabled():
+                        try:
+                            from . import fastread
+
+                            native = fastread.Native.of(self.log.cluster)
+                            self._read_pool = native.pool(self.log.pool)
+                            self._reads = fastread.Reads(native)
+                        except (ImportError, ZlogError) as e:
+                            logger.warning("read_async on %r goes through python-rados: the native read "
+                                           "path is unavailable (%s)", self.log.name, e)
+        return self._reads
+
     def _read(self, position: int, fut: Future[bytes], stale: StaleWait) -> None:
         epoch, oid = self.log.locate(position)
 
-        def done(ret: int, out: bytes) -> None:
+        def done(ret: int, out: bytes | None) -> None:
             if ret == 0:
                 try:
-                    self._finish(fut, result=self.log.decode(out))
+                    self._finish(fut, result=self.log.decode(out or b""))
                 except Exception as e:  # noqa: BLE001 - a corrupt payload fails this read only
                     self._finish(fut, error=ZlogError(f"position {position}: cannot decode entry: {e}"))
             elif ret == -errno.ENOENT:
                 self._finish(fut, error=NotWritten(position))
             elif ret == -errno.ESTALE:
-                # refresh off the librados callback thread, then try again
+                # refresh off the completion thread, then try again
                 threading.Thread(target=self._reread, args=(position, fut, stale, epoch), daemon=True).start()
             else:
                 self._finish(fut, error=from_errno(ret, f"read at {position}", position))
 
+        reads = self._reads if self._reads_tried else self._native_reads()
+        if reads is not None:
+            try:
+                reads.submit(self._read_pool, oid, epoch, position, done)
+                return
+            except ZlogError:  # closed under us: the python-rados path still works
+                pass
         self.log.data.submit(oid, "read", wire.epoch_position(epoch, position),
                              wire.MAX_ENTRY_BYTES + 64, done)
 
@@ -229,3 +267,5 @@ class AsyncOps:
             self._thread.join(5)
         if self._native is not None:
             self._native.close()
+        if self._reads is not None:
+            self._reads.close()

@@ -435,3 +435,27 @@ print("exiting", flush=True)
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
     assert out.stdout.strip() == "exiting"
     assert "ceph_assert" not in out.stderr and "Fatal Python error" not in out.stderr
+
+
+@pytest.mark.parametrize("path", ["native", "python-rados"])
+def test_read_async_outcomes(rados_cluster, ceph, log_name, path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """read_async on the cffi path (the default) and on python-rados: data,
+    every gap as its typed error, and positions across a reconfiguration
+    another client made (the stale epoch is handled inside)."""
+    monkeypatch.setenv("PYZLOG_NATIVE_READS", "1" if path == "native" else "0")
+    writer = Log.create(rados_cluster, ceph.pool, log_name, width=3)
+    writer.append_many([b"d%d" % i for i in range(6)])
+    writer.fill(6)
+    writer.trim(1)
+    log = Log.open(rados_cluster, ceph.pool, log_name)
+    assert [log.read_async(p).result(timeout=30) for p in (0, 2, 5)] == [b"d0", b"d2", b"d5"]
+    assert (log._async._reads is not None) == (path == "native")
+    for pos, error in ((1, pyzlog.Trimmed), (6, pyzlog.Filled), (7, pyzlog.NotWritten), (10**6, pyzlog.NotWritten)):
+        with pytest.raises(error):
+            log.read_async(pos).result(timeout=30)
+    writer.reconfigure(width=2)  # `log` still holds the old epoch
+    p = writer.append(b"after")
+    assert log.read_async(p).result(timeout=30) == b"after"
+    assert log.read_async(3).result(timeout=30) == b"d3"
+    futs = [log.read_async(i % 6 if i % 6 != 1 else 0) for i in range(2000)]
+    assert sum(1 for f in futs if f.result(timeout=60)) == 2000
