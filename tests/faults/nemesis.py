@@ -93,19 +93,27 @@ def signal_only(seqr: SeqrProcess, sig: int) -> None:
         os.kill(seqr.proc.pid, sig)
 
 
-def run_once(conf: str, pool: str, seqr: SeqrProcess, seconds: float, seed: int, workdir: Path,
+def run_once(conf: str, pool: str, seqrs: list[SeqrProcess], seconds: float, seed: int, workdir: Path,
              say: Any = print, checker: Any = None) -> dict[str, Any]:
     """One nemesis run on a fresh log; returns its figures (report included).
+    With two daemons in `seqrs` (standing by for each other), the appenders
+    here are told the first and the client process the second, and the
+    nemesis pauses and kills whichever serves the log.
     `checker(history, final_scan) -> Report` (default: history.check) lets the
     fault suite record the run as a row of its table."""
     rnd = random.Random(seed)
     name = f"nemesis-{seed}-{os.getpid()}"
     cluster = pyzlog.connect(conf)
-    admin = Log.create(cluster, pool, name, width=3, sequencer=seqr.address)
+    admin = Log.create(cluster, pool, name, width=3, sequencer=seqrs[0].address)
     h = History()
-    w = NetWorkload(h, cluster, pool, name, sequencer=seqr.address, appenders=2, batch=8,
+    w = NetWorkload(h, cluster, pool, name, sequencer=seqrs[0].address, appenders=2, batch=8,
                     async_window=32, hole_wait=HOLE_WAIT, prefix="h").start()
-    client = ClientProcess(conf, pool, name, seqr.address, workdir / f"client-{seed}")
+    client = ClientProcess(conf, pool, name, seqrs[-1].address, workdir / f"client-{seed}")
+
+    def active() -> SeqrProcess:
+        owner = admin.refresh().sequencer
+        return next((s for s in seqrs if s.address == owner), seqrs[0])
+
     actions: Counter[str] = Counter()
     t0 = time.monotonic()
     try:
@@ -114,10 +122,12 @@ def run_once(conf: str, pool: str, seqr: SeqrProcess, seconds: float, seed: int,
             action = rnd.choice(ACTIONS)
             actions[action] += 1
             if action == "seqr_pause":
+                seqr = active()
                 signal_only(seqr, signal.SIGSTOP)
                 time.sleep(rnd.uniform(1.0, 4.0))
                 signal_only(seqr, signal.SIGCONT)
             elif action == "seqr_kill":
+                seqr = active()
                 seqr.kill(signal.SIGKILL)
                 time.sleep(rnd.uniform(0.2, 1.5))
                 seqr.start()
@@ -139,11 +149,12 @@ def run_once(conf: str, pool: str, seqr: SeqrProcess, seconds: float, seed: int,
                 client.proc.send_signal(signal.SIGCONT)
             time.sleep(rnd.uniform(1.0, 2.5))
     finally:
-        signal_only(seqr, signal.SIGCONT)
+        for seqr in seqrs:
+            signal_only(seqr, signal.SIGCONT)
+            if seqr.proc is None or seqr.proc.poll() is not None:
+                seqr.start()
         if client.proc.poll() is None:
             client.proc.send_signal(signal.SIGCONT)
-        if seqr.proc is None or seqr.proc.poll() is not None:
-            seqr.start()
     stop_t = time.monotonic()
     try:
         w.stop(timeout=180)
@@ -158,7 +169,7 @@ def run_once(conf: str, pool: str, seqr: SeqrProcess, seconds: float, seed: int,
     cluster.shutdown()
     out = {
         "seed": seed, "seconds": round(time.monotonic() - t0, 1), "stopped_in_s": round(stopped_in, 1),
-        "actions": dict(actions), "acknowledged": rep.acknowledged,
+        "actions": dict(actions), "sequencers": len(seqrs), "acknowledged": rep.acknowledged,
         "acknowledged_client_process": summary.get("acked"), "anomalies": rep.anomalies,
         "found": rep.found, "final_positions": rep.final_positions, "reads": rep.reads,
         "client_error": summary.get("error"), "ok": rep.ok and summary.get("error") is None,
@@ -168,24 +179,28 @@ def run_once(conf: str, pool: str, seqr: SeqrProcess, seconds: float, seed: int,
     return out
 
 
-def write_results(runs: list[dict[str, Any]], results: Path, seconds: float) -> None:
+def write_results(runs: list[dict[str, Any]], results: Path, seconds: float, standby: bool = False) -> None:
     results.mkdir(parents=True, exist_ok=True)
+    stem = "nemesis-standby" if standby else "nemesis"
     doc = {"what": "randomized nemesis runs (tests/faults/nemesis.py)", "seconds_per_run": seconds,
-           "runs": runs, "anomalies": sum(r["anomalies"] for r in runs),
+           "standby": standby, "runs": runs, "anomalies": sum(r["anomalies"] for r in runs),
            "all_ok": all(r["ok"] for r in runs)}
-    (results / "nemesis.json").write_text(json.dumps(doc, indent=1) + "\n")
-    lines = ["# Nemesis runs", "",
+    (results / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    two = (" Two sequencer daemons stand by for each other (`--pool`, lease 1 s); the appenders here are "
+           "told one, the client process the other, and the nemesis pauses and kills whichever serves "
+           "the log." if standby else "")
+    lines = ["# Nemesis runs" + (" with a standby sequencer" if standby else ""), "",
              "Every kind of appender, two following readers (one in a client process the nemesis pauses), "
              "and a nemesis that pauses and kills the sequencer, reconfigures, trims to near the tail and "
-             "pauses the client process. Rerun: `.venv/bin/python -P tests/faults/nemesis.py --runs 5 "
-             f"--seconds {seconds:.0f}`.", "",
+             "pauses the client process." + two + " Rerun: `.venv/bin/python -P tests/faults/nemesis.py "
+             f"--runs 5 --seconds {seconds:.0f}{' --standby' if standby else ''}`.", "",
              "| seed | seconds | acknowledged appends | anomalies | actions | stopped in |",
              "|---|---|---|---|---|---|"]
     for r in runs:
         acts = ", ".join(f"{k} {v}" for k, v in sorted(r["actions"].items()))
         lines.append(f"| {r['seed']} | {r['seconds']} | {r['acknowledged']} | {r['anomalies']} | {acts} | "
                      f"{r['stopped_in_s']} s |")
-    (results / "nemesis.md").write_text("\n".join(lines) + "\n")
+    (results / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conf", default=None, help="an existing cluster (default: start a dev cluster)")
     ap.add_argument("--pool", default="zlog")
     ap.add_argument("--results", type=Path, default=HERE.parent.parent / "results")
+    ap.add_argument("--standby", action="store_true",
+                    help="two sequencer daemons standing by for each other (results/nemesis-standby.*)")
     args = ap.parse_args(argv)
     from vstartmod import vstart
 
@@ -206,15 +223,18 @@ def main(argv: list[str] | None = None) -> int:
         cluster = vstart.Cluster(work / "cluster")
         st = cluster.start(osds=1, owner_pid=os.getpid())
         conf, pool = st["conf"], st["pool"]
-    seqr = SeqrProcess(conf, log_path=work / "seqr.log").start()
+    standby_args = ("--pool", pool, "--lease", "1", "--group", f"nemesis-{os.getpid()}")
+    seqrs = [SeqrProcess(conf, log_path=work / f"seqr{i}.log", args=standby_args if args.standby else ()).start()
+             for i in range(2 if args.standby else 1)]
     runs: list[dict[str, Any]] = []
     try:
         for i in range(args.runs):
-            runs.append(run_once(conf, pool, seqr, args.seconds, args.seed + i, work))
-            write_results(runs, args.results, args.seconds)
+            runs.append(run_once(conf, pool, seqrs, args.seconds, args.seed + i, work))
+            write_results(runs, args.results, args.seconds, args.standby)
     finally:
-        signal_only(seqr, signal.SIGCONT)
-        seqr.kill()
+        for seqr in seqrs:
+            signal_only(seqr, signal.SIGCONT)
+            seqr.kill()
         if cluster is not None:
             cluster.stop()
     print(f"{sum(r['anomalies'] for r in runs)} anomalies in {len(runs)} runs; "

@@ -214,3 +214,17 @@ def test_contested_ownership(rados_cluster, ceph, log_name, standbys, fault_repo
     rep = fault_report("contested ownership: clients told two sequencers", h,
                        final_scan(rados_cluster, ceph.pool, log_name), owner=later.sequencer)
     assert rep.ok, rep.summary()
+
+
+def test_randomized_nemesis_round_with_a_standby(ceph, standbys, fault_report, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One 20 s round of tests/faults/nemesis.py with two daemons standing by
+    for each other, clients told different ones, the nemesis pausing and
+    killing whichever serves the log (issue 15's runs that did not finish)."""
+    from nemesis import run_once
+
+    out = run_once(ceph.conf, ceph.pool, [standbys(), standbys()], 20.0, seed=int(time.time()) % 1000,
+                   workdir=tmp_path,
+                   checker=lambda h, final: fault_report("randomized nemesis with a standby sequencer, 20 s",
+                                                         h, final))
+    assert out["acknowledged"] > 200
+    assert out["ok"], out["summary"]

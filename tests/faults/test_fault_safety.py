@@ -103,7 +103,7 @@ def test_reader_fills_race_client_fills(rados_cluster, ceph, log_name, fault_rep
 
 def test_randomized_nemesis_round(ceph, seqr, fault_report, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """One 20 s round of tests/faults/nemesis.py (the 5 x 60 s runs write results/nemesis.json)."""
-    out = run_once(ceph.conf, ceph.pool, seqr, 20.0, seed=int(time.time()) % 1000, workdir=tmp_path,
+    out = run_once(ceph.conf, ceph.pool, [seqr], 20.0, seed=int(time.time()) % 1000, workdir=tmp_path,
                    checker=lambda h, final: fault_report("randomized nemesis, 20 s", h, final))
     seqr.kill(signal.SIGCONT)
     print(out["summary"])
