@@ -429,14 +429,17 @@ def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, 
               help="rounds that SIGSTOP it past its lease")
 @click.option("--lease", type=click.FloatRange(0.2, 60), default=2.0, show_default=True,
               help="the standby daemons' lease, seconds")
+@click.option("--many-logs", type=click.IntRange(0, 100000), default=300, show_default=True,
+              help="then: this many logs over three daemons, one killed: time until its logs moved")
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-failover.json]")
 @pass_env
-def bench_failover(env: Env, kills: int, pauses: int, lease: float, out: str | None) -> None:
+def bench_failover(env: Env, kills: int, pauses: int, lease: float, many_logs: int, out: str | None) -> None:
     """Sequencer failover: appends' gap after the active sequencer dies or stalls."""
     from .cluster import resolve_conf
     from .failover_bench import bench_failover as run
 
-    run(env.cluster, resolve_conf(env.conf), env.pool, kills, pauses, lease, _bench_out("failover", out))
+    run(env.cluster, resolve_conf(env.conf), env.pool, kills, pauses, lease, _bench_out("failover", out),
+        many_logs)
 
 
 # --------------------------------------------------------------------- main

@@ -47,6 +47,8 @@ log = logging.getLogger("zlog-seqr")
 LIST_EVERY_SECONDS = 2.0
 #: check the owner of every served log this often, pause or not (a safety net)
 VERIFY_EVERY_SECONDS = 30.0
+#: a dead daemon's record is removed after this many leases (every peer has seen it dead by then)
+FORGET_DEAD_AFTER_LEASES = 10
 
 
 class Peer:
@@ -56,6 +58,7 @@ class Peer:
         self.beat = beat
         self.changed_at = now
         self.refused = False
+        self.gone = False  # its record was removed: it stopped cleanly (or was forgotten)
         self.handled = False  # its logs were scanned for taking over since it died
 
     def see(self, beat: int, now: float) -> None:
@@ -65,7 +68,7 @@ class Peer:
             self.handled = False
 
     def dead(self, now: float, lease: float) -> bool:
-        return self.refused or now - self.changed_at >= lease
+        return self.gone or self.refused or now - self.changed_at >= lease
 
 
 class Watch:
@@ -83,7 +86,8 @@ class Watch:
         self._peers: dict[str, dict[str, Peer]] = {p: {} for p in self.pools}
         self._known: dict[str, list[str]] = {p: [] for p in self.pools}
         self._listed_at = 0.0
-        self._pending: dict[tuple[str, str], tuple[str, float]] = {}  # (pool, log) -> (dead owner, since)
+        #: (pool, log) -> (dead owner, since, last asked for its recovery)
+        self._pending: dict[tuple[str, str], tuple[str, float, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -163,26 +167,33 @@ class Watch:
             records = {r.address: r for r in read_records(io, self._known[pool])}
             with self._lock:
                 peers = self._peers[pool]
-                for address in list(peers):
-                    if address not in records:
-                        del peers[address]  # removed: stopped cleanly (its logs were asked to move)
                 for address, rec in records.items():
                     peer = peers.get(address)
                     if peer is None:
                         peers[address] = peer = Peer(rec.beat, now)
                     peer.see(rec.beat, now)
+                    peer.gone = False
+                for address, peer in peers.items():
+                    peer.gone = address not in records  # a clean stop removes the record: its logs move too
             for address, peer in list(peers.items()):
-                peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
+                if not peer.gone:
+                    peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
                 if peer.dead(now, self.lease) and not peer.handled:
                     peer.handled = True
-                    log.warning("sequencer %s of pool %r is dead (%s): taking over its logs",
-                                address, pool, "port closed" if peer.refused else
+                    log.warning("sequencer %s of pool %r is dead (%s): taking over its logs", address, pool,
+                                "stopped" if peer.gone else "port closed" if peer.refused else
                                 f"no beat for {now - peer.changed_at:.1f}s")
                     self._scan_logs_of(pool, address, now)
-                    try:
-                        io.remove_object(address)  # peers need not watch it; it rewrites it if it comes back
-                    except rados.ObjectNotFound:
-                        pass
+                if peer.handled and now - peer.changed_at > FORGET_DEAD_AFTER_LEASES * self.lease:
+                    # long dead: every peer has seen it; it rewrites its record if it comes back
+                    if peer.gone:
+                        with self._lock:
+                            del peers[address]
+                    else:
+                        try:
+                            io.remove_object(address)
+                        except rados.ObjectNotFound:
+                            pass
 
     def _scan_logs_of(self, pool: str, dead: str, now: float) -> None:
         """Queue every log of `pool` whose recorded sequencer is `dead`."""
@@ -192,23 +203,28 @@ class Watch:
         for name, fut in futs:
             ret, out = fut.result()
             if ret == 0 and wire.parse_meta(out).sequencer == dead:
-                self._pending.setdefault((pool, name), (dead, now))
+                self._pending.setdefault((pool, name), (dead, now, 0.0))
 
     def _take_over_pending(self, now: float) -> None:
-        if not self._pending:
-            return
-        for (pool, name), (dead, since) in list(self._pending.items()):
+        """Ask for the recovery of each log of a dead daemon this daemon is
+        due to take (see the module doc), again every lease until the
+        metadata names a live sequencer."""
+        for key, (dead, since, asked_at) in list(self._pending.items()):
+            pool, name = key
             with self._lock:
                 live = [a for a, p in self._peers[pool].items() if not p.dead(now, self.lease)]
-            order = preference(f"{pool}/{name}", live + [self.me])
-            if now - since < order.index(self.me) * self.lease:
-                continue  # a daemon this log prefers gets the first chance
-            del self._pending[(pool, name)]
-            ret, out = self._meta_io[pool].call_raw(name, "meta_get", b"", 1 << 20)
-            if ret == -errno.ENOENT:
+            if dead in live:
+                del self._pending[key]  # it came back (a pause shorter than we thought): its log stays
                 continue
-            if ret == 0 and wire.parse_meta(out).sequencer != dead:
-                continue  # taken over already
+            order = preference(f"{pool}/{name}", live + [self.me])
+            if now - since < order.index(self.me) * self.lease or now - asked_at < self.lease:
+                continue  # a daemon this log prefers gets the first chance; or asked recently
+            ret, out = self._meta_io[pool].call_raw(name, "meta_get", b"", 1 << 20)
+            owner = wire.parse_meta(out).sequencer if ret == 0 else None
+            if owner != dead:
+                del self._pending[key]  # taken over (or the log is gone)
+                continue
+            self._pending[key] = (dead, since, now)
             log.info("log %s/%s: taking it over from %s", pool, name, dead)
             self._request_recovery(pool, name, 0)
 

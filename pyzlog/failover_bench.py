@@ -203,6 +203,42 @@ def run_failover_bench(cluster: Any, conf: str, pool: str, kills: int, pauses: i
     }
 
 
+def run_many_logs(cluster: Any, conf: str, pool: str, logs: int, lease: float) -> dict[str, Any]:
+    """`logs` logs served by one of three daemons: kill it, and time until
+    every one of its logs is served by another (recorded in its metadata),
+    and whether any log of the two others changed hands or epoch."""
+    from .state import LogState
+
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    logdir = Path(tempfile.mkdtemp(prefix="zlog-failover-many-"))
+    daemons = [Daemon(conf, pool, lease, logdir, group) for _ in range(3)]
+    tag = uuid.uuid4().hex[:6]
+    try:
+        names = [f"bench-many-{tag}-{i}" for i in range(logs)]
+        for i, n in enumerate(names):  # each daemon serves a third of them
+            lg = Log.create(cluster, pool, n, width=2, sequencer=daemons[i % 3].address)
+            lg.append(b"x")
+            lg.close()
+        states = {n: LogState(cluster, pool, n) for n in names}
+        before = {n: st.refresh() for n, st in states.items()}
+        victim = daemons[0]
+        moved = [n for n, m in before.items() if m.sequencer == victim.address]
+        t0 = time.monotonic()
+        victim.signal(signal.SIGKILL)
+        left = set(moved)
+        while left and time.monotonic() - t0 < 120:
+            left = {n for n in left if states[n].refresh().sequencer == victim.address}
+            time.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        disturbed = [n for n, m in before.items() if m.sequencer != victim.address and
+                     (lambda now: (now.sequencer, now.epoch) != (m.sequencer, m.epoch))(states[n].refresh())]
+        return {"logs": logs, "on_the_killed_daemon": len(moved), "moved_in_s": round(elapsed, 2),
+                "not_moved": len(left), "others_disturbed": len(disturbed)}
+    finally:
+        for d in daemons:
+            d.end()
+
+
 def format_failover(r: dict[str, Any]) -> str:
     rows = ["| fault | rounds | p50 s | p99 s | max s | target p99 |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for fault, target in (("kill", r["targets"]["kill_p99_s"]), ("pause", r["targets"]["pause_p99_s"])):
@@ -210,6 +246,12 @@ def format_failover(r: dict[str, Any]) -> str:
         if s["n"]:
             rows.append(f"| {'kill -9' if fault == 'kill' else 'SIGSTOP (lease ' + format(r['lease_s'], 'g') + ' s)'} "
                         f"| {s['n']} | {s['p50_s']:.2f} | {s['p99_s']:.2f} | {s['max_s']:.2f} | <= {target:g} |")
+    many = r.get("many_logs")
+    if many:
+        rows.append("")
+        rows.append(f"many logs: {many['on_the_killed_daemon']} of {many['logs']} logs served by the daemon "
+                    f"killed -9 moved to the other two in {many['moved_in_s']} s ({many['not_moved']} not "
+                    f"moved); logs of the live daemons disturbed: {many['others_disturbed']}")
     rows.append("")
     rows.append(f"{r['acknowledged']:,} appends acknowledged, {r['anomalies']} anomalies, "
                 f"{r['append_errors']} append errors; step-downs logged by paused daemons: "
@@ -219,10 +261,15 @@ def format_failover(r: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def bench_failover(cluster: Any, conf: str, pool: str, kills: int, pauses: int, lease: float, out: str) -> None:
+def bench_failover(cluster: Any, conf: str, pool: str, kills: int, pauses: int, lease: float, out: str,
+                   many_logs: int = 0) -> None:
     from .bench import machine_info
 
     result = run_failover_bench(cluster, conf, pool, kills, pauses, lease)
+    if many_logs:
+        result["many_logs"] = many = run_many_logs(cluster, conf, pool, many_logs, lease)
+        if many["not_moved"] or many["others_disturbed"]:
+            result["failures"].append(f"many logs: {many}")
     result["machine"] = machine_info(cluster)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2, default=str) + "\n")

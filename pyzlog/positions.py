@@ -36,6 +36,9 @@ SEQUENCER_RETRY_SECONDS = 10.0
 SEQUENCER_RECHECK_SECONDS = 1.0
 #: look in the pool's registry for a sequencer no more often than this
 DISCOVER_EVERY_SECONDS = 2.0
+#: a recorded sequencer found unreachable is not asked again for this long
+#: while another daemon from the registry is asked instead
+DETOUR_SECONDS = 5.0
 
 
 def max_position(log: LogState) -> int | None:
@@ -67,6 +70,8 @@ class Positions:
         self.timeout = sequencer.timeout if sequencer is not None else None
         self._discover = discover
         self._discover_at = 0.0  # no registry read before this (monotonic)
+        self._avoid = ""  # a recorded sequencer found unreachable ...
+        self._avoid_until = 0.0  # ... not asked again before this (monotonic)
         self._switch_lock = threading.Lock()
         #: grows whenever the sequencer asked changes (the C++ append path reconnects)
         self.generation = 0
@@ -88,21 +93,37 @@ class Positions:
         named = self.log.meta.sequencer
         current = self.sequencer.address if self.sequencer is not None else None
         if named:
-            return named != current and self._switch(named)
+            if named == current or (named == self._avoid and time.monotonic() < self._avoid_until):
+                return False
+            return self._switch(named)
         if current is None and self._discover and time.monotonic() >= self._discover_at:
             self._discover_at = time.monotonic() + DISCOVER_EVERY_SECONDS
             picked = self._from_registry()
             return picked is not None and self._switch(picked)
         return False
 
-    def _from_registry(self) -> str | None:
+    def _from_registry(self, exclude: str = "") -> str | None:
         try:
             records = recent(read_records(registry_ioctx(self.log.cluster, self.log.pool)))
         except ZlogError as e:
             logger.debug("no sequencer registry for pool %r: %s", self.log.pool, e)
             return None
-        order = preference(f"{self.log.pool}/{self.log.name}", [r.address for r in records])
+        order = preference(f"{self.log.pool}/{self.log.name}", [r.address for r in records if r.address != exclude])
         return order[0] if order else None
+
+    def _detour(self, unreachable: str) -> bool:
+        """The recorded sequencer cannot be reached and the metadata names no
+        other: ask a live daemon from the registry, which takes the log over
+        if the recorded one is dead (say, it died before any standby saw it).
+        True if that changed which sequencer is asked."""
+        if not self._discover or time.monotonic() < self._discover_at:
+            return False
+        self._discover_at = time.monotonic() + DISCOVER_EVERY_SECONDS
+        picked = self._from_registry(exclude=unreachable)
+        if picked is None:
+            return False
+        self._avoid, self._avoid_until = unreachable, time.monotonic() + DETOUR_SECONDS
+        return self._switch(picked)
 
     def _switch(self, address: str) -> bool:
         with self._switch_lock:
@@ -175,8 +196,8 @@ class Positions:
             try:
                 status, seqr_epoch, pos, _ = seqr.next(log.pool, log.name, log.epoch, count)
             except SequencerUnavailable as e:
-                if self._moved_on():
-                    continue  # another daemon took the log over: ask it
+                if self._moved_on() or self._detour(seqr.address):
+                    continue  # another daemon took the log over, or may: ask it
                 if not self._down:
                     logger.warning("%s; appending to %r by slow tail finding until it is back", e, log.name)
                 self._down = True

@@ -139,9 +139,9 @@ class SequencerDaemon:
 
     def stop(self) -> None:
         self._stop.set()
+        self.server.stop()  # the port closes first: a standby that sees the record go finds it closed
         if self.watch is not None:
             self.watch.stop()
-        self.server.stop()
         if self._thread:
             self._thread.join(5)
         self._pool.shutdown(wait=True, cancel_futures=True)

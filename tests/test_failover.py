@@ -234,3 +234,36 @@ def test_killing_one_daemon_moves_only_its_logs(rados_cluster, ceph, daemons) ->
             assert (now.sequencer, now.epoch) == (before[lg.name].sequencer, before[lg.name].epoch), \
                 "a log of a live daemon was disturbed"
         assert lg.append(b"after") > 0
+
+
+def test_a_daemon_stopped_cleanly_hands_its_logs_on(rados_cluster, ceph, log_name, daemons) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM removes the daemon's record: the standby takes its logs at
+    once, without waiting for the lease."""
+    a, b = daemons(), daemons()
+    lg = Log.create(rados_cluster, ceph.pool, log_name, sequencer=a.address)
+    lg.append(b"x")
+    assert owner(lg) == a.address
+    time.sleep(2 * LEASE)  # the standby has seen it beat
+    t0 = time.monotonic()
+    assert a.stop() == 0
+    wait_until(lambda: owner(lg) == b.address, 10, "the standby to take the log over")
+    assert lg.append(b"y") == 1
+    assert lg.sequencer is not None and lg.sequencer.address == b.address
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_standby_started_after_the_owner_died_takes_over_when_asked(rados_cluster, ceph, log_name, daemons) -> None:  # type: ignore[no-untyped-def]
+    """The log's recorded sequencer died before any standby saw it: a client
+    that cannot reach it asks a daemon from the registry, which takes over."""
+    a = daemons()
+    lg = Log.create(rados_cluster, ceph.pool, log_name, sequencer=a.address)
+    lg.append(b"x")
+    a.kill()
+    b = daemons()  # never saw `a`
+    client = Log.open(rados_cluster, ceph.pool, log_name)
+    positions = [client.append(b"y%d" % i) for i in range(20)]
+    assert positions == list(range(1, 21))
+    wait_until(lambda: owner(lg) == b.address, 10, "the new daemon to take the log over")
+    wait_until(lambda: client.append(b"z") and client.positions.sequencer_usable()
+               and client.sequencer is not None and client.sequencer.address == b.address, 10,
+               "the client to use the new daemon")
