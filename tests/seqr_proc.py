@@ -74,3 +74,27 @@ class SeqrProcess:
     def resume(self) -> None:
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGCONT)
+
+
+class Fleet:
+    """zlog-seqr daemons standing by for each other on `pool` (`group` None:
+    the default group, which clients discover). close() stops every one."""
+
+    def __init__(self, conf: str, pool: str, logdir: Path, lease: float, group: str | None = None) -> None:
+        self.conf, self.pool, self.logdir, self.lease, self.group = conf, pool, logdir, lease, group
+        self.started: list[SeqrProcess] = []
+
+    def start(self, standby: bool = True) -> SeqrProcess:
+        args: tuple[str, ...] = ()
+        if standby:
+            args = ("--pool", self.pool, "--lease", str(self.lease))
+            args += ("--group", self.group) if self.group else ()
+        p = SeqrProcess(self.conf, log_path=self.logdir / f"seqr{len(self.started)}.log", args=args).start()
+        self.started.append(p)
+        return p
+
+    def close(self) -> None:
+        for p in self.started:
+            if p.proc and p.proc.poll() is None:
+                p.resume()
+                p.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from seqr_proc import SeqrProcess
+from seqr_proc import Fleet, SeqrProcess
 
 import pyzlog
 from pyzlog import Log
@@ -36,21 +36,11 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
 def daemons(ceph, rados_cluster, tmp_path: Path) -> Iterator[Callable[..., SeqrProcess]]:  # type: ignore[no-untyped-def]
     """Start standby daemons for the test pool; all stopped (and their
     registry records removed) at the end."""
-    started: list[SeqrProcess] = []
-
-    def start(standby: bool = True) -> SeqrProcess:
-        args = ("--pool", ceph.pool, "--lease", str(LEASE)) if standby else ()
-        p = SeqrProcess(ceph.conf, log_path=tmp_path / f"seqr{len(started)}.log", args=args).start()
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        if p.proc and p.proc.poll() is None:
-            p.resume()
-            p.stop()
+    fleet = Fleet(ceph.conf, ceph.pool, tmp_path, LEASE)
+    yield fleet.start
+    fleet.close()
     io = registry_ioctx(rados_cluster, ceph.pool)
-    for p in started:
+    for p in fleet.started:  # what a kill -9 left behind
         try:
             io.remove_object(p.address)
         except Exception:  # noqa: BLE001 - removed by its own clean stop

@@ -44,7 +44,7 @@ from pyzlog import Log  # noqa: E402
 from faultlib import final_scan, wait_until  # noqa: E402
 from history import OK, TRIM, UNKNOWN, History, Report, check  # noqa: E402
 from netload import NetWorkload, load_history  # noqa: E402
-from seqr_proc import SeqrProcess  # noqa: E402
+from seqr_proc import Fleet, SeqrProcess  # noqa: E402
 
 ACTIONS = ("seqr_pause", "seqr_kill", "reconfigure", "trim_near_tail", "client_pause")
 HOLE_WAIT = 1.0
@@ -223,22 +223,19 @@ def main(argv: list[str] | None = None) -> int:
         cluster = vstart.Cluster(work / "cluster")
         st = cluster.start(osds=1, owner_pid=os.getpid())
         conf, pool = st["conf"], st["pool"]
-    standby_args = ("--pool", pool, "--lease", "1", "--group", f"nemesis-{os.getpid()}")
-    seqrs = [SeqrProcess(conf, log_path=work / f"seqr{i}.log", args=standby_args if args.standby else ()).start()
-             for i in range(2 if args.standby else 1)]
+    fleet = Fleet(conf, pool, work, lease=1.0, group=f"nemesis-{os.getpid()}")
+    seqrs = [fleet.start(standby=args.standby) for _ in range(2 if args.standby else 1)]
     runs: list[dict[str, Any]] = []
     try:
         for i in range(args.runs):
             runs.append(run_once(conf, pool, seqrs, args.seconds, args.seed + i, work))
             write_results(runs, args.results, args.seconds, args.standby)
     finally:
-        for seqr in seqrs:
-            signal_only(seqr, signal.SIGCONT)
-            seqr.kill()
+        fleet.close()
         if cluster is not None:
             cluster.stop()
     print(f"{sum(r['anomalies'] for r in runs)} anomalies in {len(runs)} runs; "
-          f"results in {args.results}/nemesis.json")
+          f"results in {args.results}/nemesis{'-standby' if args.standby else ''}.json")
     return 0 if all(r["ok"] for r in runs) else 1
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from seqr_proc import SeqrProcess
+from seqr_proc import Fleet, SeqrProcess
 
 from pyzlog import Log
 
@@ -25,20 +25,9 @@ LEASE = 1.0
 @pytest.fixture
 def standbys(ceph, tmp_path: Path) -> Iterator[Callable[[], SeqrProcess]]:  # type: ignore[no-untyped-def]
     """zlog-seqr daemons standing by for each other (a group of their own)."""
-    group = f"fault-{uuid.uuid4().hex[:8]}"
-    started: list[SeqrProcess] = []
-
-    def start() -> SeqrProcess:
-        p = SeqrProcess(ceph.conf, log_path=tmp_path / f"seqr{len(started)}.log",
-                        args=("--pool", ceph.pool, "--lease", str(LEASE), "--group", group)).start()
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        if p.proc and p.proc.poll() is None:
-            p.resume()
-            p.kill()
+    fleet = Fleet(ceph.conf, ceph.pool, tmp_path, LEASE, group=f"fault-{uuid.uuid4().hex[:8]}")
+    yield fleet.start
+    fleet.close()
 
 
 def owner(cluster, pool: str, name: str) -> str:  # type: ignore[no-untyped-def]
