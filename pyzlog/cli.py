@@ -372,7 +372,7 @@ def _bench_out(kind: str, out: str | None) -> str:
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-seqr.json]")
 def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> None:
     """The sequencer against the echo floor (no Ceph needed)."""
-    from . import bench as b
+    from .tools import bench as b
 
     b.bench_seqr(duration, processes, depth, _bench_out("seqr", out))
 
@@ -395,7 +395,7 @@ def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> 
 def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list[int], batch: int,
                  width: int, out: str | None) -> None:
     """Append throughput and latency of zlog against raw librados writes."""
-    from . import bench as b
+    from .tools import bench as b
 
     b.bench_append(env, duration=duration, rounds=rounds, size=size, depths=depths, batch=batch,
                    width=width, out=_bench_out("append", out))
@@ -416,7 +416,7 @@ def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list
 def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, depth: int, width: int,
                out: str | None) -> None:
     """Streaming and random reads against raw librados reads."""
-    from . import bench as b
+    from .tools import bench as b
 
     b.bench_read(env, duration=duration, rounds=rounds, entries=entries, size=size, depth=depth, width=width,
                  out=_bench_out("read", out))
@@ -436,7 +436,7 @@ def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, 
 def bench_failover(env: Env, kills: int, pauses: int, lease: float, many_logs: int, out: str | None) -> None:
     """Sequencer failover: appends' gap after the active sequencer dies or stalls."""
     from .cluster import resolve_conf
-    from .failover_bench import bench_failover as run
+    from .tools.failover_bench import bench_failover as run
 
     run(env.cluster, resolve_conf(env.conf), env.pool, kills, pauses, lease, _bench_out("failover", out),
         many_logs)

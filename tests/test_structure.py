@@ -11,8 +11,7 @@ PKG = Path(__file__).resolve().parent.parent / "pyzlog"
 
 #: what is built on the client and may use Log: the command line, the demo,
 #: the tools and the Spark connector (with their submodules)
-ABOVE_LOG = ("pyzlog.cli", "pyzlog.demo", "pyzlog.tools", "pyzlog.spark",
-             "pyzlog.bench", "pyzlog.spark_bench", "pyzlog.failover_bench")  # these move into pyzlog.tools
+ABOVE_LOG = ("pyzlog.cli", "pyzlog.demo", "pyzlog.tools", "pyzlog.spark")
 
 
 def module_name(path: Path) -> str:
@@ -97,3 +96,19 @@ def test_nothing_below_log_imports_it() -> None:
     users = sorted(n for n, deps in g.items() if face & deps and n != "pyzlog"
                    and not any(n == a or n.startswith(a + ".") for a in ABOVE_LOG))
     assert users == [], f"these modules are below Log but import it: {users}"
+
+
+def test_the_library_does_not_load_its_tools() -> None:
+    """`import pyzlog` is the log, not its test rigs: no module outside
+    pyzlog.tools and the command line imports them, and importing the
+    package loads none of them."""
+    import subprocess
+    import sys
+
+    g = graph()
+    users = sorted(n for n, deps in g.items() if any(d.startswith("pyzlog.tools") for d in deps)
+                   and not n.startswith("pyzlog.tools") and n != "pyzlog.cli")
+    assert users == [], users
+    code = "import sys, pyzlog, pyzlog.log; print(sorted(m for m in sys.modules if m.startswith('pyzlog.tools')))"
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)

@@ -1,6 +1,6 @@
 """Spark read throughput against the client's own stream, on one log.
 
-    python -P -m pyzlog.spark_bench --conf $CEPH_CONF --pool zlog [--entries 1000000]
+    python -P -m pyzlog.tools.spark_bench --conf $CEPH_CONF --pool zlog [--entries 1000000]
 
 Creates (or reuses) a log of `entries` small entries named bench-spark-<entries>,
 then times spark.read.format("zlog")...count() under local[1] and local[2]
@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cluster import connect
-from .errors import LogNotFound
-from .log import Log
+from ..cluster import connect
+from ..errors import LogNotFound
+from ..log import Log
 
 LOAD_BATCH = 16384
 
@@ -43,7 +43,7 @@ def ensure_bench_log(cluster: Any, pool: str, entries: int, size: int, width: in
 
 
 def _spark_count(master: str, conf: str, pool: str, name: str, end: int, repeat: int) -> dict[str, Any]:
-    from .spark.session import local_session
+    from ..spark.session import local_session
 
     spark = local_session(master, f"pyzlog-bench-{master}")
     try:
