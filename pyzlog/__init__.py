@@ -1,4 +1,11 @@
 """pyzlog: a globally ordered, shared, append-only log on Ceph RADOS."""
+from pkgutil import extend_path
+
+# Python run from a checkout's root imports this source folder, which has no
+# compiled parts (_seqr, _appender, _fastread, cls/): they are found in the
+# copy `./dev setup` built and installed from this checkout.
+__path__ = extend_path(__path__, __name__)
+
 from .cluster import connect
 from .errors import (ClassNotLoaded, ClusterUnavailable, EntryTooLarge, EpochChanged, Filled,
                      InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied,

@@ -112,3 +112,19 @@ def test_the_library_does_not_load_its_tools() -> None:
     code = "import sys, pyzlog, pyzlog.log; print(sorted(m for m in sys.modules if m.startswith('pyzlog.tools')))"
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)
+
+
+def test_the_checkout_itself_imports_the_compiled_parts() -> None:
+    """Python started in the repository root imports the source folder
+    pyzlog/ first; its compiled parts come from the copy ./dev setup built."""
+    import subprocess
+    import sys
+
+    root = PKG.parent
+    code = ("import pyzlog._seqr, pyzlog._appender, pyzlog._fastread, pyzlog, vstart.vstart as v; "
+            "print(pyzlog.__file__); print(v._find_cls_lib())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    init, cls_lib = out.stdout.split()
+    assert Path(init) == PKG / "__init__.py"  # the checkout's source, not a copy
+    assert Path(cls_lib).name == "libcls_zlog.so"

@@ -57,9 +57,10 @@ def _find_cls_lib() -> Path:
     try:
         import pyzlog
 
-        p = Path(pyzlog.__file__).parent / "cls" / "libcls_zlog.so"
-        if p.exists():
-            return p
+        for d in pyzlog.__path__:  # the source folder first when run from a checkout
+            p = Path(d) / "cls" / "libcls_zlog.so"
+            if p.exists():
+                return p
     except ImportError:
         pass
     raise ClusterError("libcls_zlog.so not found: build with `pip install .` or pass --cls-lib")
