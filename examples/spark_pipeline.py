@@ -1,7 +1,7 @@
 """A Spark pipeline from one log to another.
 
     export CEPH_CONF=$PWD/run/cluster/ceph.conf      # ./dev demo starts this cluster
-    .venv/bin/python -P examples/spark_pipeline.py [--events 10000] [--pool zlog]
+    .venv/bin/python examples/spark_pipeline.py [--events 10000] [--pool zlog]
 
 Creates a source log and appends N JSON events, reads it with
 spark.read.format("zlog"), keeps the "click" events and upper-cases their

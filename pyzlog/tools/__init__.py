@@ -1,3 +1,3 @@
 """pyzlog's test rigs: the benchmark drivers behind `zlog bench` and
-`python -P -m pyzlog.tools.spark_bench`, and the fault suite's report. They
+`python -m pyzlog.tools.spark_bench`, and the fault suite's report. They
 use the client; the client never imports them."""

@@ -11,7 +11,7 @@
 
 Ratios are medians of the per-round ratios; results go to a JSON file
 (default results/bench-fastread.json). Phase 2 hooks this into `zlog bench
-read`; until then: `python -P -m pyzlog.tools.fastread_bench --conf ceph.conf`.
+read`; until then: `python -m pyzlog.tools.fastread_bench --conf ceph.conf`.
 """
 from __future__ import annotations
 

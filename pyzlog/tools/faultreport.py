@@ -1,6 +1,6 @@
 """Run the fault-injection suite (tests/faults) and tabulate what it proved.
 
-    python -P -m pyzlog.tools.faultreport [--repo DIR] [--results DIR] [PYTEST ARGS...]
+    python -m pyzlog.tools.faultreport [--repo DIR] [--results DIR] [PYTEST ARGS...]
 
 Runs pytest on the repository's tests/faults with ZLOG_FAULT_REPORT naming a
 file: each fault test appends a JSON row there (its checker's Report: the
@@ -106,7 +106,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -P -m pyzlog.tools.faultreport",
+    ap = argparse.ArgumentParser(prog="python -m pyzlog.tools.faultreport",
                                  description="run tests/faults and tabulate the anomalies found")
     ap.add_argument("--repo", type=Path, default=None,
                     help="repository root (default: the current directory or a parent holding tests/faults)")

@@ -1,6 +1,6 @@
 """Spark read throughput against the client's own stream, on one log.
 
-    python -P -m pyzlog.tools.spark_bench --conf $CEPH_CONF --pool zlog [--entries 1000000]
+    python -m pyzlog.tools.spark_bench --conf $CEPH_CONF --pool zlog [--entries 1000000]
 
 Creates (or reuses) a log of `entries` small entries named bench-spark-<entries>,
 then times spark.read.format("zlog")...count() under local[1] and local[2]

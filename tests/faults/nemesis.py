@@ -13,7 +13,7 @@ Each nemesis step picks one action at random, then waits 1-2.5 s. A run
 passes with 0 anomalies and no hang: appenders stop, and both readers reach
 the sentinels, within bounded time.
 
-    .venv/bin/python -P tests/faults/nemesis.py --runs 5 --seconds 60   # own cluster
+    .venv/bin/python tests/faults/nemesis.py --runs 5 --seconds 60   # own cluster
     -> results/nemesis.json, results/nemesis.md
 
 tests/faults/test_nemesis.py runs one short round in the suite.
@@ -192,7 +192,7 @@ def write_results(runs: list[dict[str, Any]], results: Path, seconds: float, sta
     lines = ["# Nemesis runs" + (" with a standby sequencer" if standby else ""), "",
              "Every kind of appender, two following readers (one in a client process the nemesis pauses), "
              "and a nemesis that pauses and kills the sequencer, reconfigures, trims to near the tail and "
-             "pauses the client process." + two + " Rerun: `.venv/bin/python -P tests/faults/nemesis.py "
+             "pauses the client process." + two + " Rerun: `.venv/bin/python tests/faults/nemesis.py "
              f"--runs 5 --seconds {seconds:.0f}{' --standby' if standby else ''}`.", "",
              "| seed | seconds | acknowledged appends | anomalies | actions | stopped in |",
              "|---|---|---|---|---|---|"]
