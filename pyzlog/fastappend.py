@@ -18,7 +18,6 @@ PYZLOG_NATIVE_APPENDS=0 to send every async append through python-rados.
 """
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import os
@@ -28,7 +27,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .cluster import connection_settings
+from .errors import ZlogError
 from .layout import data_oid_prefix
+from .objects import librados_call, on_exit
 from .sequencer import SequencerClient
 from .state import LogState
 
@@ -53,11 +54,9 @@ class NativeAppends:
     def __init__(self, log: LogState, seqr: SequencerClient, done: Done, coalesce: bool) -> None:
         from . import _appender  # type: ignore[attr-defined]  # the C++ extension
 
-        client, conf_file, options = connection_settings(log.cluster)
-        self._appender = _appender.Appender(client, conf_file, options, log.pool, log.name,
-                                            seqr.host, seqr.port, seqr.timeout, coalesce)
         if _appender.HANDED_BACK != HANDED_BACK:
             raise RuntimeError(f"pyzlog._appender hands back with code {_appender.HANDED_BACK}, not {HANDED_BACK}")
+        client, conf_file, options = connection_settings(log.cluster)
         self._log_name = log.name
         self._meta: Meta | None = None
         self._tickets = itertools.count()  # next() is atomic: appends may come from many threads
@@ -65,8 +64,11 @@ class NativeAppends:
         self._done = done
         self._closed = False
         self._thread = threading.Thread(target=self._report, name="pyzlog-append-done", daemon=True)
-        self._thread.start()
-        _live.add(self)
+        with librados_call():  # an exit meanwhile waits for this, then closes it (it is in _live)
+            self._appender = _appender.Appender(client, conf_file, options, log.pool, log.name,
+                                                seqr.host, seqr.port, seqr.timeout, coalesce)
+            self._thread.start()
+            _live.add(self)
 
     @classmethod
     def open(cls, log: LogState, seqr: SequencerClient | None, done: Done,
@@ -76,7 +78,7 @@ class NativeAppends:
             return None
         try:
             return cls(log, seqr, done, coalesce)
-        except (ImportError, RuntimeError) as e:
+        except (ImportError, RuntimeError, ZlogError) as e:
             logger.warning("async appends to %r go through python-rados: the C++ path is unavailable (%s)",
                            log.name, e)
             return None
@@ -126,7 +128,9 @@ class NativeAppends:
 _live: weakref.WeakSet[NativeAppends] = weakref.WeakSet()
 
 
-@atexit.register
 def _close_all() -> None:
     for n in list(_live):
         n.close(10.0)
+
+
+on_exit(_close_all)

@@ -33,7 +33,6 @@ then shuts librados down.
 """
 from __future__ import annotations
 
-import atexit
 import errno
 import math
 import threading
@@ -53,6 +52,7 @@ from .errors import (
     ZlogError,
     from_errno,
 )
+from .objects import librados_call, on_exit
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -153,9 +153,10 @@ class Native:
             entry = _natives.get(id(cluster))
             if entry is not None and entry[0] is cluster and not entry[1].closed:
                 return entry[1]
-            native = cls(cluster)
-            # holds `cluster` too, so its id() is not reused while the entry lives
-            _natives[id(cluster)] = (cluster, native)
+            with librados_call():  # an exit meanwhile waits for this, then closes it
+                native = cls(cluster)
+                # holds `cluster` too, so its id() is not reused while the entry lives
+                _natives[id(cluster)] = (cluster, native)
             return native
 
     def pool(self, name: str, namespace: str = "") -> Pool:
@@ -198,7 +199,6 @@ _natives: dict[int, tuple[Any, Native]] = {}
 _natives_lock = threading.Lock()
 
 
-@atexit.register
 def _close_all() -> None:
     """Before the interpreter finalizes, stop every native connection's
     librados threads (after a bounded wait for reads in flight)."""
@@ -206,6 +206,9 @@ def _close_all() -> None:
         natives = [n for _, n in _natives.values()]
     for native in natives:
         native.close(EXIT_DRAIN_SECONDS)
+
+
+on_exit(_close_all)
 
 
 # ------------------------------------------------------------------- windows

@@ -230,6 +230,26 @@ class Log:
         return Stream(self.state, start, end, follow=follow, hole_wait=hole_wait, decode=self.state.decode,
                       stride_index=stride_index, stride=stride, known_tail=known_tail)
 
+    def stream_batches(self, start: int = 0, end: int | None = None, *, follow: bool = False,
+                       hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
+                       stride: int | None = None, known_tail: int | None = None,
+                       signed: bool = False) -> Iterator[Any]:
+        """stream() as pyarrow.RecordBatch es, on the native read path:
+        columns position, data (null unless the kind is data), kind (data,
+        filled, trimmed, lost), epoch, with the same positions, gaps and hole
+        filling as stream(). `signed`: position and epoch as int64."""
+        from .batches import BatchStream
+
+        check_stream_args(start, end)
+        return iter(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
+                                stride_index=stride_index, stride=stride, known_tail=known_tail, signed=signed))
+
+    def read_batches(self, start: int, end: int, *, hole_wait: float = HOLE_WAIT_SECONDS,
+                     signed: bool = False) -> Iterator[Any]:
+        """The positions [start, end) as record batches (stream_batches up to
+        `end`, or to the tail if it comes first)."""
+        return self.stream_batches(start, end, hole_wait=hole_wait, signed=signed)
+
     # -------------------------------------------------------- reconfiguration
     def reconfigure(self, width: int) -> wire.View:
         """Stripe new positions over `width` objects: seal the newest view at a

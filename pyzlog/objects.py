@@ -5,7 +5,8 @@ import atexit
 import errno
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import Future
 
 import rados
@@ -135,6 +136,28 @@ class _Gate:
 
 
 _gate = _Gate()
+_exit_hooks: list[Callable[[], None]] = []
+
+
+@contextmanager
+def librados_call() -> Iterator[None]:
+    """Around a call into librados made outside ClassIO (opening a native
+    connection): refused once the interpreter exits, waited for otherwise."""
+    _gate.enter()
+    try:
+        yield
+    finally:
+        _gate.leave()
+
+
+def on_exit(hook: Callable[[], None]) -> None:
+    """Run `hook` at interpreter exit once no new librados call can start and
+    those under way have returned (a native connection opening in another
+    thread is then open, and the hook can close it), before python-rados is
+    shut down."""
+    _exit_hooks.append(hook)
+
+
 _live: weakref.WeakSet[ClassIO] = weakref.WeakSet()
 #: Every ClassIO with aio in flight, held strongly. python-rados keeps a
 #: pending op as a cycle (Ioctx -> its completion lists -> Completion -> Ioctx);
@@ -150,6 +173,8 @@ def _drain_all() -> None:
     none of its threads calls back into a Python that is going away (that
     aborts the process, e.g. after a stream was abandoned mid-read-ahead)."""
     _gate.close(30.0)  # calls still starting from other threads now fail instead
+    for hook in reversed(_exit_hooks):
+        hook()
     ios = list(_live)
     for io in ios:
         io.drain(10.0)

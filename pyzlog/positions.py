@@ -75,7 +75,8 @@ class Positions:
         self._switch_lock = threading.Lock()
         #: grows whenever the sequencer asked changes (the C++ append path reconnects)
         self.generation = 0
-        self._down = False  # the last request found the sequencer unreachable
+        self._down = False  # the last request found a sequencer unreachable ...
+        self._failed = ""  # ... this one
         self._recheck_at = 0.0  # no request to the sequencer before this (monotonic)
         self._slow_lock = threading.Lock()
         self._slow_next = 0  # next position slow tail finding hands out
@@ -132,8 +133,7 @@ class Positions:
                 return False
             kwargs = {} if self.timeout is None else {"timeout": self.timeout}
             self.sequencer = SequencerClient(address, **kwargs)
-            self._down = False
-            self._recheck_at = 0.0
+            self._recheck_at = 0.0  # ask it at once (_down stays: the next answer says it is over)
             self.generation += 1
         logger.info("log %r: asking sequencer %s%s", self.log.name, address,
                     f" (was {old.address})" if old is not None else "")
@@ -196,17 +196,21 @@ class Positions:
             try:
                 status, seqr_epoch, pos, _ = seqr.next(log.pool, log.name, log.epoch, count)
             except SequencerUnavailable as e:
-                if self._moved_on() or self._detour(seqr.address):
-                    continue  # another daemon took the log over, or may: ask it
                 if not self._down:
                     logger.warning("%s; appending to %r by slow tail finding until it is back", e, log.name)
-                self._down = True
+                    self._down, self._failed = True, seqr.address
+                if self._moved_on() or self._detour(seqr.address):
+                    continue  # another daemon took the log over, or may: ask it
                 self._recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
                 return None
-            if self._down:
-                logger.warning("sequencer %s is back; appends to %r use it again", seqr.address, log.name)
-                self._down = False
             if status == OK:
+                if self._down:
+                    if seqr.address == self._failed:
+                        logger.warning("sequencer %s is back; appends to %r use it again", seqr.address, log.name)
+                    else:
+                        logger.warning("appends to %r use sequencer %s (it serves the log now)", log.name,
+                                       seqr.address)
+                    self._down = False
                 return int(pos)
             if status == STALE_EPOCH and time.monotonic() < retry_until:
                 if log.refresh().epoch >= seqr_epoch:

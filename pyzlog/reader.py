@@ -141,6 +141,65 @@ class ObjectCursor:
             self.entries.pop()
 
 
+class HoleClock:
+    """The gap rule every stream follows (Stream here, batches.BatchStream
+    on the native path): an unwritten position is a hole once some later
+    position is known to have been handed out, and it is filled as LOST
+    after `hole_wait` seconds from the first time that was known. Holes
+    found together (one lost batch of positions) are waited for together."""
+
+    def __init__(self, hole_wait: float, known_tail: int | None = None) -> None:
+        self.hole_wait = hole_wait
+        self.known_tail = known_tail  # the caller knows every position below this was handed out
+        # (bound, first seen): since then every position below bound was known
+        # to have been handed out. Bounds increase.
+        self._bounds: list[float] = []
+        self._times: list[float] = []
+
+    def saw_tail(self, bound: int, passed: int) -> None:
+        """Every position below `bound` was handed out, as seen now; the
+        stream has passed every position below `passed`."""
+        if not self._bounds or bound > self._bounds[-1]:
+            self._bounds.append(bound)
+            self._times.append(time.monotonic())
+            if len(self._bounds) > 64:  # a long follow: forget bounds the stream has passed
+                keep = max(bisect.bisect_right(self._bounds, passed) - 1, 0)
+                del self._bounds[:keep], self._times[:keep]
+
+    def since(self, position: int, view_end: int | None, highest: Callable[[], int | None]) -> float | None:
+        """When `position` was first known to lie below the tail, or None if
+        it is at the tail. `view_end`: where its view ends, if a later view
+        exists; `highest()`: the highest position stored in its view now."""
+        if view_end is not None:
+            self.saw_tail(view_end, position)  # a later view exists: all of this one is below the tail
+        elif self.known_tail is not None and position < self.known_tail:
+            self.saw_tail(self.known_tail, position)
+        else:
+            top = highest()
+            if top is not None:
+                self.saw_tail(top, position)
+        i = bisect.bisect_right(self._bounds, position)
+        return self._times[i] if i < len(self._bounds) else None
+
+    def wait_for(self, since: float) -> float:
+        """Seconds to sleep before looking at a hole first known at `since`
+        again; 0 means its wait is over: fill it."""
+        waited = time.monotonic() - since
+        if waited >= self.hole_wait:
+            return 0.0
+        return min(0.01 + waited / 4, 0.2, self.hole_wait - waited)
+
+
+def fill_hole(log: LogState, position: int) -> bool:
+    """Fill a hole whose wait is over, recording it as lost; False if someone
+    else wrote, filled or trimmed it first (read it again)."""
+    try:
+        ops.fill(log, position, wire.FILL_LOST)
+        return True
+    except (Filled, Trimmed, ReadOnly):
+        return False
+
+
 class Stream:
     """Iterator over positions [start, end) of a log; see Log.stream."""
 
@@ -161,17 +220,11 @@ class Stream:
         # put them (a Spark partition: one object of the view it was planned in)
         self.stride_index = stride_index
         self.stride = stride
-        self.known_tail = known_tail  # the caller knows every position below this was handed out
+        self.holes = HoleClock(hole_wait, known_tail)
         self._view: wire.View | None = None
         self._view_end: int | None = None
         self._cursors: list[ObjectCursor] = []
         self._views: tuple[wire.View, ...] | None = None
-        # (bound, first seen): since then every position below bound was known
-        # to have been handed out. Bounds increase; a hole's wait counts from
-        # the first time a tail beyond it was seen, so holes found together
-        # (one lost batch of positions) are waited for together.
-        self._tail_bounds: list[float] = []
-        self._tail_times: list[float] = []
         self._idle_since: float | None = None
 
     def __iter__(self) -> Iterator[Record]:
@@ -196,30 +249,10 @@ class Stream:
             for c in self._cursors:
                 c.start()
 
-    def _saw_tail(self, bound: int) -> None:
-        """Every position below `bound` was handed out, as seen now."""
-        if not self._tail_bounds or bound > self._tail_bounds[-1]:
-            self._tail_bounds.append(bound)
-            self._tail_times.append(time.monotonic())
-            if len(self._tail_bounds) > 64:  # a long follow: forget bounds the stream has passed
-                keep = max(bisect.bisect_right(self._tail_bounds, self.position) - 1, 0)
-                del self._tail_bounds[:keep], self._tail_times[:keep]
-
-    def _hole_since(self, position: int) -> float | None:
-        """When `position` was first known to lie below the tail (some later
-        position handed out), or None if it is at the tail."""
-        if self._view_end is not None:
-            self._saw_tail(self._view_end)  # a later view exists: all of this one is below the tail
-        elif self.known_tail is not None and position < self.known_tail:
-            self._saw_tail(self.known_tail)
-        else:
-            for c in self._cursors:
-                c.refresh_max()  # every object, not only those read so far
-            tops = [c.max_position for c in self._cursors if c.max_position is not None]
-            if tops:
-                self._saw_tail(max(tops))
-        i = bisect.bisect_right(self._tail_bounds, position)
-        return self._tail_times[i] if i < len(self._tail_bounds) else None
+    def _highest(self) -> int | None:
+        for c in self._cursors:
+            c.refresh_max()  # every object, not only those read so far
+        return max((c.max_position for c in self._cursors if c.max_position is not None), default=None)
 
     def _advance(self) -> None:
         self.position += self.stride or 1
@@ -256,23 +289,21 @@ class Stream:
         """An unwritten position: a hole to wait on and then fill, or the tail.
         None means "look again"."""
         pos = self.position
-        since = self._hole_since(pos)
+        since = self.holes.since(pos, self._view_end, self._highest)
         if since is None:
             if not self.follow:
                 raise StopIteration  # reached the tail
             self._wait_at_tail(pos)
             return None
-        now = time.monotonic()
-        if now - since < self.hole_wait:
-            time.sleep(min(0.01 + (now - since) / 4, 0.2, self.hole_wait - (now - since)))
+        pause = self.holes.wait_for(since)
+        if pause:
+            time.sleep(pause)
             cursor.forget_from(pos)
             return None
-        try:
-            ops.fill(self.log, pos, wire.FILL_LOST)
+        if fill_hole(self.log, pos):
             return Record(pos, RecordKind.LOST, None, self.log.epoch)
-        except (Filled, Trimmed, ReadOnly):
-            cursor.forget_from(pos)  # someone else got there first: read what it is now
-            return None
+        cursor.forget_from(pos)  # someone else got there first: read what it is now
+        return None
 
     def _wait_at_tail(self, pos: int) -> None:
         """Follow mode: sleep with backoff, then re-read every object from `pos`

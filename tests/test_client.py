@@ -431,7 +431,7 @@ for target in (follow, reads, appends, follow):
 time.sleep({pause})
 print("exiting", flush=True)
 """)
-    out = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-P", "-X", "faulthandler", str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
     assert out.stdout.strip() == "exiting"
     assert "ceph_assert" not in out.stderr and "Fatal Python error" not in out.stderr

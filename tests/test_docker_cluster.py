@@ -15,6 +15,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -141,14 +142,26 @@ def test_bluestore_cluster_up_use_restart_stop(images: Any, tmp_path: Path) -> N
             pyzlog.connect(c.conf, keyring=str(bad), connect_timeout=10)
         r = pyzlog.connect(c.conf, op_timeout=30)
         try:
-            # both sequencers serve; the second takes over the log with a new epoch
+            # both sequencers stand by for each other: the log is served by the
+            # one that took it, and a client told the other follows the metadata
             seqr0, seqr1 = c.sequencers
             lg = Log.create(r, "zlog", "life", width=3, sequencer=seqr0)
             first = [lg.append(b"a%d" % i) for i in range(20)]
+            assert lg.refresh().sequencer == seqr0
             lg2 = Log.open(r, "zlog", "life", sequencer=seqr1)
             second = [lg2.append(b"b%d" % i) for i in range(20)]
-            assert len(set(first + second)) == 40
-            assert lg2.epoch > lg.epoch
+            assert lg2.sequencer is not None and lg2.sequencer.address == seqr0
+            # the serving sequencer's host stops: the other takes the log over
+            epoch = lg.refresh().epoch
+            dcluster.docker("stop", c.container("seqr0"), timeout=60)
+            third = [lg2.append(b"c%d" % i) for i in range(20)]
+            deadline = time.monotonic() + 30
+            while lg.refresh().sequencer != seqr1 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert lg.refresh().sequencer == seqr1 and lg.epoch > epoch
+            third += [lg2.append(b"c%d" % i) for i in range(20, 40)]
+            assert lg2.sequencer is not None and lg2.sequencer.address == seqr1
+            assert len(set(first + second + third)) == 80
 
             # bluestore keeps the data across a restart of an OSD host
             dcluster.docker("restart", c.container("osd1"), timeout=120)
@@ -157,6 +170,7 @@ def test_bluestore_cluster_up_use_restart_stop(images: Any, tmp_path: Path) -> N
             got = {rec.position: rec.data for rec in Log.open(r, "zlog", "life").stream(0, follow=False)}
             assert [got[p] for p in first] == [b"a%d" % i for i in range(20)]
             assert [got[p] for p in second] == [b"b%d" % i for i in range(20)]
+            assert [got[p] for p in third] == [b"c%d" % i for i in range(40)]
             lg.close()
             lg2.close()
         finally:

@@ -608,6 +608,28 @@ def _stream_passes(log: Any, lo: int, hi: int, size: int, duration: float, tick:
     return n, now - t0, []
 
 
+def _batch_passes(log: Any, lo: int, hi: int, size: int, duration: float, tick: _Ticker,
+                  counts: dict[str, int]) -> Run:
+    """Whole stream_batches() passes over [lo, hi): (entries, elapsed, [])."""
+    n = 0
+    t0 = time.perf_counter()
+    end = t0 + duration
+    now = t0
+    while now < end:
+        for batch in log.stream_batches(lo, hi):
+            n += batch.num_rows - batch.column(1).null_count
+            counts["gaps"] += batch.column(1).null_count
+            now = time.perf_counter()
+            tick(now)
+            if now >= end:
+                break
+        else:
+            counts["full_passes"] += 1
+        now = time.perf_counter()
+    tick.finish()
+    return n, now - t0, []
+
+
 def _write_raw_objects(b: _Bench, m: int, data: bytes, progress: Progress) -> list[str]:
     task = progress.add_task(f"raw: writing {m} objects", total=m, info="")
     oids = [b.raw_oid() for _ in range(m)]
@@ -659,9 +681,12 @@ def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int
 
             # (case, label, system, depth, api, run(duration, tick))
             stream_counts = {"full_passes": 0, "gaps": 0}
+            batch_counts = {"full_passes": 0, "gaps": 0}
             plan: list[tuple[str, str, str, int, str, Callable[[float, _Ticker], Any]]] = [
                 ("zlog_stream", "zlog stream()", "zlog", 0, "stream",
                  lambda d, t: _stream_passes(log, lo, hi, size, d, t, stream_counts)),
+                ("zlog_stream_batches", "zlog stream_batches()", "zlog", 0, "stream_batches",
+                 lambda d, t: _batch_passes(log, lo, hi, size, d, t, batch_counts)),
                 ("zlog_read", "zlog read() random", "zlog", 1, "read",
                  lambda d, t: run_sync(lambda i: log.read(rnd.randrange(lo, hi)), d, t)),
                 ("raw_read", "raw read depth 1", "raw", 1, "read",
@@ -683,12 +708,14 @@ def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int
             cases = {key: summarize_runs(key, system, d, runs[key], size, api=api)
                      for key, _, system, d, api, _ in plan}
             cases["zlog_stream"].update(stream_counts)
+            cases["zlog_stream_batches"].update(batch_counts)
 
         def ratio(a: str, b_: str) -> float:
             return statistics.median(round_ratios(runs[a], runs[b_]))
 
         ratios = {
             "stream_vs_single_read": ratio("zlog_stream", "zlog_read"),
+            "stream_batches_vs_stream": ratio("zlog_stream_batches", "zlog_stream"),
             "read_vs_raw": ratio("zlog_read", "raw_read"),
             f"read_async_vs_raw_depth{depth}": ratio(f"zlog_read_async_depth{depth}", f"raw_read_depth{depth}"),
             "stream_vs_raw_depth": ratio("zlog_stream", f"raw_read_depth{depth}"),
@@ -725,7 +752,8 @@ def markdown_read(r: dict[str, Any]) -> str:
              "",
              "| case | depth | entries/s | MB/s | p50 ms | p99 ms |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    rows = [("zlog stream()", "zlog_stream"), ("zlog read() random", "zlog_read"),
+    rows = [("zlog stream()", "zlog_stream"), ("zlog stream_batches() (Arrow)", "zlog_stream_batches"),
+            ("zlog read() random", "zlog_read"),
             ("zlog read_async random", f"zlog_read_async_depth{d}"),
             ("raw librados read", "raw_read"), ("raw librados aio_read", f"raw_read_depth{d}")]
     for label, key in rows:
@@ -736,7 +764,8 @@ def markdown_read(r: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"stream / single reads: **{ra['stream_vs_single_read']:.1f}x** "
                  f"(target >= {r['target_ratio']:g}); read_async / raw aio_read at depth {d}: "
-                 f"{ra[f'read_async_vs_raw_depth{d}']:.2f}")
+                 f"{ra[f'read_async_vs_raw_depth{d}']:.2f} (target >= 0.9); stream_batches / stream: "
+                 f"{ra['stream_batches_vs_stream']:.1f}x (target >= 3)")
     return "\n".join(lines)
 
 

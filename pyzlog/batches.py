@@ -1,0 +1,140 @@
+"""Streams of Arrow record batches on the native read path (Log.stream_batches).
+
+The same walk as reader.Stream, with the same gap rules (reader.HoleClock,
+reader.fill_hole), but each view is read by fastread.ViewScan: read_range
+replies are indexed in C and walked into Arrow columns, with no Python
+object per entry. Batches have fastread.batch_schema(signed): position,
+data (null unless the kind is data), kind (data, filled, trimmed, lost),
+epoch.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from . import fastread as fr
+from . import wire
+from .errors import StaleEpoch
+from .layout import view_end, view_objects, view_of
+from .reader import MAX_POLL_SECONDS, HoleClock, fill_hole
+from .stale import StaleWait
+from .state import LogState
+
+#: entries asked of one object per read_range call
+PER_CALL = 1024
+
+
+class BatchStream:
+    """Batches for positions [start, end) (or only those p with p % stride ==
+    stride_index), in position order; see Log.stream_batches."""
+
+    def __init__(self, log: LogState, start: int, end: int | None, *, follow: bool, hole_wait: float,
+                 stride_index: int | None = None, stride: int | None = None, known_tail: int | None = None,
+                 signed: bool = False, max_rows: int = 65536) -> None:
+        self.log = log
+        self.position = start
+        self.end = end
+        self.follow = follow
+        self.stride_index, self.stride = stride_index, stride
+        self.signed, self.max_rows = signed, max_rows
+        self.holes = HoleClock(hole_wait, known_tail)
+        native = fr.Native.of(log.cluster)
+        self._pool = native.pool(log.pool)
+        self._queue = native.queue()
+        self._decode = None if log.config.get("compression", "none") == "none" else log.decode
+        self._filter = False  # rows of positions not asked for come with the view being read
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from self._walk()
+        finally:
+            self._queue.close()
+
+    # ---------------------------------------------------------------- views
+    def _scan(self) -> tuple[fr.ViewScan, wire.View, int | None, tuple[wire.View, ...]]:
+        """A scan of the view holding `position`, up to its end (or `end`)."""
+        meta = self.log.meta
+        view = view_of(meta.views, self.position)
+        vend = view_end(meta.views, view)
+        last = min(x for x in (vend, self.end, wire.MAX_POSITION + 1) if x is not None)
+        step = 1
+        self._filter = self.stride is not None
+        if self.stride is not None and view.width == self.stride:
+            step = view.width  # one object of the view holds exactly the positions asked for
+            self._filter = False
+            self.position += (self.stride_index - self.position) % self.stride  # type: ignore[operator]
+        scan = fr.ViewScan(self._queue, self._pool, view_objects(self.log.name, view), meta.epoch,
+                           self.position, last, per_call=PER_CALL, step=step, max_rows=self.max_rows,
+                           signed=self.signed)
+        return scan, view, vend, meta.views
+
+    def _walk(self) -> Iterator[Any]:
+        stale = StaleWait(self.log, "stream_batches")
+        idle_since: float | None = None
+        scan: fr.ViewScan | None = None
+        while self.end is None or self.position < self.end:
+            if scan is None:
+                scan, view, vend, views = self._scan()
+            elif self.log.views is not views:  # a reconfiguration: the view may end now
+                views = self.log.views
+                vend = view_end(views, view)
+                if vend is not None and vend < scan.end:
+                    scan = None
+                    continue
+            try:
+                built = scan.next_batch()
+            except StaleEpoch:
+                stale(scan.epoch)
+                self.position = scan.position
+                scan = None
+                continue
+            stale.reset()
+            self.position = scan.position
+            if built.batch.num_rows:
+                idle_since = None
+                yield self._rows(built.batch)
+            if built.stop == fr.STOP_END:
+                scan = None  # the view (or the range) is done: the next view, or the end
+                continue
+            if built.stop != fr.STOP_MISSING:
+                continue
+            pos = scan.position
+            since = self.holes.since(pos, vend, lambda: (scan.refresh_max(), scan.max_position())[1])
+            if since is None:  # the tail
+                if not self.follow:
+                    return
+                now = time.monotonic()
+                idle_since = idle_since or now
+                time.sleep(min(0.002 * 2 ** min((now - idle_since) * 10, 7), MAX_POLL_SECONDS))
+                scan.forget_from(pos)
+                self.log.refresh()
+                continue
+            pause = self.holes.wait_for(since)
+            if pause:
+                time.sleep(pause)
+                scan.forget_from(pos)
+            elif fill_hole(self.log, pos):
+                yield self._rows(fr.batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed))
+                scan.skip()
+                self.position = scan.position
+            else:
+                scan.forget_from(pos)  # someone else got there first: read what it is now
+
+    def _rows(self, batch: Any) -> Any:
+        """Only the positions asked for (a view of another width than the
+        stride holds them among others), with data decoded."""
+        import pyarrow.compute as pc
+
+        if self._filter and batch.num_rows:
+            pos = batch.column(0)
+            rem = pc.subtract(pos, pc.multiply(pc.divide(pos, self.stride), self.stride))
+            batch = batch.filter(pc.equal(rem, self.stride_index))
+        if self._decode is not None and batch.num_rows:
+            import pyarrow as pa
+
+            decode = self._decode
+            data = pa.array([None if v is None else decode(v) for v in batch.column(1).to_pylist()], pa.binary())
+            batch = pa.RecordBatch.from_arrays([batch.column(0), data, batch.column(2), batch.column(3)],
+                                               schema=batch.schema)
+        return batch

@@ -1,0 +1,102 @@
+"""Log.stream_batches / read_batches: Arrow batches on the native read path,
+with the same positions, gaps and hole filling as Log.stream()."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from pyzlog import Log, RecordKind
+
+
+def rows(batches: Any) -> list[tuple[int, str, bytes | None]]:
+    out = []
+    for b in batches:
+        d = b.to_pydict()
+        out.extend(zip(d["position"], d["kind"], d["data"]))
+    return out
+
+
+def records(stream: Any) -> list[tuple[int, str, bytes | None]]:
+    return [(r.position, r.kind.value, r.data) for r in stream]
+
+
+def gappy(rados_cluster, ceph, name: str, compression: str = "none") -> Log:  # type: ignore[no-untyped-def]
+    """Data, a fill, a trim, two holes below the tail, then a second view of
+    another width with more of each."""
+    lg = Log.create(rados_cluster, ceph.pool, name, width=3, compression=compression)
+    lg.append_many([b"a%d" % i for i in range(40)])
+    lg.fill(40)
+    lg.trim(3)
+    lg.write(43, b"after-holes")  # 41, 42: holes below the tail
+    lg.reconfigure(width=2)
+    start = lg.views[-1].start
+    lg.append_many([b"b%d" % i for i in range(30)])
+    lg.fill(start + 30)
+    lg.write(start + 32, b"after-hole")  # start + 31: a hole
+    return lg
+
+
+def test_batches_match_stream(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = gappy(rados_cluster, ceph, log_name)
+    got = rows(Log.open(rados_cluster, ceph.pool, log_name).stream_batches(0, hole_wait=0.2))
+    want = records(Log.open(rados_cluster, ceph.pool, log_name).stream(0, hole_wait=0.2))
+    assert got == want
+    assert [p for p, _, _ in got] == list(range(len(got)))
+    kinds = {k for _, k, _ in got}
+    assert kinds == {"data", "filled", "trimmed", "lost"}
+    start = lg.views[-1].start
+    assert (41, "lost", None) in got and (start + 31, "lost", None) in got and (3, "trimmed", None) in got
+    assert rows(lg.read_batches(10, 20)) == [(p, "data", b"a%d" % p) for p in range(10, 20)]
+
+
+def test_batches_of_a_stride_across_a_width_change(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """Partitions planned at width 3 (p % 3 == i) read exactly their positions,
+    whatever views hold them now."""
+    lg = gappy(rados_cluster, ceph, log_name)
+    everything = rows(lg.stream_batches(0, hole_wait=0.2))
+    end = everything[-1][0] + 1
+    parts = [rows(lg.stream_batches(0, end, stride_index=i, stride=3, hole_wait=0.2)) for i in range(3)]
+    for i, part in enumerate(parts):
+        assert all(p % 3 == i for p, _, _ in part)
+    assert sorted(r for part in parts for r in part) == everything
+
+
+def test_batches_decode_compressed_entries(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, compression="zstd")
+    lg.append_many([b"z" * 500 + b"%d" % i for i in range(50)])
+    assert rows(lg.stream_batches(0)) == [(i, "data", b"z" * 500 + b"%d" % i) for i in range(50)]
+
+
+def test_batches_follow_the_tail_and_a_reconfiguration(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    lg.append_many([b"x%d" % i for i in range(10)])
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+
+    def later() -> None:
+        time.sleep(0.3)
+        lg.append_many([b"y%d" % i for i in range(10)])
+        Log.open(rados_cluster, ceph.pool, log_name).reconfigure(width=3)  # the reader's epoch goes stale
+        lg.refresh()
+        lg.append_many([b"z%d" % i for i in range(10)])
+
+    t = threading.Thread(target=later)
+    t.start()
+    seen: list[tuple[int, str, bytes | None]] = []
+    for b in reader.stream_batches(0, follow=True, hole_wait=0.5):
+        seen.extend(rows([b]))
+        if len(seen) >= 30:
+            break
+    t.join()
+    assert [d for _, _, d in seen] == [b"x%d" % i for i in range(10)] + [b"y%d" % i for i in range(10)] + \
+        [b"z%d" % i for i in range(10)]
+    assert [p for p, _, _ in seen] == list(range(30))
+
+
+def test_a_hole_is_lost_for_every_later_reader(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    lg.write(0, b"a")
+    lg.write(2, b"c")
+    assert rows(lg.stream_batches(0, hole_wait=0.1)) == [(0, "data", b"a"), (1, "lost", None), (2, "data", b"c")]
+    assert [r.kind for r in Log.open(rados_cluster, ceph.pool, log_name).stream(0)] == \
+        [RecordKind.DATA, RecordKind.LOST, RecordKind.DATA]
