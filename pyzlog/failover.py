@@ -38,8 +38,8 @@ from .errors import ZlogError
 from .layout import META_NAMESPACE
 from .metadata import MetaStore
 from .objects import ClassIO
-from .registry import (DEFAULT_GROUP, DaemonRecord, preference, read_records, refuses_connections,
-                       registry_ioctx)
+from .registry import (DEFAULT_GROUP, DaemonRecord, answers, preference, read_records,
+                       refuses_connections, registry_ioctx)
 
 log = logging.getLogger("zlog-seqr")
 
@@ -57,18 +57,20 @@ class Peer:
     def __init__(self, beat: int, now: float) -> None:
         self.beat = beat
         self.changed_at = now
-        self.refused = False
+        self.refused = False  # its port is closed, or (record gone) it does not answer
         self.gone = False  # its record was removed: it stopped cleanly (or was forgotten)
         self.handled = False  # its logs were scanned for taking over since it died
+        self.rescans: list[float] = []  # scan its logs again then (take-overs it had under way)
 
     def see(self, beat: int, now: float) -> None:
         if beat != self.beat:
             self.beat = beat
             self.changed_at = now
             self.handled = False
+            self.rescans = []
 
     def dead(self, now: float, lease: float) -> bool:
-        return self.gone or self.refused or now - self.changed_at >= lease
+        return self.refused or now - self.changed_at >= lease
 
 
 class Watch:
@@ -89,6 +91,7 @@ class Watch:
         #: (pool, log) -> (dead owner, since, last asked for its recovery)
         self._pending: dict[tuple[str, str], tuple[str, float, float]] = {}
         self._lock = threading.Lock()
+        self._probes: dict[str, tuple[float, bool]] = {}  # address -> (when, answered)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._beat = 0
@@ -122,8 +125,13 @@ class Watch:
             peer = self._peers.get(pool, {}).get(owner)
             if peer is not None:
                 return not peer.dead(time.monotonic(), self.lease)
-        # not a daemon we watch: alive unless nothing listens at its address
-        return not refuses_connections(owner)
+        # not a daemon we watch (no --pool, or its record long gone): alive if it
+        # answers (one probe per address and tick, however many logs ask)
+        now = time.monotonic()
+        cached = self._probes.get(owner)
+        if cached is None or now - cached[0] > self.tick:
+            cached = self._probes[owner] = (now, answers(owner, timeout=min(1.0, self.lease)))
+        return cached[1]
 
     # ----------------------------------------------------------------- loop
     def _run(self) -> None:
@@ -176,13 +184,20 @@ class Watch:
                 for address, peer in peers.items():
                     peer.gone = address not in records  # a clean stop removes the record: its logs move too
             for address, peer in list(peers.items()):
-                if not peer.gone:
+                if peer.gone:  # stopped cleanly, or a live daemon whose record was removed by hand
+                    peer.refused = peer.refused or not answers(address, timeout=min(0.3, self.tick))
+                else:
                     peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
                 if peer.dead(now, self.lease) and not peer.handled:
                     peer.handled = True
+                    # its own take-overs may still land: look at its logs again later
+                    peer.rescans = [now + self.lease, now + 3 * self.lease]
                     log.warning("sequencer %s of pool %r is dead (%s): taking over its logs", address, pool,
                                 "stopped" if peer.gone else "port closed" if peer.refused else
                                 f"no beat for {now - peer.changed_at:.1f}s")
+                    self._scan_logs_of(pool, address, now)
+                elif peer.handled and peer.rescans and now >= peer.rescans[0]:
+                    peer.rescans.pop(0)
                     self._scan_logs_of(pool, address, now)
                 if peer.handled and now - peer.changed_at > FORGET_DEAD_AFTER_LEASES * self.lease:
                     # long dead: every peer has seen it; it rewrites its record if it comes back
@@ -222,7 +237,10 @@ class Watch:
             ret, out = self._meta_io[pool].call_raw(name, "meta_get", b"", 1 << 20)
             owner = wire.parse_meta(out).sequencer if ret == 0 else None
             if owner != dead:
-                del self._pending[key]  # taken over (or the log is gone)
+                if owner and not self.owner_alive(pool, owner):
+                    self._pending[key] = (owner, now, 0.0)  # taken over by one that died too
+                else:
+                    del self._pending[key]  # taken over (or the log is gone)
                 continue
             self._pending[key] = (dead, since, now)
             log.info("log %s/%s: taking it over from %s", pool, name, dead)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .cluster import connection_settings
 from .errors import ZlogError
 from .layout import data_oid_prefix
-from .objects import librados_call, on_exit
+from .objects import native_call, on_exit
 from .sequencer import SequencerClient
 from .state import LogState
 
@@ -64,7 +64,7 @@ class NativeAppends:
         self._done = done
         self._closed = False
         self._thread = threading.Thread(target=self._report, name="pyzlog-append-done", daemon=True)
-        with librados_call():  # an exit meanwhile waits for this, then closes it (it is in _live)
+        with native_call():  # an exit meanwhile waits for this, then closes it (it is in _live)
             self._appender = _appender.Appender(client, conf_file, options, log.pool, log.name,
                                                 seqr.host, seqr.port, seqr.timeout, coalesce)
             self._thread.start()

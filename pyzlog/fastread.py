@@ -52,7 +52,7 @@ from .errors import (
     ZlogError,
     from_errno,
 )
-from .objects import librados_call, on_exit
+from .objects import native_call, on_exit
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -153,7 +153,7 @@ class Native:
             entry = _natives.get(id(cluster))
             if entry is not None and entry[0] is cluster and not entry[1].closed:
                 return entry[1]
-            with librados_call():  # an exit meanwhile waits for this, then closes it
+            with native_call():  # an exit meanwhile waits for this, then closes it
                 native = cls(cluster)
                 # holds `cluster` too, so its id() is not reused while the entry lives
                 _natives[id(cluster)] = (cluster, native)

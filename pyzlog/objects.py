@@ -140,9 +140,12 @@ _exit_hooks: list[Callable[[], None]] = []
 
 
 @contextmanager
-def librados_call() -> Iterator[None]:
-    """Around a call into librados made outside ClassIO (opening a native
-    connection): refused once the interpreter exits, waited for otherwise."""
+def native_call() -> Iterator[None]:
+    """Around a native call made outside ClassIO that releases the GIL
+    (opening a native connection, a sequencer request): refused once the
+    interpreter exits, waited for otherwise. A thread still inside one when
+    the interpreter finalizes is ended as it takes the GIL back, and
+    unwinding C++ frames that way aborts the process."""
     _gate.enter()
     try:
         yield

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 import rados
 
 from .cluster import open_ioctx
-from .errors import ZlogError
-from .sequencer import parse_address
+from .errors import InvalidRequest, SequencerUnavailable, ZlogError
+from .sequencer import SequencerClient, parse_address
 
 REGISTRY_NAMESPACE = "zlog.seqr"
 #: daemons of one group stand by for each other; clients look in the default one
@@ -52,13 +52,18 @@ class DaemonRecord:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def decode(cls, raw: bytes) -> DaemonRecord | None:
+    def decode(cls, raw: bytes, key: str) -> DaemonRecord | None:
+        """The record stored under `key`; None for anything that is not a
+        daemon's record (torn, foreign, or naming an address no client could
+        use), which everyone then ignores."""
         try:
             d = json.loads(raw)
-            return cls(str(d["address"]), int(d["beat"]), float(d["time"]), float(d["lease"]),
-                       int(d["pid"]), str(d["host"]), float(d["started"]))
-        except (ValueError, KeyError, TypeError):
-            return None  # a torn or foreign object: not a daemon
+            rec = cls(str(d["address"]), int(d["beat"]), float(d["time"]), float(d["lease"]),
+                      int(d["pid"]), str(d["host"]), float(d["started"]))
+            parse_address(rec.address)
+        except (ValueError, KeyError, TypeError, InvalidRequest):
+            return None
+        return rec if rec.address == key else None
 
 
 def registry_ioctx(cluster: rados.Rados, pool: str, group: str = DEFAULT_GROUP) -> rados.Ioctx:
@@ -75,7 +80,7 @@ def read_records(ioctx: rados.Ioctx, addresses: list[str] | None = None) -> list
     out = []
     for address in addresses:
         try:
-            rec = DaemonRecord.decode(ioctx.read(address, 4096))
+            rec = DaemonRecord.decode(ioctx.read(address, 4096), address)
         except rados.ObjectNotFound:
             continue
         except rados.Error as e:
@@ -103,7 +108,10 @@ def refuses_connections(address: str, timeout: float = 0.3) -> bool:
     """True if nothing listens at `address` (connection refused): the
     daemon is gone. A timeout proves nothing (a paused process, a slow
     network), so it counts as not refused."""
-    host, port = parse_address(address)
+    try:
+        host, port = parse_address(address)
+    except InvalidRequest:
+        return True  # no daemon can listen there
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except ConnectionRefusedError:
@@ -111,3 +119,19 @@ def refuses_connections(address: str, timeout: float = 0.3) -> bool:
     except OSError:
         return False
     return False
+
+
+def answers(address: str, timeout: float) -> bool:
+    """Does a sequencer answer a request at `address` within `timeout`? (A
+    port that accepts connections may belong to a stopped process.)"""
+    try:
+        client = SequencerClient(address, timeout=timeout)
+    except InvalidRequest:
+        return False
+    try:
+        client.tail("", "", 0)  # any answer will do (this one is BAD_REQUEST)
+        return True
+    except SequencerUnavailable:
+        return False
+    finally:
+        client.close()

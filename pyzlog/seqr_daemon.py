@@ -28,7 +28,7 @@ from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import connect
 from .errors import InvalidRequest, ZlogError
 from .failover import Watch
-from .registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, refuses_connections
+from .registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, answers
 from .sequencer import parse_address
 from .state import LogState
 from .tailfind import find_tail
@@ -135,7 +135,7 @@ class SequencerDaemon:
     def _owner_alive(self, pool: str, owner: str) -> bool:
         if self.watch is not None:
             return self.watch.owner_alive(pool, owner)
-        return not refuses_connections(owner)
+        return answers(owner, timeout=1.0)
 
     def stop(self) -> None:
         self._stop.set()

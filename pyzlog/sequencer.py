@@ -10,6 +10,7 @@ import threading
 
 from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .errors import InvalidRequest, SequencerUnavailable
+from .objects import native_call
 
 DEFAULT_ADDRESS = "127.0.0.1:5678"
 DEFAULT_TIMEOUT = 2.0
@@ -47,7 +48,7 @@ class SequencerClient:
         return self._conn
 
     def _request(self, op: str, pool: str, log: str, epoch: int, count: int) -> tuple[int, int, int, int]:
-        with self._lock:
+        with self._lock, native_call():
             try:
                 conn = self._client()
                 if op == "next":
