@@ -64,5 +64,6 @@ def denial(ioctx: rados.Ioctx, oid: str, method: str, client: str) -> Permission
     need = "' and '".join(missing)
     return PermissionDenied(
         f"cephx refused {client} the class call zlog.{method} on {oid} in {where}: its osd caps lack "
-        f"'{need}' there (a pyzlog client needs {CLIENT_CAPS.format(pool=ioctx.name)}; "
-        "see docs/deploy.md)")
+        f"'{need}' there (a pyzlog client needs {CLIENT_CAPS.format(pool=ioctx.name)}), or the OSD "
+        "refuses the class itself ('osd class load list' / 'osd class default list' without zlog); "
+        "see docs/deploy.md")
