@@ -125,10 +125,12 @@ def check_class(cluster: rados.Rados, io: ClassIO, pool: str, osds: list[dict[st
     if denied and loaded:  # the caps are the same everywhere: those OSDs refuse the class itself
         names = ", ".join(f"osd.{o}" for o, _ in denied)
         return Check("class", "fail", f"{names} refused cls_zlog (EPERM) while {len(loaded)} other OSD(s) ran it: "
-                                      "their 'osd class load list' leaves zlog out (docs/deploy.md)")
+                                      "their 'osd class load list' or 'osd class default list' leaves zlog out "
+                                      "(docs/deploy.md)")
     if denied:
         return Check("class", "fail", f"every OSD refused the class call (EPERM): this client's caps lack class "
-                                      "access, or the OSDs' 'osd class load list' leaves zlog out; "
+                                      "access, or the OSDs' 'osd class load list' or 'osd class default list' leaves zlog "
+                                      "out (docs/deploy.md); "
                                       f"{denied[0][1]}")
     if errors:
         return Check("class", "fail", "; ".join(errors))
