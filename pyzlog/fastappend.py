@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import metrics
 from .cluster import connection_settings
 from .layout import data_oid_prefix
 from .sequencer import SequencerClient
@@ -67,6 +68,7 @@ class NativeAppends:
         self._thread = threading.Thread(target=self._report, name="pyzlog-append-done", daemon=True)
         self._thread.start()
         _live.add(self)
+        metrics.NATIVE.track(self)
 
     @classmethod
     def open(cls, log: LogState, seqr: SequencerClient | None, done: Done,
@@ -117,6 +119,7 @@ class NativeAppends:
         drained = self._appender.close(timeout)
         self._closed = True
         self._thread.join(timeout)
+        metrics.NATIVE.close(self, self.stats())
         _live.discard(self)
         if not drained:
             logger.warning("log %r closed with %d async appends still in flight",

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 
-from . import ops, wire
+from . import metrics, ops, wire
 from .errors import Filled, InvalidRequest, ReadOnly, Trimmed, from_errno
 from .layout import check_position, data_oid, view_end, view_of
 from .stale import StaleWait
@@ -245,6 +245,7 @@ class Stream:
 
     def _record(self, e: wire.RangeEntry) -> Record:
         if e.state == wire.EntryState.WRITTEN:
+            metrics.read(len(e.data))
             return Record(e.position, RecordKind.DATA, self.decode(e.data), e.epoch)
         if e.state == wire.EntryState.FILLED:
             kind = RecordKind.LOST if e.data == wire.LOST_MARK else RecordKind.FILLED
@@ -269,6 +270,7 @@ class Stream:
             return None
         try:
             ops.fill(self.log, pos, wire.FILL_LOST)
+            metrics.HOLES_FILLED.inc()
             return Record(pos, RecordKind.LOST, None, self.log.epoch)
         except (Filled, Trimmed, ReadOnly):
             cursor.forget_from(pos)  # someone else got there first: read what it is now
