@@ -165,7 +165,7 @@ def check_sequencer(cluster: rados.Rados, pool: str, given: str | None) -> Check
     probes = Probes()
     try:
         live = [r.address for r in recent(read_records(registry_ioctx(cluster, pool)))]
-    except ZlogError:
+    except (ZlogError, rados.Error):
         live = []
     answering = [a for a in live if probes(a)]
     parts = []

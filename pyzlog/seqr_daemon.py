@@ -29,13 +29,17 @@ from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import connect
 from .errors import InvalidRequest, ZlogError
 from .failover import Watch
-from .seqr_metrics import DEFAULT_MAX_LOGS, Exporter, parse_listen
 from .registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, refuses_connections
+from .seqr_metrics import DEFAULT_MAX_LOGS, Exporter, parse_listen
 from .sequencer import parse_address
 from .state import LogState
 from .tailfind import find_tail
 
 log = logging.getLogger("zlog-seqr")
+
+
+class MetricsListenError(OSError):
+    """--metrics names an address that cannot be listened on."""
 
 
 class SequencerDaemon:
@@ -78,7 +82,7 @@ class SequencerDaemon:
                 self.metrics_port = self.exporter.serve(*self._metrics_at)
             except OSError as e:
                 self.server.stop()
-                raise OSError(e.errno, f"metrics on {self._metrics_at[0]}:{self._metrics_at[1]}: {e.strerror}") from None
+                raise MetricsListenError(e.errno, e.strerror) from None
             log.info("metrics on http://%s:%d/metrics", self._metrics_at[0], self.metrics_port)
         if self._standby_pools:
             try:
@@ -222,9 +226,12 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
                              metrics=metrics_at, metrics_max_logs=metrics_max_logs)
     try:
         daemon.start()
+    except MetricsListenError as e:
+        cluster.shutdown()
+        raise click.ClickException(f"cannot serve metrics on {metrics}: {e.strerror}") from None
     except OSError as e:
         cluster.shutdown()
-        raise click.ClickException(f"cannot listen ({host}:{port}): {e}") from None
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
     except (ZlogError, rados.Error) as e:
         cluster.shutdown()
         raise click.ClickException(f"cannot stand by for pools {', '.join(pools)}: {e}") from None

@@ -13,12 +13,12 @@ from typing import Any
 
 import rados
 
+from .cluster import open_ioctx
 from .errors import ZlogError
 from .layout import META_NAMESPACE
-from .cluster import open_ioctx
 from .metadata import MetaStore
 from .positions import next_position_hint
-from .registry import read_records, recent, registry_ioctx, preference
+from .registry import preference, read_records, recent, registry_ioctx
 from .sequencer import parse_address
 from .state import LogState
 
@@ -47,7 +47,7 @@ def registry_daemons(cluster: rados.Rados, pool: str, probes: Probes) -> list[di
     """The pool's registered sequencer daemons (zlog-seqr --pool)."""
     try:
         records = read_records(registry_ioctx(cluster, pool))
-    except ZlogError:
+    except (ZlogError, rados.Error):  # no registry, or caps that do not reach it
         return []
     fresh = {r.address for r in recent(records)}
     now = time.time()

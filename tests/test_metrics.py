@@ -2,6 +2,7 @@
 shows exactly the requests, positions and answers the test caused."""
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import urllib.request
@@ -145,3 +146,10 @@ def test_metrics_address_parsing_and_refusal(ceph, tmp_path: Path) -> None:  # t
     with pytest.raises(RuntimeError):
         SeqrProcess(ceph.conf, log_path=tmp_path / "bad.log", args=("--metrics", "nope")).start()
     assert "--metrics" in (tmp_path / "bad.log").read_text()
+    with socket.socket() as busy:  # a metrics port already taken: a clear error, and no daemon
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RuntimeError):
+            SeqrProcess(ceph.conf, log_path=tmp_path / "busy.log", args=("--metrics", str(port))).start()
+    assert f"cannot serve metrics on {port}: Address already in use" in (tmp_path / "busy.log").read_text()
