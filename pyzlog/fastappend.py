@@ -116,10 +116,10 @@ class NativeAppends:
     def close(self, timeout: float = 30.0) -> None:
         if self._closed:
             return
+        metrics.NATIVE.close(self, self.stats())  # before close: stats() after it can abort at exit
         drained = self._appender.close(timeout)
         self._closed = True
         self._thread.join(timeout)
-        metrics.NATIVE.close(self, self.stats())
         _live.discard(self)
         if not drained:
             logger.warning("log %r closed with %d async appends still in flight",
