@@ -272,7 +272,7 @@ def _wheel_deps() -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
-    for dist in ("click", "zstandard"):
+    for dist in ("click", "zstandard", "prometheus-client"):  # zlog-seqr imports prometheus-client
         try:
             out.append(f"{dist}=={version(dist)}")
         except PackageNotFoundError as e:

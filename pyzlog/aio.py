@@ -21,7 +21,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
-from . import wire
+from . import metrics, wire
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge
 from .errors import NotWritten, ZlogError, from_errno
 from .fastappend import HANDED_BACK, NativeAppends
@@ -71,6 +71,7 @@ class AsyncOps:
         self._reads: Any = None  # fastread.Reads: read_async on the cffi path
         self._read_pool: Any = None
         self._reads_tried = False
+        metrics.ASYNC.track(self)
 
     def _begin(self) -> None:
         with self._lock:
@@ -222,6 +223,7 @@ class AsyncOps:
 
         def done(ret: int, out: bytes | None) -> None:
             if ret == 0:
+                metrics.read(len(out or b""))
                 try:
                     self._finish(fut, result=self.log.decode(out or b""))
                 except Exception as e:  # noqa: BLE001 - a corrupt payload fails this read only

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from enum import Enum
 
-from . import wire
+from . import metrics, wire
 from .errors import EntryTooLarge, InvalidRequest, ZlogError, from_errno
 from .layout import oid_of
 from .positions import Positions
@@ -47,10 +47,13 @@ def judge(ret: int, log_name: str, position: int) -> Outcome:
     """What a write's return code means for an append; raises for a failure
     no new position can cure."""
     if ret == 0:
+        metrics.APPENDS.inc()
         return Outcome.STORED
     if ret == -errno.ESTALE:
+        metrics.RETRIES_STALE.inc()
         return Outcome.STALE
     if ret in _TAKEN_CODES:
+        metrics.RETRIES_TAKEN.inc()
         return Outcome.TAKEN
     raise from_errno(ret, f"append to {log_name!r}", position)
 
@@ -64,6 +67,7 @@ def stored_form(log: LogState, data: bytes) -> bytes:
     stored = log.encode(bytes(data))
     if len(stored) > wire.MAX_ENTRY_BYTES:
         raise EntryTooLarge(f"encoded entry of {len(stored)} bytes is over the limit of {wire.MAX_ENTRY_BYTES}")
+    metrics.BYTES_OUT.inc(len(stored))
     return stored
 
 

@@ -313,12 +313,18 @@ def trim(env: Env, name: str, pos: int, to: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @pass_env
 def info(env: Env, name: str, as_json: bool) -> None:
-    """Show the views, epoch, width, tail and config of NAME."""
+    """Show the views, epoch, width, tail, config and sequencer of NAME."""
+    from .status import Probes, registry_daemons, sequencer_of
+
     log = env.open(name)
     tail_pos = log.tail()
     views = [view_dict(v) for v in log.views]
+    meta = log.meta
+    probes = Probes()
+    seqr = sequencer_of(env.pool, name, meta.sequencer, meta.sequencer_epoch, env.seqr, probes,
+                        registry_daemons(env.cluster, env.pool, probes))
     doc = {"name": name, "pool": env.pool, "epoch": log.epoch, "width": views[-1]["width"],
-           "tail": tail_pos, "views": views, "config": log.config}
+           "tail": tail_pos, "views": views, "config": log.config, "sequencer": seqr}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -327,9 +333,73 @@ def info(env: Env, name: str, as_json: bool) -> None:
     click.echo(f"width:  {doc['width']}")
     click.echo(f"tail:   {tail_pos}")
     click.echo(f"config: {json.dumps(doc['config'])}")
+    click.echo(f"seqr:   {_seqr_line(seqr)}")
     click.echo("views:")
     for v in views:
         click.echo(f"  epoch {v['epoch']:>4}  from position {v['start']:>10}  width {v['width']}")
+
+
+def _answers(flag: bool | None) -> str:
+    return "answers" if flag else "does not answer"
+
+
+def _seqr_line(s: dict[str, Any]) -> str:
+    if not s["asked"]:
+        line = "none: appends find the tail the slow way (seal + max position)"
+    else:
+        line = f"{s['asked']} ({s['source']}, {_answers(s['asked_answers'])})"
+    if s["recorded"] and s["given"] and s["given"] != s["recorded"]:
+        line += f"; given {s['given']} ({_answers(s['given_answers'])}) is not asked"
+    return line
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_env
+def status(env: Env, as_json: bool) -> None:
+    """Every log of the pool (epoch, views, tail, sequencer) and the sequencers seen.
+
+    Read-only: the tail is the one in storage (no seal, no sequencer asked)."""
+    from .status import pool_status
+
+    doc = pool_status(env.cluster, env.pool, env.seqr)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"pool {env.pool}: {doc['log_count']} log(s), {len(doc['sequencers'])} sequencer(s) seen")
+    if doc["logs"]:
+        click.echo(f"  {'LOG':<24} {'EPOCH':>6} {'VIEWS':>5} {'WIDTH':>5} {'TAIL':>12}  SEQUENCER")
+    for entry in doc["logs"]:
+        if "error" in entry:
+            click.echo(f"  {entry['name']:<24} error: {entry['error']}")
+            continue
+        click.echo(f"  {entry['name']:<24} {entry['epoch']:>6} {len(entry['views']):>5} {entry['width']:>5} "
+                   f"{entry['tail']:>12}  {_seqr_line(entry['sequencer'])}")
+    click.echo("sequencers:")
+    for s in doc["sequencers"]:
+        how = "registered" if s["registered"] else "not registered"
+        click.echo(f"  {s['address']:<24} {_answers(s['answers'])}, {how}, recorded by {s['logs']} log(s)")
+    if not doc["sequencers"]:
+        click.echo("  none (no daemon registered, none recorded, no --seqr)")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_env
+def check(env: Env, as_json: bool) -> None:
+    """Is this cluster ready for pyzlog? Run it first: cluster reachable, pool,
+    cls_zlog loaded on every OSD, this client's caps, sequencer. One line per
+    check; exits 1 if any fails."""
+    from .doctor import run_checks
+
+    results = run_checks(env)
+    if as_json:
+        click.echo(json.dumps([r.__dict__ for r in results], indent=2))
+    else:
+        for r in results:
+            click.echo(f"{r.status.upper():<5} {r.name}: {r.detail}")
+    if any(r.status == "fail" for r in results):
+        raise click.exceptions.Exit(1)
 
 
 @cli.command(name="ls", context_settings=CONTEXT)

@@ -99,7 +99,9 @@ def from_errno(err: int, what: str, position: int | None = None) -> ZlogError:
     if err in (_errno.ETIMEDOUT, _errno.ESHUTDOWN, _errno.ENOTCONN):
         return ClusterUnavailable(f"{what}: cluster did not answer ({_errno.errorcode.get(err, err)})")
     if err in (_errno.EACCES, _errno.EPERM):
-        return PermissionDenied(f"{what}: permission denied")
+        return PermissionDenied(f"{what}: permission denied by cephx: this client's osd caps on the pool "
+                                "lack what cls_zlog needs ('r', 'w', 'class-read' and 'class-write', "
+                                "e.g. osd 'allow rwx pool=POOL'; see docs/deploy.md)")
     return ZlogError(f"{what}: {_errno.errorcode.get(err, 'errno')} ({err})")
 
 

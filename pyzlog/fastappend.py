@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import metrics
 from .cluster import connection_settings
 from .errors import ZlogError
 from .layout import data_oid_prefix
@@ -69,6 +70,7 @@ class NativeAppends:
                                                 seqr.host, seqr.port, seqr.timeout, coalesce)
             self._thread.start()
             _live.add(self)
+        metrics.NATIVE.track(self)
 
     @classmethod
     def open(cls, log: LogState, seqr: SequencerClient | None, done: Done,
@@ -116,6 +118,7 @@ class NativeAppends:
     def close(self, timeout: float = 30.0) -> None:
         if self._closed:
             return
+        metrics.NATIVE.close(self, self.stats())  # before close: stats() after it can abort at exit
         drained = self._appender.close(timeout)
         self._closed = True
         self._thread.join(timeout)

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 import rados
 
 from . import wire
+from .access import denial
 from .errors import ClusterUnavailable, from_errno
 
 
@@ -52,6 +53,9 @@ class ClassIO:
                 raise ClusterUnavailable(f"{method} on {oid}: {e}") from None
             if abs(code) == errno.ETIMEDOUT:
                 raise ClusterUnavailable(f"{method} on {oid}: the cluster did not answer in time") from None
+            if abs(code) in (errno.EPERM, errno.EACCES):  # cls_zlog never says so: cephx caps
+                raise denial(self.ioctx, oid, method,
+                             getattr(self.cluster, "client_name", None) or "this client") from None
             return -abs(code), b""
         finally:
             _gate.leave()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-from . import wire
+from . import metrics, wire
 from .errors import NotWritten, from_errno
 from .layout import check_position, view_objects
 from .objects import check
@@ -38,8 +38,9 @@ def call_at(log: LogState, method: str, position: int, payload: Callable[[int], 
 
 def read(log: LogState, position: int) -> bytes:
     """The entry stored at `position`, decoded."""
-    return log.decode(call_at(log, "read", position, lambda e: wire.epoch_position(e, position),
-                              wire.MAX_ENTRY_BYTES + 64))
+    raw = call_at(log, "read", position, lambda e: wire.epoch_position(e, position), wire.MAX_ENTRY_BYTES + 64)
+    metrics.read(len(raw))
+    return log.decode(raw)
 
 
 def write(log: LogState, position: int, stored: bytes) -> None:

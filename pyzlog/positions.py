@@ -19,6 +19,7 @@ import random
 import threading
 import time
 
+from . import metrics
 from .errors import InvalidRequest, SequencerUnavailable, StaleEpoch, ZlogError
 from .layout import view_objects
 from .registry import preference, read_records, recent, registry_ioctx
@@ -158,6 +159,7 @@ class Positions:
         with self._slow_lock:
             first = max(self._slow_next, hint)
             self._slow_next = first + count
+        metrics.SLOW_POSITIONS.inc(count)
         return first
 
     def tail(self) -> int:
@@ -199,6 +201,7 @@ class Positions:
                 if not self._down:
                     logger.warning("%s; appending to %r by slow tail finding until it is back", e, log.name)
                     self._down, self._failed = True, seqr.address
+                    metrics.SLOW_FALLBACKS.inc()
                 if self._moved_on() or self._detour(seqr.address):
                     continue  # another daemon took the log over, or may: ask it
                 self._recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
@@ -240,6 +243,7 @@ class Positions:
                                seqr.address, log.name,
                                {RETRY: "still initialising", RECOVERY_FAILED: "its recovery failed",
                                 STALE_EPOCH: "its epoch stayed ahead of the log's"}[status])
+                metrics.SLOW_FALLBACKS.inc()
                 self._recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
                 return None
             raise InvalidRequest(f"sequencer {seqr.address} refused the request (status {status})")

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 
-from . import ops, wire
+from . import metrics, ops, wire
 from .errors import Filled, InvalidRequest, ReadOnly, Trimmed, from_errno
 from .layout import check_position, data_oid, view_end, view_of
 from .stale import StaleWait
@@ -195,9 +195,10 @@ def fill_hole(log: LogState, position: int) -> bool:
     else wrote, filled or trimmed it first (read it again)."""
     try:
         ops.fill(log, position, wire.FILL_LOST)
-        return True
     except (Filled, Trimmed, ReadOnly):
         return False
+    metrics.HOLES_FILLED.inc()
+    return True
 
 
 class Stream:
@@ -278,6 +279,7 @@ class Stream:
 
     def _record(self, e: wire.RangeEntry) -> Record:
         if e.state == wire.EntryState.WRITTEN:
+            metrics.read(len(e.data))
             return Record(e.position, RecordKind.DATA, self.decode(e.data), e.epoch)
         if e.state == wire.EntryState.FILLED:
             kind = RecordKind.LOST if e.data == wire.LOST_MARK else RecordKind.FILLED

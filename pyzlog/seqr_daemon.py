@@ -19,6 +19,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import click
@@ -29,6 +30,7 @@ from .cluster import connect
 from .errors import InvalidRequest, ZlogError
 from .failover import Watch
 from .registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, answers
+from .seqr_metrics import DEFAULT_MAX_LOGS, Exporter, parse_listen
 from .sequencer import parse_address
 from .state import LogState
 from .tailfind import find_tail
@@ -36,12 +38,20 @@ from .tailfind import find_tail
 log = logging.getLogger("zlog-seqr")
 
 
+class MetricsListenError(OSError):
+    """--metrics names an address that cannot be listened on."""
+
+
 class SequencerDaemon:
     def __init__(self, cluster: rados.Rados, host: str = "127.0.0.1", port: int = 5678,
                  recovery_threads: int = 4, advertise: str | None = None, pools: tuple[str, ...] = (),
-                 lease: float = DEFAULT_LEASE_SECONDS, group: str = DEFAULT_GROUP) -> None:
+                 lease: float = DEFAULT_LEASE_SECONDS, group: str = DEFAULT_GROUP,
+                 metrics: tuple[str, int] | None = None, metrics_max_logs: int = DEFAULT_MAX_LOGS) -> None:
         self.cluster = cluster
         self.server = _seqr.Server(host, port)
+        self._metrics_at = metrics
+        self.exporter = Exporter(self.server, metrics_max_logs) if metrics is not None else None
+        self.metrics_port: int | None = None
         self._advertise = advertise
         self._standby_pools = pools
         self._lease = lease
@@ -67,6 +77,13 @@ class SequencerDaemon:
 
     def start(self) -> None:
         self.server.start()
+        if self.exporter is not None and self._metrics_at is not None:
+            try:
+                self.metrics_port = self.exporter.serve(*self._metrics_at)
+            except OSError as e:
+                self.server.stop()
+                raise MetricsListenError(e.errno, e.strerror) from None
+            log.info("metrics on http://%s:%d/metrics", self._metrics_at[0], self.metrics_port)
         if self._standby_pools:
             try:
                 self.watch = Watch(self.cluster, self.server, self.address, list(self._standby_pools),
@@ -104,15 +121,19 @@ class SequencerDaemon:
                 self._running.discard((pool, name))
 
     def _recover(self, pool: str, name: str, client_epoch: int) -> None:
+        t0, outcome, takeover = time.monotonic(), "failed", False
         try:
             state = LogState(self.cluster, pool, name)
             owner = state.refresh().sequencer  # LogNotFound if missing
+            takeover = bool(owner) and owner != self.address
             if owner and owner != self.address and self._owner_alive(pool, owner):
                 log.info("log %s/%s: served by %s, which is alive; not taking it", pool, name, owner)
                 self.server.fail(pool, name, f"served by {owner}")
+                outcome = "refused"
                 return
             epoch, nxt = find_tail(state, sequencer=self.address)
             self.server.install(pool, name, epoch, nxt)
+            outcome = "ok"
             log.info("log %s/%s: sealed epoch %d, serving from position %d (client was at epoch %d)",
                      pool, name, epoch, nxt, client_epoch)
         except ZlogError as e:
@@ -122,6 +143,8 @@ class SequencerDaemon:
             log.exception("log %s/%s: recovery crashed", pool, name)
             self.server.fail(pool, name, f"internal error: {e}")
         finally:
+            if self.exporter is not None:
+                self.exporter.recoveries.observe(time.monotonic() - t0, outcome, takeover)
             with self._lock:
                 again = self._again.pop((pool, name), None)
                 if again is None:
@@ -145,6 +168,8 @@ class SequencerDaemon:
         if self._thread:
             self._thread.join(5)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.exporter is not None:
+            self.exporter.stop()
         log.info("stopped: %s", self.server.stats())
 
 
@@ -166,9 +191,20 @@ class SequencerDaemon:
               help="seconds without a beat after which a daemon counts as dead")
 @click.option("--group", default=DEFAULT_GROUP, show_default=True,
               help="stand by only with daemons of this group (clients find daemons of the default group)")
+@click.option("--metrics", default=None, metavar="[HOST:]PORT",
+              help="serve Prometheus metrics at http://HOST:PORT/metrics (a bare PORT listens on 127.0.0.1)")
+@click.option("--metrics-max-logs", default=DEFAULT_MAX_LOGS, show_default=True, type=click.IntRange(0, 100000),
+              help="logs with series of their own; the rest are added up under log=\"other\"")
 def main(host: str, port: int, conf: str | None, keyring: str | None, client: str, log_level: str,
-         advertise: str | None, pools: tuple[str, ...], lease: float, group: str) -> None:
+         advertise: str | None, pools: tuple[str, ...], lease: float, group: str, metrics: str | None,
+         metrics_max_logs: int) -> None:
     """Run the zlog sequencer: hands out log positions from memory."""
+    metrics_at = None
+    if metrics is not None:
+        try:
+            metrics_at = parse_listen(metrics)
+        except InvalidRequest as e:
+            raise click.BadParameter(str(e), param_hint="--metrics") from None
     if advertise is None and host in ("0.0.0.0", "::", ""):
         raise click.UsageError(f"--host {host!r} listens everywhere: say with --advertise HOST:PORT "
                                "where clients reach this daemon")
@@ -186,9 +222,13 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
         raise click.ClickException(str(e)) from None
     if not group or not group.replace("-", "").replace("_", "").isalnum():
         raise click.BadParameter("letters, digits, - and _ only", param_hint="--group")
-    daemon = SequencerDaemon(cluster, host, port, advertise=advertise, pools=pools, lease=lease, group=group)
+    daemon = SequencerDaemon(cluster, host, port, advertise=advertise, pools=pools, lease=lease, group=group,
+                             metrics=metrics_at, metrics_max_logs=metrics_max_logs)
     try:
         daemon.start()
+    except MetricsListenError as e:
+        cluster.shutdown()
+        raise click.ClickException(f"cannot serve metrics on {metrics}: {e.strerror}") from None
     except OSError as e:
         cluster.shutdown()
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None

@@ -175,6 +175,7 @@ void FrameServer::on_read(const ConnPtr& c, const boost::system::error_code& ec,
     return;
   }
   c->in_len += n;
+  batch_start_ = std::chrono::steady_clock::now();
   uint8_t* b = c->in.get();
   size_t pos = 0;
   bool bad = false;

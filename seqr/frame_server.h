@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,6 +51,10 @@ class FrameServer {
   virtual void handle_frame(const uint8_t* payload, uint32_t len, ByteBuf& out) = 0;
   // Called on the io thread after each batch of frames read in one go.
   virtual void on_batch_done() {}
+
+  // When the current batch's bytes arrived (io thread only): subclasses
+  // time their answers from it (one clock read per batch, not per frame).
+  std::chrono::steady_clock::time_point batch_start_{};
   // Called at the end of stop() (caller's thread).
   virtual void on_stopped() {}
 

@@ -158,6 +158,20 @@ PYBIND11_MODULE(_seqr, m) {
              d["logs"] = st.logs;
              return d;
            })
+      .def("latency",
+           [](const Server& s) {
+             const LatencyStats l = s.latency();
+             py::list bounds, buckets;
+             for (uint64_t b : kLatencyBoundsUs) bounds.append(double(b) / 1e6);
+             for (size_t i = 0; i < kLatencyBuckets; ++i) buckets.append(l.buckets[i]);
+             py::dict d;
+             d["bounds_s"] = bounds;  // upper bounds; the last bucket is above them all
+             d["buckets"] = buckets;  // requests per bucket, not cumulative
+             d["sum_s"] = double(l.sum_ns) / 1e9;
+             d["count"] = l.count;
+             return d;
+           },
+           "Request latency in the server: from a batch's bytes arriving to its answers queued.")
       .def("logs",
            [](Server& s) {
              std::vector<LogInfo> v;
@@ -174,6 +188,11 @@ PYBIND11_MODULE(_seqr, m) {
                d["epoch"] = i.epoch;
                d["next"] = i.next;
                d["message"] = i.message;
+               d["requests"] = i.requests;
+               d["positions"] = i.positions;
+               d["stale"] = i.stale;
+               d["retries"] = i.retries;
+               d["recovery_failed"] = i.recovery_failed;
                l.append(d);
              }
              return l;

@@ -60,6 +60,7 @@ void Server::handle_frame(const uint8_t* p, uint32_t len, ByteBuf& out) {
   const uint32_t count = get_u32(p + 17);
   const uint32_t plen = get_u16(p + 21);
   ++local_.requests;
+  ++batch_requests_;
   // pool bytes, then u16 log_len, then log bytes, then nothing.
   if (size_t(kReqFixed) + 2 + plen + 2 > len) {
     ++local_.bad_requests;
@@ -87,9 +88,12 @@ void Server::handle_frame(const uint8_t* p, uint32_t len, ByteBuf& out) {
     logs_.store(table_.size(), std::memory_order_relaxed);
     begin_recovery(it->second, epoch);
     ++local_.retries;
+    ++it->second.requests;
+    ++it->second.retries;
     return respond(out, ST_RETRY, rid, 0, 0, 0);
   }
   LogState& s = it->second;
+  ++s.requests;
   switch (s.state) {
     case State::READY:
       if (epoch == s.epoch) {
@@ -100,35 +104,52 @@ void Server::handle_frame(const uint8_t* p, uint32_t len, ByteBuf& out) {
           }
           const uint64_t pos = s.next;
           s.next += count;
+          s.positions += count;
           local_.positions += count;
           return respond(out, ST_OK, rid, s.epoch, pos, count);
         }
         return respond(out, ST_OK, rid, s.epoch, s.next, 0);
       }
       if (epoch < s.epoch) {
+        ++s.stale;
         ++local_.stale;
         return respond(out, ST_STALE_EPOCH, rid, s.epoch, 0, 0);
       }
       // The client has seen a newer epoch: the log was moved on elsewhere and
       // our counter may be wrong.
       begin_recovery(s, epoch);
+      ++s.retries;
       ++local_.retries;
       return respond(out, ST_RETRY, rid, s.epoch, 0, 0);
     case State::INITIALISING:
+      ++s.retries;
       ++local_.retries;
       return respond(out, ST_RETRY, rid, s.epoch, 0, 0);
     case State::FAILED:
       if (std::chrono::steady_clock::now() - s.failed_at >= std::chrono::seconds(1)) {
         begin_recovery(s, epoch);
+        ++s.retries;
         ++local_.retries;
         return respond(out, ST_RETRY, rid, s.epoch, 0, 0);
       }
+      ++s.recovery_failed;
       ++local_.recovery_failed;
       return respond(out, ST_RECOVERY_FAILED, rid, s.epoch, 0, 0);
   }
 }
 
 void Server::on_batch_done() {
+  if (batch_requests_) {
+    const auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                              std::chrono::steady_clock::now() - batch_start_)
+                                              .count());
+    size_t i = 0;
+    while (i < kLatencyBuckets - 1 && ns > kLatencyBoundsUs[i] * 1000) ++i;
+    latency_buckets_[i].fetch_add(batch_requests_, std::memory_order_relaxed);
+    latency_sum_ns_.fetch_add(ns * batch_requests_, std::memory_order_relaxed);
+    latency_count_.fetch_add(batch_requests_, std::memory_order_relaxed);
+    batch_requests_ = 0;
+  }
   auto flush = [](uint64_t& l, std::atomic<uint64_t>& g) {
     if (l) {
       g.fetch_add(l, std::memory_order_relaxed);
@@ -249,6 +270,15 @@ ServerStats Server::stats() const {
   return s;
 }
 
+LatencyStats Server::latency() const {
+  LatencyStats l{};
+  for (size_t i = 0; i < kLatencyBuckets; ++i)
+    l.buckets[i] = latency_buckets_[i].load(std::memory_order_relaxed);
+  l.sum_ns = latency_sum_ns_.load(std::memory_order_relaxed);
+  l.count = latency_count_.load(std::memory_order_relaxed);
+  return l;
+}
+
 std::vector<LogInfo> Server::logs() {
   std::vector<LogInfo> res;
   run_on_io([&] {
@@ -258,7 +288,8 @@ std::vector<LogInfo> Server::logs() {
       const char* st = s.state == State::READY ? "ready"
                        : s.state == State::FAILED ? "failed"
                                                   : "initialising";
-      res.push_back(LogInfo{s.pool, s.log, st, s.epoch, s.next, s.message});
+      res.push_back(LogInfo{s.pool, s.log, st, s.epoch, s.next, s.message, s.requests,
+                            s.positions, s.stale, s.retries, s.recovery_failed});
     }
   });
   return res;

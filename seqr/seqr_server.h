@@ -28,6 +28,22 @@ struct LogInfo {
   uint64_t epoch;
   uint64_t next;
   std::string message;
+  // answers to this log's clients since the server met it
+  uint64_t requests, positions, stale, retries, recovery_failed;
+};
+
+// Time from a batch's bytes arriving to its answers being queued, per
+// request (every request of a batch counts the batch's time). Bucket i
+// holds requests with time <= kLatencyBoundsUs[i] (not cumulative); the
+// last one everything above.
+inline constexpr uint64_t kLatencyBoundsUs[] = {1, 2, 5, 10, 20, 50, 100, 200,
+                                                500, 1000, 2000, 5000, 10000};
+inline constexpr size_t kLatencyBuckets = sizeof(kLatencyBoundsUs) / sizeof(uint64_t) + 1;
+
+struct LatencyStats {
+  uint64_t buckets[kLatencyBuckets];
+  uint64_t sum_ns;
+  uint64_t count;
 };
 
 struct ServerStats {
@@ -58,6 +74,7 @@ class Server : public FrameServer {
   // expires or the server is stopped; returns and clears the queue.
   std::vector<RecoveryRequest> wait_recovery(double timeout_s);
   ServerStats stats() const;
+  LatencyStats latency() const;
   std::vector<LogInfo> logs();
 
   uint32_t max_name() const { return max_name_; }
@@ -80,6 +97,7 @@ class Server : public FrameServer {
     uint64_t next = 0;
     std::string message;
     std::chrono::steady_clock::time_point failed_at{};
+    uint64_t requests = 0, positions = 0, stale = 0, retries = 0, recovery_failed = 0;
   };
 
   static void make_key(std::string& key, const char* pool, size_t plen, const char* log,
@@ -98,6 +116,10 @@ class Server : public FrameServer {
     uint64_t requests = 0, positions = 0, bad_requests = 0, stale = 0, retries = 0,
              recovery_failed = 0;
   } local_;
+
+  uint64_t batch_requests_ = 0;  // io thread: requests in the current batch
+  std::atomic<uint64_t> latency_buckets_[kLatencyBuckets] = {};
+  std::atomic<uint64_t> latency_sum_ns_{0}, latency_count_{0};
 
   std::atomic<uint64_t> requests_{0}, positions_{0}, bad_requests_{0}, stale_{0},
       retries_{0}, recovery_failed_{0}, recoveries_queued_{0}, logs_{0};

@@ -1,0 +1,167 @@
+"""Client counters for Prometheus: appends, reads, retries by cause, fallbacks
+to slow tail finding, holes filled, bytes in and out, async operations in
+flight, and the C++ append path's own counts.
+
+An application serves them from its own registry:
+
+    from prometheus_client import CollectorRegistry, start_http_server
+    from pyzlog import metrics
+    registry = CollectorRegistry(); metrics.register(registry); start_http_server(9401, registry=registry)
+
+(`metrics.register()` with no argument uses prometheus-client's default
+registry.) Counting costs the client almost nothing whether or not anyone
+registers: each count is an add to an int of the calling thread's own
+(Tally), with no lock; a scrape adds the threads' cells up. The C++ append
+path counts in C++ (fastappend.NativeAppends.stats), read at scrape time.
+The counts are per process, over every log it opens.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class Tally:
+    """A counter that many threads add to without a lock: each thread adds to
+    a cell only it writes (no lost updates), and `value` adds the cells up.
+    A finished thread's cell stays, so counts never go back."""
+
+    __slots__ = ("_local", "_cells", "_lock")
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._cells: list[list[int]] = []
+        self._lock = threading.Lock()
+
+    def inc(self, n: int = 1) -> None:
+        try:
+            cell = self._local.cell
+        except AttributeError:
+            cell = self._local.cell = [0]
+            with self._lock:
+                self._cells.append(cell)
+        cell[0] += n
+
+    @property
+    def value(self) -> int:
+        with self._lock:
+            return sum(c[0] for c in self._cells)
+
+
+#: entries stored by any append path (sync, batch, slow, async, C++)
+APPENDS = Tally()
+#: bytes of entries handed to append, as stored (after compression)
+BYTES_OUT = Tally()
+#: entries read (read, read_async, stream records with data)
+READS = Tally()
+#: bytes of entries read, as stored
+BYTES_IN = Tally()
+#: a write refused because the log's epoch moved on: the entry takes a new position
+RETRIES_STALE = Tally()
+#: a write refused because its position was written, filled or trimmed first
+RETRIES_TAKEN = Tally()
+#: times a client stopped asking its sequencer and found positions the slow way
+SLOW_FALLBACKS = Tally()
+#: positions taken by slow tail finding
+SLOW_POSITIONS = Tally()
+#: holes below the tail a reader filled after waiting for their writer (LOST)
+HOLES_FILLED = Tally()
+
+
+def read(nbytes: int) -> None:
+    """One entry of `nbytes` read."""
+    READS.inc()
+    BYTES_IN.inc(nbytes)
+
+
+class _Tracked:
+    """Live objects whose counts are read at scrape time, and what closed
+    ones had counted when they closed (so counters never go back)."""
+
+    def __init__(self) -> None:
+        self.live: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.closed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def track(self, obj: Any) -> None:
+        self.live.add(obj)
+
+    def close(self, obj: Any, final: dict[str, int]) -> None:
+        with self._lock:
+            if obj in self.live:
+                self.live.discard(obj)
+                for k, v in final.items():
+                    self.closed[k] = self.closed.get(k, 0) + int(v)
+
+    def totals(self, stats: Any) -> dict[str, int]:
+        with self._lock:
+            out = dict(self.closed)
+            objs = list(self.live)
+        for obj in objs:
+            try:
+                for k, v in stats(obj).items():
+                    out[k] = out.get(k, 0) + int(v)
+            except Exception:  # noqa: BLE001 - closed meanwhile: its final counts arrive via close()
+                pass
+        return out
+
+
+#: fastappend.NativeAppends: the C++ path of async appends
+NATIVE = _Tracked()
+#: aio.AsyncOps: their operations in flight
+ASYNC = _Tracked()
+
+_NATIVE_HELP = {
+    "sequencer_requests": "sequencer requests of the C++ append path",
+    "class_calls": "write and write_many calls the C++ append path sent",
+    "entries_sent": "entries the C++ append path sent (retries of a split batch included)",
+    "split_batches": "write_many calls refused for a taken position and retried one by one",
+    "handed_back": "entries the C++ path handed back to Python unsent (epoch change, sequencer down)",
+}
+
+
+class ClientCollector(Collector):
+    def collect(self) -> Iterator[Any]:
+        def counter(name: str, help_: str, value: int) -> CounterMetricFamily:
+            return CounterMetricFamily(f"zlog_client_{name}", help_, value=value)
+
+        yield counter("appends", "entries stored by appends (all paths)", APPENDS.value)
+        yield counter("append_bytes", "bytes of entries handed to append, as stored", BYTES_OUT.value)
+        yield counter("reads", "entries read (read, read_async, streams)", READS.value)
+        yield counter("read_bytes", "bytes of entries read, as stored", BYTES_IN.value)
+        retries = CounterMetricFamily("zlog_client_append_retries", "writes refused and retried at a new position",
+                                      labels=["cause"])
+        retries.add_metric(["stale_epoch"], RETRIES_STALE.value)
+        retries.add_metric(["position_taken"], RETRIES_TAKEN.value)
+        yield retries
+        yield counter("slow_tail_fallbacks", "times appends fell back to slow tail finding", SLOW_FALLBACKS.value)
+        yield counter("slow_tail_positions", "positions taken by slow tail finding", SLOW_POSITIONS.value)
+        yield counter("holes_filled", "holes a reader filled after waiting for their writer (LOST)",
+                      HOLES_FILLED.value)
+        in_flight = ASYNC.totals(lambda a: {"in_flight": a._in_flight})  # noqa: SLF001 - a plain int
+        yield GaugeMetricFamily("zlog_client_async_in_flight", "async appends and reads outstanding",
+                                value=in_flight.get("in_flight", 0))
+        native = NATIVE.totals(lambda n: n.stats())
+        for key, help_ in _NATIVE_HELP.items():
+            yield counter(f"native_{key}", help_, native.get(key, 0))
+
+
+_registered: set[int] = set()
+_reg_lock = threading.Lock()
+
+
+def register(registry: CollectorRegistry | None = None) -> CollectorRegistry:
+    """Expose the client's counters in `registry` (prometheus-client's
+    default one if None); registering twice in one registry is a no-op."""
+    registry = REGISTRY if registry is None else registry
+    with _reg_lock:
+        if id(registry) not in _registered:
+            registry.register(ClientCollector())
+            _registered.add(id(registry))
+    return registry

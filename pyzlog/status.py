@@ -1,0 +1,116 @@
+"""What `zlog info` and `zlog status` show: a log's epoch, views, tail and
+sequencer, and a pool's logs and sequencer daemons. Read-only: nothing here
+seals an epoch or asks a sequencer for a position (asking one about a log it
+does not serve would make it take the log over), so the tail shown is the
+one in storage (highest position + 1), and a sequencer "answers" when its
+port accepts a connection.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import rados
+
+from .cluster import open_ioctx
+from .errors import ZlogError
+from .layout import META_NAMESPACE
+from .metadata import MetaStore
+from .positions import next_position_hint
+from .registry import preference, read_records, recent, registry_ioctx
+from .sequencer import parse_address
+from .state import LogState
+
+PROBE_TIMEOUT = 0.5
+
+
+class Probes:
+    """Whether each sequencer address answers, asked once per address."""
+
+    def __init__(self, timeout: float = PROBE_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._seen: dict[str, bool] = {}
+
+    def __call__(self, address: str) -> bool:
+        if address not in self._seen:
+            try:
+                host, port = parse_address(address)
+                socket.create_connection((host, port), timeout=self.timeout).close()
+                self._seen[address] = True
+            except (OSError, ZlogError):
+                self._seen[address] = False
+        return self._seen[address]
+
+
+def registry_daemons(cluster: rados.Rados, pool: str, probes: Probes) -> list[dict[str, Any]]:
+    """The pool's registered sequencer daemons (zlog-seqr --pool)."""
+    try:
+        records = read_records(registry_ioctx(cluster, pool))
+    except (ZlogError, rados.Error):  # no registry, or caps that do not reach it
+        return []
+    fresh = {r.address for r in recent(records)}
+    now = time.time()
+    return [{"address": r.address, "host": r.host, "pid": r.pid, "lease": r.lease,
+             "beat_age_s": round(now - r.time, 1), "recent": r.address in fresh, "answers": probes(r.address)}
+            for r in records]
+
+
+def log_status(cluster: rados.Rados, pool: str, name: str, given: str | None, probes: Probes,
+               daemons: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One log: epoch, views, tail (from storage) and its sequencer."""
+    state = LogState(cluster, pool, name)
+    meta = state.refresh()  # LogNotFound if missing
+    views = [{"epoch": v.epoch, "start": v.start, "width": v.width} for v in meta.views]
+    if daemons is None:
+        daemons = registry_daemons(cluster, pool, probes)
+    return {"name": name, "pool": pool, "epoch": meta.epoch, "width": views[-1]["width"],
+            "tail": next_position_hint(state), "views": views, "config": state.config,
+            "sequencer": sequencer_of(pool, name, meta.sequencer, meta.sequencer_epoch, given, probes, daemons)}
+
+
+def sequencer_of(pool: str, name: str, recorded: str, recorded_epoch: int, given: str | None, probes: Probes,
+                 daemons: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which sequencer a client asks for this log, in the client's order
+    (positions.Positions.follow): the one the metadata records, else the one
+    given (--seqr / ZLOG_SEQR), else the registry's pick; none: slow tail finding."""
+    out: dict[str, Any] = {"recorded": recorded or None, "recorded_epoch": recorded_epoch or None,
+                           "recorded_answers": probes(recorded) if recorded else None,
+                           "given": given, "given_answers": probes(given) if given else None}
+    picks = preference(f"{pool}/{name}", [d["address"] for d in daemons if d["recent"]])
+    if recorded:
+        out["asked"], out["source"] = recorded, "metadata"
+    elif given:
+        out["asked"], out["source"] = given, "given"
+    elif picks:
+        out["asked"], out["source"] = picks[0], "registry"
+    else:
+        out["asked"], out["source"] = None, "none (slow tail finding)"
+    out["asked_answers"] = probes(out["asked"]) if out["asked"] else None
+    return out
+
+
+def pool_status(cluster: rados.Rados, pool: str, given: str | None, probes: Probes | None = None) -> dict[str, Any]:
+    """Every log of the pool, and the sequencers seen: registered daemons,
+    addresses recorded in logs' metadata, and the one given."""
+    probes = probes or Probes()
+    daemons = registry_daemons(cluster, pool, probes)
+    names = MetaStore.list_names(open_ioctx(cluster, pool, META_NAMESPACE))
+    logs = []
+    for name in names:
+        try:
+            logs.append(log_status(cluster, pool, name, given, probes, daemons))
+        except ZlogError as e:  # one broken log must not hide the others
+            logs.append({"name": name, "pool": pool, "error": str(e)})
+    seen: dict[str, dict[str, Any]] = {d["address"]: {"address": d["address"], "registered": True,
+                                                      "answers": d["answers"], "logs": 0} for d in daemons}
+    for entry in logs:
+        recorded = entry.get("sequencer", {}).get("recorded")
+        if recorded:
+            s = seen.setdefault(recorded, {"address": recorded, "registered": False,
+                                           "answers": probes(recorded), "logs": 0})
+            s["logs"] += 1
+    if given and given not in seen:
+        seen[given] = {"address": given, "registered": False, "answers": probes(given), "logs": 0}
+    return {"pool": pool, "logs": logs, "log_count": len(names), "daemons": daemons,
+            "sequencers": sorted(seen.values(), key=lambda s: s["address"])}

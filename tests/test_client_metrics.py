@@ -1,0 +1,112 @@
+"""pyzlog.metrics: the client's counters, served from an application's own
+registry, count exactly what the test did against the real cluster."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from seqr_proc import SeqrProcess, free_port
+
+from pyzlog import Log, RecordKind, metrics
+
+
+class Deltas:
+    """Counter values of `registry` relative to when it was made (the
+    counters are per process, and other tests may have counted before)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.base = self.now()
+
+    def now(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        out = {}
+        for fam in self.registry.collect():
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def __call__(self, name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return self.now()[key] - self.base.get(key, 0.0)
+
+
+@pytest.fixture
+def seqr(ceph, tmp_path: Path):  # type: ignore[no-untyped-def]
+    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
+    yield p
+    p.kill()
+
+
+def test_client_counters_match_what_the_test_did(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    registry = CollectorRegistry()
+    assert metrics.register(registry) is registry
+    metrics.register(registry)  # twice: still one collector
+    d = Deltas(registry)
+    size = 100
+    entry = b"e" * size
+    with Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address) as log:
+        for _ in range(10):
+            log.append(entry)
+        log.append_many([entry] * 20)
+        futs = [log.append_async(entry)]
+        assert d("zlog_client_async_in_flight") >= 1  # the first one cannot be back yet
+        futs += [log.append_async(entry) for _ in range(99)]
+        for f in futs:
+            f.result(30)
+        log.flush()
+        assert d("zlog_client_async_in_flight") == 0
+        assert d("zlog_client_appends_total") == 130
+        assert d("zlog_client_append_bytes_total") == 130 * size
+
+        # a position written behind the sequencer's back: the next append retries
+        taken = log.tail()
+        log.write(taken, b"first")
+        assert log.append(entry) == taken + 1
+        assert d("zlog_client_append_retries_total", cause="position_taken") == 1
+        assert d("zlog_client_appends_total") == 131
+
+        # a hole below the tail: a reader waits, then fills it (LOST)
+        hole = log.take_positions(1)
+        log.append(entry)
+        base_reads = d("zlog_client_reads_total")
+        kinds = [r.kind for r in log.stream(0, hole + 2, hole_wait=0.2)]
+        assert kinds.count(RecordKind.LOST) == 1 and kinds.count(RecordKind.DATA) == hole + 1
+        assert d("zlog_client_holes_filled_total") == 1
+        assert d("zlog_client_reads_total") - base_reads == hole + 1
+
+        before = d("zlog_client_read_bytes_total")
+        assert log.read(0) == entry and log.read_async(1).result(30) == entry
+        assert d("zlog_client_read_bytes_total") - before == 2 * size
+        native = d("zlog_client_native_entries_sent_total")
+    assert native + d("zlog_client_native_handed_back_total") >= 100  # async appends went through C++
+
+    # a sequencer that does not answer: appends fall back to slow tail finding
+    with Log.open(rados_cluster, ceph.pool, log_name, sequencer=f"127.0.0.1:{free_port()}") as log:
+        if log.meta.sequencer:  # the metadata names the live daemon: stop it for this part
+            seqr.kill()
+        log.append(entry)
+        log.append(entry)
+    assert d("zlog_client_slow_tail_fallbacks_total") == 1  # once until the sequencer is back
+    assert d("zlog_client_slow_tail_positions_total") == 2
+
+    text = generate_latest(registry).decode()
+    assert "zlog_client_appends_total" in text and 'cause="stale_epoch"' in text
+
+
+def test_tally_counts_from_many_threads() -> None:
+    import threading
+
+    t = metrics.Tally()
+
+    def work() -> None:
+        for _ in range(20000):
+            t.inc()
+        t.inc(5)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert t.value == 8 * 20005
