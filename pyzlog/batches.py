@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import fastread as fr
-from . import wire
+from . import metrics, wire
 from .errors import StaleEpoch
 from .layout import view_end, view_objects, view_of
-from .reader import MAX_POLL_SECONDS, HoleClock, fill_hole
+from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind, fill_hole
 from .stale import StaleWait
 from .state import LogState
 
@@ -39,17 +39,20 @@ class BatchStream:
         self.stride_index, self.stride = stride_index, stride
         self.signed, self.max_rows = signed, max_rows
         self.holes = HoleClock(hole_wait, known_tail)
-        native = fr.Native.of(log.cluster)
-        self._pool = native.pool(log.pool)
-        self._queue = native.queue()
+        self._native = fr.Native.of(log.cluster)
+        self._pool = self._native.pool(log.pool)
+        self._queue: fr.ReadQueue | None = None
         self._decode = None if log.config.get("compression", "none") == "none" else log.decode
         self._filter = False  # rows of positions not asked for come with the view being read
 
     def __iter__(self) -> Iterator[Any]:
+        """A walk from `position`: iterating again after an error (or the
+        tail) goes on where the last walk stopped."""
+        queue = self._queue = self._native.queue()
         try:
             yield from self._walk()
         finally:
-            self._queue.close()
+            queue.close()
 
     # ---------------------------------------------------------------- views
     def _scan(self) -> tuple[fr.ViewScan, wire.View, int | None, tuple[wire.View, ...]]:
@@ -138,3 +141,53 @@ class BatchStream:
             batch = pa.RecordBatch.from_arrays([batch.column(0), data, batch.column(2), batch.column(3)],
                                                schema=batch.schema)
         return batch
+
+
+
+class Records:
+    """Log.stream() on the native path: BatchStream's batches as Records,
+    made a column at a time. Like reader.Stream it outlives an error: the
+    call after one goes on from the first position not yet handed out."""
+
+    def __init__(self, batches: BatchStream) -> None:
+        self._batches = batches
+        self._walk: Iterator[Any] | None = None
+        self._rows: Iterator[Record] = iter(())
+        self._kinds = [RecordKind(k) for k in fr.KIND_NAMES]
+
+    def __iter__(self) -> Iterator[Record]:
+        return self
+
+    def __next__(self) -> Record:
+        while True:
+            rec = next(self._rows, None)
+            if rec is not None:
+                return rec
+            if self._walk is None:
+                self._walk = iter(self._batches)  # resumes at the batch stream's position
+            try:
+                batch = next(self._walk)
+            except BaseException:
+                self._walk = None  # the walk is over (its reads are closed): a new one next time
+                raise
+            self._rows = iter(self._records(batch))
+
+    def _records(self, b: Any) -> list[Record]:
+        import pyarrow.compute as pc
+
+        col = b.column(1)
+        data = col.to_pylist()
+        if len(data) > col.null_count:
+            metrics.read_many(len(data) - col.null_count, pc.sum(pc.binary_length(col)).as_py())
+        kinds = self._kinds
+        return [Record(p, kinds[k], d, e) for p, d, k, e in
+                zip(b.column(0).to_pylist(), data, b.column(2).indices.to_pylist(), b.column(3).to_pylist())]
+
+    def close(self) -> None:
+        """Stop reading now (an abandoned stream's reads are also closed when
+        it is garbage collected)."""
+        if self._walk is not None:
+            close = getattr(self._walk, "close", None)
+            self._walk = None
+            if close is not None:
+                close()

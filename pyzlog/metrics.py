@@ -80,6 +80,12 @@ def read(nbytes: int) -> None:
     BYTES_IN.inc(nbytes)
 
 
+def read_many(entries: int, nbytes: int) -> None:
+    """`entries` entries of `nbytes` in all read."""
+    READS.inc(entries)
+    BYTES_IN.inc(nbytes)
+
+
 class _Tracked:
     """Live objects whose counts are read at scrape time, and what closed
     ones had counted when they closed (so counters never go back)."""

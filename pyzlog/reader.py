@@ -320,7 +320,12 @@ class Stream:
         self.log.refresh()
 
 
-def check_stream_args(start: int, end: int | None) -> None:
+def check_stream_args(start: int, end: int | None, stride_index: int | None = None,
+                      stride: int | None = None) -> None:
+    if (stride_index is None) != (stride is None) or (stride is not None and stride < 1):
+        raise InvalidRequest("stride_index and stride (>= 1) come together")
+    if stride is not None and stride_index is not None and not 0 <= stride_index < stride:
+        raise InvalidRequest(f"stride_index {stride_index} is not in [0, {stride})")
     check_position(start)
     if end is not None:
         check_position(end)

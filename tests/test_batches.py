@@ -6,7 +6,10 @@ import threading
 import time
 from typing import Any
 
-from pyzlog import Log, RecordKind
+import pytest
+
+from pyzlog import InvalidRequest, Log, RecordKind
+from pyzlog.reader import Stream
 
 
 def rows(batches: Any) -> list[tuple[int, str, bytes | None]]:
@@ -37,9 +40,10 @@ def gappy(rados_cluster, ceph, name: str, compression: str = "none") -> Log:  # 
     return lg
 
 
-def test_batches_match_stream(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+def test_batches_match_stream(rados_cluster, ceph, log_name, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     lg = gappy(rados_cluster, ceph, log_name)
     got = rows(Log.open(rados_cluster, ceph.pool, log_name).stream_batches(0, hole_wait=0.2))
+    monkeypatch.setenv("PYZLOG_NATIVE_READS", "0")  # stream() on python-rados: the reference walk
     want = records(Log.open(rados_cluster, ceph.pool, log_name).stream(0, hole_wait=0.2))
     assert got == want
     assert [p for p, _, _ in got] == list(range(len(got)))
@@ -100,3 +104,88 @@ def test_a_hole_is_lost_for_every_later_reader(rados_cluster, ceph, log_name) ->
     assert rows(lg.stream_batches(0, hole_wait=0.1)) == [(0, "data", b"a"), (1, "lost", None), (2, "data", b"c")]
     assert [r.kind for r in Log.open(rados_cluster, ceph.pool, log_name).stream(0)] == \
         [RecordKind.DATA, RecordKind.LOST, RecordKind.DATA]
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_stream_is_the_same_on_both_paths(rados_cluster, ceph, log_name, monkeypatch,  # type: ignore[no-untyped-def]
+                                          compression) -> None:
+    """stream() reads through fastread by default and through python-rados
+    with PYZLOG_NATIVE_READS=0: the same records, epochs and metrics either
+    way, whole and as stride partitions planned at another width."""
+    from pyzlog import metrics
+
+    gappy(rados_cluster, ceph, log_name, compression)
+    full = lambda r: [(x.position, x.kind, x.data, x.epoch) for x in r]  # noqa: E731
+    monkeypatch.setenv("PYZLOG_NATIVE_READS", "0")
+    lg = Log.open(rados_cluster, ceph.pool, log_name)
+    before = metrics.READS.value
+    want = full(lg.stream(0, hole_wait=0.2))  # fills the holes: both paths then read the same log
+    counted = metrics.READS.value - before
+    end = want[-1][0] + 1
+    want_parts = [full(lg.stream(0, end, stride_index=i, stride=3)) for i in range(3)]
+    monkeypatch.setenv("PYZLOG_NATIVE_READS", "1")
+    lg = Log.open(rados_cluster, ceph.pool, log_name)
+    stream = lg.stream(0, hole_wait=0.2)
+    assert not isinstance(stream, Stream)
+    before = metrics.READS.value
+    assert full(stream) == want
+    assert metrics.READS.value - before == counted == sum(1 for w in want if w[1] is RecordKind.DATA)
+    assert [full(lg.stream(0, end, stride_index=i, stride=3)) for i in range(3)] == want_parts
+    assert {w[1] for w in want} == set(RecordKind)
+    if compression == "zstd":
+        assert (0, RecordKind.DATA, b"a0") == want[0][:3]
+
+
+def test_an_abandoned_native_stream_lets_go(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """Breaking out of stream() closes its reads: many abandoned streams
+    leave nothing behind, and bad stride arguments are refused up front."""
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    lg.append_many([b"x%d" % i for i in range(100)])
+    next(lg.stream(0))
+    threads = threading.active_count()
+    for _ in range(200):
+        s = lg.stream(0)
+        assert next(s).data == b"x0"
+        s.close()
+    assert [r.data for r in lg.stream(98)] == [b"x98", b"x99"]
+    assert threading.active_count() <= threads
+    for bad in ({"stride": 0, "stride_index": 0}, {"stride": 3}, {"stride": 3, "stride_index": 3}):
+        with pytest.raises(InvalidRequest):
+            lg.stream(0, **bad)
+        with pytest.raises(InvalidRequest):
+            lg.stream_batches(0, **bad)
+
+
+def test_a_native_stream_goes_on_after_an_error(rados_cluster, ceph, log_name, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A reader that catches an error (an OSD timeout, say) and calls next()
+    again gets the following positions, none twice and none skipped, as on
+    python-rados (a generator would be finished after raising)."""
+    from pyzlog import ClusterUnavailable
+    from pyzlog import fastread as fr
+    from pyzlog import log as log_mod
+
+    monkeypatch.setattr(log_mod, "STREAM_BATCH_ROWS", 16)
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=3)
+    lg.append_many([b"e%d" % i for i in range(200)])
+    real = fr.ViewScan.next_batch
+    calls = {"n": 0}
+
+    def flaky(self):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] in (3, 4, 9):
+            raise ClusterUnavailable("injected: an OSD did not answer in time")
+        return real(self)
+
+    monkeypatch.setattr(fr.ViewScan, "next_batch", flaky)
+    stream = lg.stream(0)
+    got, errors = [], 0
+    while True:
+        try:
+            got.append(next(stream).data)
+        except ClusterUnavailable:
+            errors += 1
+            continue
+        except StopIteration:
+            break
+    assert errors == 3
+    assert got == [b"e%d" % i for i in range(200)]

@@ -162,6 +162,12 @@ def test_bluestore_cluster_up_use_restart_stop(images: Any, tmp_path: Path) -> N
             third += [lg2.append(b"c%d" % i) for i in range(20, 40)]
             assert lg2.sequencer is not None and lg2.sequencer.address == seqr1
             assert len(set(first + second + third)) == 80
+            # its host comes back: the old owner stands by and takes nothing back
+            dcluster.docker("start", c.container("seqr0"), timeout=60)
+            fourth = [lg2.append(b"d%d" % i) for i in range(20)]
+            time.sleep(4)  # two leases: long enough for a wrongful take-back to show
+            assert lg.refresh().sequencer == seqr1
+            assert len(set(first + second + third + fourth)) == 100
 
             # bluestore keeps the data across a restart of an OSD host
             dcluster.docker("restart", c.container("osd1"), timeout=120)
@@ -171,6 +177,7 @@ def test_bluestore_cluster_up_use_restart_stop(images: Any, tmp_path: Path) -> N
             assert [got[p] for p in first] == [b"a%d" % i for i in range(20)]
             assert [got[p] for p in second] == [b"b%d" % i for i in range(20)]
             assert [got[p] for p in third] == [b"c%d" % i for i in range(40)]
+            assert [got[p] for p in fourth] == [b"d%d" % i for i in range(20)]
             lg.close()
             lg2.close()
         finally:

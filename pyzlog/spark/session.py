@@ -7,16 +7,14 @@ from typing import Any
 
 
 def local_session(master: str = "local[2]", app: str = "pyzlog", **conf: str) -> Any:
-    """Python workers run this interpreter; PYTHONSAFEPATH keeps them from
-    importing a pyzlog source tree in the working directory instead of the
-    installed package."""
+    """Python workers run this interpreter (a pyzlog checkout in their working
+    directory is fine: its compiled parts come from the installed copy)."""
     from pyspark.sql import SparkSession
 
     from . import register
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ["PYTHONSAFEPATH"] = "1"
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode talks over loopback only
     builder = (SparkSession.builder.master(master).appName(app)
                .config("spark.driver.host", "127.0.0.1")

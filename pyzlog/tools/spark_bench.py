@@ -3,15 +3,17 @@
     python -m pyzlog.tools.spark_bench --conf $CEPH_CONF --pool zlog [--entries 1000000]
 
 Creates (or reuses) a log of `entries` small entries named bench-spark-<entries>,
-then times spark.read.format("zlog")...count() under local[1] and local[2]
-(a separate SparkSession each) and a single-process log.stream() over the
-same range, and reports rows/s and the ratios.
+then, in each of --rounds alternating rounds, times a single-process
+log.stream() over the range (native path, and python-rados as round 1 had it)
+and spark.read.format("zlog")...count() under local[1] and local[2] (a
+session each), and reports rows/s and the medians of the per-round ratios.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 from ..cluster import connect
 from ..errors import LogNotFound
 from ..log import Log
+from ..reader import Stream
 
 LOAD_BATCH = 16384
 
@@ -42,7 +45,9 @@ def ensure_bench_log(cluster: Any, pool: str, entries: int, size: int, width: in
     return log, time.perf_counter() - t0
 
 
-def _spark_count(master: str, conf: str, pool: str, name: str, end: int, repeat: int) -> dict[str, Any]:
+def _spark_pass(master: str, conf: str, pool: str, name: str, end: int) -> tuple[float, int]:
+    """One DataFrame count of [0, end) under `master`, in a session of its own
+    (the session's start and a warm-up count are not timed): (seconds, partitions)."""
     from ..spark.session import local_session
 
     spark = local_session(master, f"pyzlog-bench-{master}")
@@ -52,48 +57,83 @@ def _spark_count(master: str, conf: str, pool: str, name: str, end: int, repeat:
                     .option("log", name).option("startingPosition", "0")
                     .option("endingPosition", str(stop)).load())
         df(1000).count()  # warm up: JVM code paths, Python workers
-        times = []
         parts = df(end).rdd.getNumPartitions()
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            n = df(end).count()
-            times.append(time.perf_counter() - t0)
-            if n != end:
-                raise AssertionError(f"{master}: counted {n} rows, expected {end}")
-        best = min(times)
-        return {"seconds": best, "all_seconds": times, "rows_per_s": end / best, "partitions": parts}
+        t0 = time.perf_counter()
+        n = df(end).count()
+        took = time.perf_counter() - t0
+        if n != end:
+            raise AssertionError(f"{master}: counted {n} rows, expected {end}")
+        return took, parts
     finally:
         spark.stop()
 
 
+def _client_pass(conf: str, pool: str, name: str, end: int, native: bool) -> float:
+    """One log.stream() pass over [0, end) in this process (native path, or
+    python-rados as round 1 shipped it)."""
+    cluster = connect(conf)
+    try:
+        log = Log.open(cluster, pool, name)
+        t0 = time.perf_counter()
+        stream = log.stream(0, end) if native else Stream(log.state, 0, end, decode=log.state.decode)
+        n = sum(1 for _ in stream)
+        took = time.perf_counter() - t0
+        log.close()
+    finally:
+        cluster.shutdown()
+    if n != end:
+        raise AssertionError(f"client stream read {n} records, expected {end}")
+    return took
+
+
 def run_spark_bench(conf: str, pool: str, entries: int = 1_000_000, size: int = 16,
-                    repeat: int = 2) -> dict[str, Any]:
+                    rounds: int = 3) -> dict[str, Any]:
     cluster = connect(conf)
     try:
         log, load_s = ensure_bench_log(cluster, pool, entries, size)
         name = log.name
-        t0 = time.perf_counter()
-        n = sum(1 for _ in log.stream(0, entries))
-        client_s = time.perf_counter() - t0
-        if n != entries:
-            raise AssertionError(f"client stream read {n} records, expected {entries}")
         views = [str(v) for v in log.views]
         log.close()
     finally:
         cluster.shutdown()
-    client = {"seconds": client_s, "rows_per_s": entries / client_s}
-    local1 = _spark_count("local[1]", conf, pool, name, entries, repeat)
-    local2 = _spark_count("local[2]", conf, pool, name, entries, repeat)
+    # every reader runs once per round, so a change in the shared machine's
+    # speed hits both sides of each round's ratios alike
+    cases = ("client", "client_rados", "local1", "local2")
+    secs: dict[str, list[float]] = {c: [] for c in cases}
+    parts: dict[str, int] = {}
+    for r in range(rounds):
+        secs["client"].append(_client_pass(conf, pool, name, entries, native=True))
+        secs["client_rados"].append(_client_pass(conf, pool, name, entries, native=False))
+        for case, master in (("local1", "local[1]"), ("local2", "local[2]")):
+            took, parts[case] = _spark_pass(master, conf, pool, name, entries)
+            secs[case].append(took)
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{c} {entries / secs[c][-1]:,.0f} rows/s" for c in cases),
+              flush=True)
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(secs[b][i] / secs[a][i] for i in range(rounds))
+
+    def summary(c: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"seconds": statistics.median(secs[c]), "all_seconds": secs[c],
+                               "rows_per_s": entries / statistics.median(secs[c])}
+        if c in parts:
+            out["partitions"] = parts[c]
+        return out
+
     return {
-        "log": name, "entries": entries, "entry_bytes": size, "views": views,
+        "log": name, "entries": entries, "entry_bytes": size, "views": views, "rounds": rounds,
         "load_seconds": load_s,
-        "client_stream": client,
-        "spark_local1": local1,
-        "spark_local2": local2,
-        "ratio_local1_vs_client": local1["rows_per_s"] / client["rows_per_s"],
-        "ratio_local2_vs_client": local2["rows_per_s"] / client["rows_per_s"],
-        "ratio_local2_vs_local1": local2["rows_per_s"] / local1["rows_per_s"],
+        "client_stream": summary("client"),
+        "client_stream_rados": summary("client_rados"),
+        "spark_local1": summary("local1"),
+        "spark_local2": summary("local2"),
+        "ratio_local1_vs_client": ratio("local1", "client"),
+        "ratio_local2_vs_client": ratio("local2", "client"),
+        "ratio_local2_vs_client_rados": ratio("local2", "client_rados"),
+        "ratio_local2_vs_local1": ratio("local2", "local1"),
+        "targets": {"local2_vs_client": 1.5, "local2_vs_local1": 1.8},
         "cpus": os.cpu_count(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
 
@@ -103,12 +143,12 @@ def main() -> None:
     p.add_argument("--pool", default="zlog")
     p.add_argument("--entries", type=int, default=1_000_000)
     p.add_argument("--size", type=int, default=16)
-    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default: %(default)s)")
     p.add_argument("--out", default="results/bench-spark.json", help="results file (default: %(default)s)")
     a = p.parse_args()
     if not a.conf:
         p.error("--conf or $CEPH_CONF is required")
-    result = run_spark_bench(a.conf, a.pool, a.entries, a.size, a.repeat)
+    result = run_spark_bench(a.conf, a.pool, a.entries, a.size, a.rounds)
     result["table"] = markdown_table(result)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -119,12 +159,18 @@ def main() -> None:
 
 def markdown_table(r: dict[str, Any]) -> str:
     rows = [("client `log.stream()`, one process", r["client_stream"]["rows_per_s"], 1.0),
+            ("client `stream()` on python-rados (round 1)", r["client_stream_rados"]["rows_per_s"],
+             r["client_stream_rados"]["rows_per_s"] / r["client_stream"]["rows_per_s"]),
             ("Spark `local[1]`", r["spark_local1"]["rows_per_s"], r["ratio_local1_vs_client"]),
             ("Spark `local[2]`", r["spark_local2"]["rows_per_s"], r["ratio_local2_vs_client"])]
-    lines = [f"Scan of {r['entries']:,} entries of {r['entry_bytes']} B into a DataFrame count", "",
-             "| reader | rows/s | vs client |", "| --- | ---: | ---: |"]
+    lines = [f"Scan of {r['entries']:,} entries of {r['entry_bytes']} B into a DataFrame count, "
+             f"{r['cpus']} CPUs, {r['rounds']} alternating rounds (rows/s: median pass; ratios: median "
+             "of the per-round ratios)", "",
+             "| reader | rows/s | vs client stream() |", "| --- | ---: | ---: |"]
     lines += [f"| {name} | {rate:,.0f} | {ratio:.2f} |" for name, rate, ratio in rows]
-    lines.append(f"\nlocal[2] / local[1]: {r['ratio_local2_vs_local1']:.2f}")
+    lines.append(f"\nlocal[2] / client stream(): {r['ratio_local2_vs_client']:.2f} (target >= 1.5); "
+                 f"local[2] / local[1]: {r['ratio_local2_vs_local1']:.2f} (target >= 1.8); "
+                 f"local[2] / round 1's python-rados stream(): {r['ratio_local2_vs_client_rados']:.2f}")
     return "\n".join(lines)
 
 
