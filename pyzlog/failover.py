@@ -257,3 +257,40 @@ class Watch:
                 self.server.forget(info["pool"], info["log"])
                 log.warning("log %s/%s: now served by %s; stepped down", info["pool"], info["log"],
                             owner or "nobody (it is gone)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_address_free(cluster: rados.Rados, pools: list[str], address: str, lease: float,
+                       group: str = DEFAULT_GROUP) -> None:
+    """Refuse to advertise an address another live daemon advertises: two
+    daemons under one name would each take the log from the other without
+    end. A record left by a dead predecessor (a restart) is fine: its process
+    is gone from this host, or its beat stays still for a lease."""
+    host = socket.gethostname()
+    tick = min(0.25, lease / 4)
+    for pool in pools:
+        io = registry_ioctx(cluster, pool, group)
+        found = read_records(io, [address])
+        if not found:
+            continue
+        rec = found[0]
+        if rec.host == host and (rec.pid == os.getpid() or not _pid_alive(rec.pid)):
+            continue  # a predecessor's (a restarted container may give us its pid)
+        deadline = time.monotonic() + lease + tick
+        while time.monotonic() < deadline:
+            time.sleep(tick)
+            now = read_records(io, [address])
+            if not now:
+                break  # removed: that daemon stopped cleanly
+            if now[0].beat != rec.beat:
+                raise ZlogError(f"address {address} is already advertised in pool {pool!r} by a live daemon "
+                                f"(pid {now[0].pid} on host {now[0].host}): give this one another --advertise")

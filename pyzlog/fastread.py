@@ -706,14 +706,21 @@ class ViewScan:
             # the windows the next positions need (every object's at once, so
             # a batch does not end at each object's window boundary in turn)
             self._wait_ready(list(self._objects()), self.position)
-            built = build_batch([s[0].window if s else None for s in self._segments], self.position, self.end,
+            start = self.position
+            built = build_batch([s[0].window if s else None for s in self._segments], start, self.end,
                                 step=self.step, max_rows=self.max_rows, signed=self.signed)
             self.position = built.stop_position
             if built.stop == STOP_NEED and built.batch.num_rows == 0:
                 continue  # a window ended exactly here: the loop fetches on
-            for obj in self._objects():
-                self._ready(obj, self.position)  # swap in what has arrived, read ahead
-            self._collect(0)
+            try:
+                for obj in self._objects():
+                    self._ready(obj, self.position)  # swap in what has arrived, read ahead
+                self._collect(0)
+            except BaseException:
+                # a reply that came with the read-ahead failed (a stale epoch, say):
+                # this batch is not handed out, so its positions must be read again
+                self.forget_from(start)
+                raise
             return built
 
     def batches(self) -> Iterator[pa.RecordBatch]:

@@ -28,7 +28,7 @@ import rados
 from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import connect
 from .errors import InvalidRequest, ZlogError
-from .failover import Watch
+from .failover import Watch, check_address_free
 from .registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, answers
 from .seqr_metrics import DEFAULT_MAX_LOGS, Exporter, parse_listen
 from .sequencer import parse_address
@@ -76,6 +76,10 @@ class SequencerDaemon:
         return self._advertise or f"{self.server.host}:{self.port}"
 
     def start(self) -> None:
+        if self._standby_pools and self._advertise:
+            # before listening, so no client reaches a daemon about to refuse
+            check_address_free(self.cluster, list(self._standby_pools), self._advertise, self._lease,
+                               self._group)
         self.server.start()
         if self.exporter is not None and self._metrics_at is not None:
             try:

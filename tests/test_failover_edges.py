@@ -455,6 +455,29 @@ def test_a_daemon_advertising_another_daemons_address(rados_cluster, ceph, log_n
         a.stop()
 
 
+def test_an_address_a_live_daemon_advertises_is_refused(ceph, daemons, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two live daemons under one advertised name would take logs from each
+    other without end (the test above churned through 100+ epochs in a slow
+    CI run): the second one refuses to start, naming the address. Once the
+    first is gone (kill -9, its record left behind), the name is free again."""
+    b = daemons()
+    args = ("--pool", ceph.pool, "--lease", str(LEASE), "--advertise", b.address)
+    dup = SeqrProcess(ceph.conf, log_path=tmp_path / "dup.log", args=args)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited"):
+        dup.start()
+    assert time.monotonic() - t0 < 3 * LEASE + 10
+    said = (tmp_path / "dup.log").read_text()
+    assert f"address {b.address} is already advertised" in said and "Traceback" not in said, said
+    b.kill()
+    again = SeqrProcess(ceph.conf, log_path=tmp_path / "again.log", args=args)
+    try:
+        again.start()  # b's record is still there, but its process is gone
+        assert again.proc is not None and again.proc.poll() is None
+    finally:
+        again.stop()
+
+
 def test_the_standby_killed_while_taking_many_logs_over(rados_cluster, ceph, daemons) -> None:  # type: ignore[no-untyped-def]
     """Three daemons; the owner of 300 logs is killed, and the daemon taking
     them over is killed a moment later, mid take-over (some logs sealed, some

@@ -42,6 +42,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError as e:
+        return f"({e})"
+
+
 def _run(cmd: list[str], timeout: float = 60, check: bool = True) -> str:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -272,17 +279,20 @@ mgr disabled modules = dashboard prometheus restful
 
     # ------------------------------------------------------------ OSD control
     def start_osd(self, i: int) -> None:
-        # A just-killed OSD can hold its pid file lock for a moment while the
-        # kernel tears it down: retry that one failure briefly.
-        deadline = time.monotonic() + 15
+        # A just-killed OSD can hold its pid file or its store's lock for a
+        # moment while the kernel tears it down (the store's lock failure is
+        # only in the OSD's log, with exit status 250): retry briefly. A start
+        # that fails leaves no process behind.
+        deadline = time.monotonic() + 20
         while True:
             try:
                 _run(["ceph-osd", "-c", str(self.conf), "-i", str(i)], timeout=60)
                 return
             except ClusterError as e:
-                if "failed to lock pidfile" not in str(e) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{e}\nlast lines of {self.log_dir / f'osd.{i}.log'}:\n"
+                                       + _tail(self.log_dir / f"osd.{i}.log")) from e
+                time.sleep(0.5)
 
     def stop_osd(self, i: int, sig: int = signal.SIGTERM) -> None:
         pid = self.daemons().get(f"osd.{i}")
