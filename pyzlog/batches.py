@@ -10,12 +10,12 @@ epoch.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import fastread as fr
 from . import metrics, wire
-from .errors import StaleEpoch
+from .errors import StaleEpoch, ZlogError
 from .layout import view_end, view_objects, view_of
 from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind, fill_hole
 from .stale import StaleWait
@@ -31,7 +31,7 @@ class BatchStream:
 
     def __init__(self, log: LogState, start: int, end: int | None, *, follow: bool, hole_wait: float,
                  stride_index: int | None = None, stride: int | None = None, known_tail: int | None = None,
-                 signed: bool = False, max_rows: int = 65536) -> None:
+                 signed: bool = False, max_rows: int = 65536, decode: bool = True) -> None:
         self.log = log
         self.position = start
         self.end = end
@@ -42,7 +42,8 @@ class BatchStream:
         self._native = fr.Native.of(log.cluster)
         self._pool = self._native.pool(log.pool)
         self._queue: fr.ReadQueue | None = None
-        self._decode = None if log.config.get("compression", "none") == "none" else log.decode
+        compressed = log.config.get("compression", "none") != "none"
+        self._decode = log.decode if decode and compressed else None  # decode=False: data as stored
         self._filter = False  # rows of positions not asked for come with the view being read
 
     def __iter__(self) -> Iterator[Any]:
@@ -93,16 +94,27 @@ class BatchStream:
                 scan = None
                 continue
             stale.reset()
-            self.position = scan.position
             if built.batch.num_rows:
+                try:
+                    rows = self._rows(built.batch)
+                except Exception as e:  # noqa: BLE001 - an entry this codec cannot decode
+                    scan.forget_from(self.position)  # not handed out: every retry meets it again
+                    raise ZlogError(f"positions {self.position}..{scan.position - 1}: cannot decode an "
+                                    f"entry: {e}") from e
+                self.position = scan.position
                 idle_since = None
-                yield self._rows(built.batch)
+                yield rows
+            self.position = scan.position
             if built.stop == fr.STOP_END:
                 scan = None  # the view (or the range) is done: the next view, or the end
                 continue
             if built.stop != fr.STOP_MISSING:
                 continue
             pos = scan.position
+            if self._filter and pos % self.stride != self.stride_index:  # type: ignore[operator]
+                scan.skip()  # another partition's position: its reader's gap rules decide
+                self.position = scan.position
+                continue
             since = self.holes.since(pos, vend, lambda: (scan.refresh_max(), scan.max_position())[1])
             if since is None:  # the tail
                 if not self.follow:
@@ -145,43 +157,50 @@ class BatchStream:
 
 
 class Records:
-    """Log.stream() on the native path: BatchStream's batches as Records,
-    made a column at a time. Like reader.Stream it outlives an error: the
-    call after one goes on from the first position not yet handed out."""
+    """Log.stream() on the native path: BatchStream's batches (data as
+    stored) as Records, each decoded and counted as it is handed out, as
+    reader.Stream does. Like reader.Stream it outlives an error: the call
+    after one goes on from the first position not yet handed out (an entry
+    that cannot be decoded raises again on every call)."""
 
-    def __init__(self, batches: BatchStream) -> None:
+    def __init__(self, batches: BatchStream, decode: Callable[[bytes], bytes] | None) -> None:
         self._batches = batches
+        self._decode = decode
         self._walk: Iterator[Any] | None = None
-        self._rows: Iterator[Record] = iter(())
         self._kinds = [RecordKind(k) for k in fr.KIND_NAMES]
+        self._pos: list[int] = []
+        self._data: list[bytes | None] = []
+        self._kind: list[int] = []
+        self._epoch: list[int] = []
+        self._i = 0
 
     def __iter__(self) -> Iterator[Record]:
         return self
 
     def __next__(self) -> Record:
-        while True:
-            rec = next(self._rows, None)
-            if rec is not None:
-                return rec
+        while self._i >= len(self._pos):
             if self._walk is None:
                 self._walk = iter(self._batches)  # resumes at the batch stream's position
             try:
-                batch = next(self._walk)
+                b = next(self._walk)
             except BaseException:
                 self._walk = None  # the walk is over (its reads are closed): a new one next time
                 raise
-            self._rows = iter(self._records(batch))
-
-    def _records(self, b: Any) -> list[Record]:
-        import pyarrow.compute as pc
-
-        col = b.column(1)
-        data = col.to_pylist()
-        if len(data) > col.null_count:
-            metrics.read_many(len(data) - col.null_count, pc.sum(pc.binary_length(col)).as_py())
-        kinds = self._kinds
-        return [Record(p, kinds[k], d, e) for p, d, k, e in
-                zip(b.column(0).to_pylist(), data, b.column(2).indices.to_pylist(), b.column(3).to_pylist())]
+            self._pos, self._data = b.column(0).to_pylist(), b.column(1).to_pylist()
+            self._kind, self._epoch = b.column(2).indices.to_pylist(), b.column(3).to_pylist()
+            self._i = 0
+        i = self._i
+        data = self._data[i]
+        if data is not None:
+            stored = len(data)
+            if self._decode is not None:
+                try:
+                    data = self._decode(data)
+                except Exception as e:  # noqa: BLE001 - raised again if asked again: never skipped
+                    raise ZlogError(f"position {self._pos[i]}: cannot decode entry: {e}") from e
+            metrics.read(stored)
+        self._i = i + 1
+        return Record(self._pos[i], self._kinds[self._kind[i]], data, self._epoch[i])
 
     def close(self) -> None:
         """Stop reading now (an abandoned stream's reads are also closed when

@@ -607,6 +607,7 @@ class ViewScan:
         self._tags = iter(range(1 << 62))
         self._max_position: int | None = None
         self._fetched = [False] * self.width  # a reply of each object since the last forget_from
+        self._probing: set[int] = set()  # objects asked only for their max (refresh_max)
         self._deadline_s = queue.native.op_timeout + 5.0
 
     # ------------------------------------------------------------- fetching
@@ -650,6 +651,7 @@ class ViewScan:
             if entry is None:
                 continue  # a call forget_from() gave up on
             obj, seg = entry
+            self._probing.discard(obj)
             if code == -errno.ENOENT:
                 value = empty_window(seg.first, seg.last + 1)
             elif code < 0:
@@ -739,13 +741,37 @@ class ViewScan:
         return self._max_position
 
     def refresh_max(self) -> None:
-        """At least one reply from every object since the last forget_from."""
-        objs = [o for o in self._objects() if not self._fetched[o]]
-        if objs:
-            self._wait_ready(objs, self.position)
-            for o in objs:  # the first reply may be of an object with nothing stored yet
-                while not self._fetched[o]:
-                    self._collect(1.0)
+        """At least one reply from every object of the view since the last
+        forget_from: "is a later position written" is a question about the
+        whole view, also when this scan reads one object (step = width) or
+        `end` leaves an object nothing to read (it is then asked about the
+        position after `end`, only for its max)."""
+        need = [o for o in range(self.width) if not self._fetched[o]]
+        if not need:
+            return
+        scanned = [o for o in self._objects() if o in need and self._first_of(o) < self.end]
+        if scanned:
+            self._wait_ready(scanned, self.position)
+        for o in need:
+            if o not in scanned and o not in self._probing:
+                first = self._first_of(o)
+                if first > wire.MAX_POSITION:
+                    self._fetched[o] = True  # no position there at all
+                    continue
+                seg = _Segment(first, first, next(self._tags))
+                self._by_tag[seg.tag] = (o, seg)
+                self._probing.add(o)
+                self.queue.read_range(self.pool, self.oids[o], self.epoch, first, first, 1, self.call_bytes,
+                                      seg.tag)
+        deadline = time.monotonic() + self._deadline_s
+        while not all(self._fetched[o] for o in need):
+            if time.monotonic() > deadline:
+                raise ClusterUnavailable(f"read_range on {self.oids[need[0]].decode()}: no reply in time")
+            self._collect(1.0)
+
+    def _first_of(self, obj: int) -> int:
+        """The first position of object `obj` at or after `position`."""
+        return self.position + (obj - self.position) % self.width
 
     def skip(self) -> None:
         """Go past the position next_batch stopped at (the caller reported it)."""
@@ -759,6 +785,7 @@ class ViewScan:
             self._segments[obj] = []
         self._by_tag.clear()
         self._fetched = [False] * self.width
+        self._probing.clear()
         self._max_position = None
 
     def close(self) -> None:

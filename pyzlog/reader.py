@@ -33,6 +33,8 @@ HOLE_WAIT_SECONDS = 2.0
 PER_CALL = 512
 #: byte budget of one read_range reply
 CALL_BYTES = 4 << 20
+#: partitions of a log: a stride is a view's width or a count of readers
+MAX_STRIDE = 1 << 32
 #: follow mode: longest pause between polls of an idle tail
 MAX_POLL_SECONDS = 0.25
 
@@ -322,8 +324,11 @@ class Stream:
 
 def check_stream_args(start: int, end: int | None, stride_index: int | None = None,
                       stride: int | None = None) -> None:
-    if (stride_index is None) != (stride is None) or (stride is not None and stride < 1):
-        raise InvalidRequest("stride_index and stride (>= 1) come together")
+    for name, v in (("stride", stride), ("stride_index", stride_index)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise InvalidRequest(f"{name} must be an integer, not {v!r}")
+    if (stride_index is None) != (stride is None) or (stride is not None and not 1 <= stride <= MAX_STRIDE):
+        raise InvalidRequest(f"stride_index and stride (1..{MAX_STRIDE}) come together")
     if stride is not None and stride_index is not None and not 0 <= stride_index < stride:
         raise InvalidRequest(f"stride_index {stride_index} is not in [0, {stride})")
     check_position(start)
