@@ -10,7 +10,7 @@ epoch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from . import fastread as fr
@@ -42,8 +42,9 @@ class BatchStream:
         self._native = fr.Native.of(log.cluster)
         self._pool = self._native.pool(log.pool)
         self._queue: fr.ReadQueue | None = None
-        compressed = log.config.get("compression", "none") != "none"
-        self._decode = log.decode if decode and compressed else None  # decode=False: data as stored
+        #: how the log's entries are decoded (None: stored as written)
+        self.codec = None if log.config.get("compression", "none") == "none" else log.decode
+        self._decode = self.codec if decode else None  # decode=False: data as stored
         self._filter = False  # rows of positions not asked for come with the view being read
 
     def __iter__(self) -> Iterator[Any]:
@@ -163,9 +164,10 @@ class Records:
     after one goes on from the first position not yet handed out (an entry
     that cannot be decoded raises again on every call)."""
 
-    def __init__(self, batches: BatchStream, decode: Callable[[bytes], bytes] | None) -> None:
+    def __init__(self, batches: BatchStream) -> None:
+        """`batches` made with decode=False: Records decodes each entry itself."""
         self._batches = batches
-        self._decode = decode
+        self._decode = batches.codec
         self._walk: Iterator[Any] | None = None
         self._kinds = [RecordKind(k) for k in fr.KIND_NAMES]
         self._pos: list[int] = []

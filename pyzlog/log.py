@@ -239,9 +239,7 @@ class Log:
 
                 return Records(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
                                            stride_index=stride_index, stride=stride, known_tail=known_tail,
-                                           max_rows=STREAM_BATCH_ROWS, decode=False),
-                               None if self.state.config.get("compression", "none") == "none"
-                               else self.state.decode)
+                                           max_rows=STREAM_BATCH_ROWS, decode=False))
             except (ImportError, ZlogError) as e:
                 logger.warning("stream() on %r goes through python-rados: the native read path is "
                                "unavailable (%s)", self.name, e)

@@ -24,6 +24,19 @@ def records(stream: Any) -> list[tuple[int, str, bytes | None]]:
     return [(r.position, r.kind.value, r.data) for r in stream]
 
 
+def drain(stream: Any, error: type[Exception]) -> tuple[list[bytes | None], int]:
+    """Every record's data, calling next() again after each `error` (as a
+    reader that rides out a timeout does), and how many errors there were."""
+    got, errors = [], 0
+    while True:
+        try:
+            got.append(next(stream).data)
+        except error:
+            errors += 1
+        except StopIteration:
+            return got, errors
+
+
 def gappy(rados_cluster, ceph, name: str, compression: str = "none") -> Log:  # type: ignore[no-untyped-def]
     """Data, a fill, a trim, two holes below the tail, then a second view of
     another width with more of each."""
@@ -177,16 +190,7 @@ def test_a_native_stream_goes_on_after_an_error(rados_cluster, ceph, log_name, m
         return real(self)
 
     monkeypatch.setattr(fr.ViewScan, "next_batch", flaky)
-    stream = lg.stream(0)
-    got, errors = [], 0
-    while True:
-        try:
-            got.append(next(stream).data)
-        except ClusterUnavailable:
-            errors += 1
-            continue
-        except StopIteration:
-            break
+    got, errors = drain(lg.stream(0), ClusterUnavailable)
     assert errors == 3
     assert got == [b"e%d" % i for i in range(200)]
 
@@ -218,15 +222,7 @@ def test_an_error_with_the_read_ahead_loses_no_batch(rados_cluster, ceph, log_na
 
     monkeypatch.setattr(fr.ViewScan, "_collect", flaky)
     want = [b"e%d" % i for i in range(300)]
-    stream = lg.stream(0)
-    got, errors = [], 0
-    while True:
-        try:
-            got.append(next(stream).data)
-        except ClusterUnavailable:
-            errors += 1
-        except StopIteration:
-            break
+    got, errors = drain(lg.stream(0), ClusterUnavailable)
     assert errors == 1 and calls["n"] > 8
     assert got == want
     calls["n"] = 0
