@@ -389,6 +389,10 @@ class ReadQueue:
         if handle == ffi.NULL:
             raise MemoryError("fr_queue_new")
         self.native = native
+        #: result tags, unique on this queue: every scan that shares it draws
+        #: from here, so a late reply to an earlier scan is never taken for a
+        #: reply to a later one
+        self.tags = iter(range(1 << 62))  # next() is atomic under the GIL
         self._q: Any = ffi.gc(handle, lib.fr_queue_release)  # None once closed
         self._out = ffi.new("fr_result[]", max_results)
         self._max = max_results
@@ -604,7 +608,7 @@ class ViewScan:
         self.max_rows, self.signed = max_rows, signed
         self._segments: list[list[_Segment]] = [[] for _ in range(self.width)]
         self._by_tag: dict[int, tuple[int, _Segment]] = {}
-        self._tags = iter(range(1 << 62))
+        self._tags = queue.tags
         self._max_position: int | None = None
         self._fetched = [False] * self.width  # a reply of each object since the last forget_from
         self._probing: set[int] = set()  # objects asked only for their max (refresh_max)

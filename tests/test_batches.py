@@ -233,3 +233,27 @@ def test_an_error_with_the_read_ahead_loses_no_batch(rados_cluster, ceph, log_na
                for b in BatchStream(lg.state, 0, None, follow=False, hole_wait=0.2, max_rows=16)]
     assert calls["n"] >= 5
     assert [d for b in batches for d in b] == want
+
+
+def test_scans_sharing_a_queue_never_take_each_others_replies(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """A stream moves to a new ViewScan on the same queue at every view
+    change, with the old scan's calls still in flight: their late replies
+    must not be taken for the new scan's (they were, when each scan counted
+    its tags from 0: "the reply made no progress", or another call's rows)."""
+    from pyzlog import fastread as fr
+    from pyzlog.layout import view_objects
+
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    lg.append_many([b"e%d" % i for i in range(2000)])
+    native = fr.Native.of(lg.state.cluster)
+    pool, queue = native.pool(ceph.pool), native.queue()
+    oids = view_objects(log_name, lg.views[-1])
+    try:
+        for start in (0, 1500, 700, 1900, 10):
+            abandoned = fr.ViewScan(queue, pool, oids, lg.epoch, 0, 2000, per_call=64)
+            abandoned.start()  # its calls are in flight when the next scan starts
+            scan = fr.ViewScan(queue, pool, oids, lg.epoch, start, 2000, per_call=64)
+            rows = [d for b in scan.batches() for d in b.column(1).to_pylist()]
+            assert rows == [b"e%d" % i for i in range(start, 2000)]
+    finally:
+        queue.close()
