@@ -80,14 +80,19 @@ class SequencerDaemon:
             # before listening, so no client reaches a daemon about to refuse
             check_address_free(self.cluster, list(self._standby_pools), self._advertise, self._lease,
                                self._group)
-        self.server.start()
         if self.exporter is not None and self._metrics_at is not None:
+            # before the sequencer port: a daemon that is going to refuse never accepts a client
             try:
                 self.metrics_port = self.exporter.serve(*self._metrics_at)
             except OSError as e:
-                self.server.stop()
                 raise MetricsListenError(e.errno, e.strerror) from None
             log.info("metrics on http://%s:%d/metrics", self._metrics_at[0], self.metrics_port)
+        try:
+            self.server.start()
+        except BaseException:
+            if self.exporter is not None:
+                self.exporter.stop()
+            raise
         if self._standby_pools:
             try:
                 self.watch = Watch(self.cluster, self.server, self.address, list(self._standby_pools),
@@ -95,6 +100,8 @@ class SequencerDaemon:
                 self.watch.start()
             except (ZlogError, rados.Error):
                 self.server.stop()
+                if self.exporter is not None:
+                    self.exporter.stop()
                 raise
         self._thread = threading.Thread(target=self._serve_recoveries, name="recovery-queue", daemon=True)
         self._thread.start()

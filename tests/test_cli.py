@@ -235,13 +235,33 @@ def test_bench_append(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-
 def test_bench_read(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "read.json"
     p = run(ceph, "bench", "read", "--duration", "0.3", "--entries", "300", "--out", str(out), timeout=180)
-    assert "| zlog stream() |" in ok(p)
+    said = ok(p)
+    assert "| zlog stream() |" in said
     r = json.loads(out.read_text())
     assert r["kind"] == "read" and r["positions"][1] - r["positions"][0] == 300
     for key in ("zlog_stream", "zlog_read", "zlog_read_async_depth16", "raw_read", "raw_read_depth16"):
         assert r["cases"][key]["ops_per_s"] > 0
     assert r["cases"]["zlog_stream"]["gaps"] == 0
     assert r["ratios"]["stream_vs_single_read"] > 0 and "machine" in r
+    # where each case's CPU went: this process, and the test cluster's OSDs (on this host)
+    cpu = r["cases"]["zlog_stream_batches"]["cpu"]
+    assert cpu["client_us_per_entry"] > 0
+    if ceph.dir is not None:  # our own dev cluster: its OSDs are local processes
+        assert cpu["local_osds"] >= 1 and cpu["osd_us_per_entry"] > 0 and cpu["osd_cores"] > 0
+    assert "| OSD CPU µs/entry |" in said
+
+
+def test_cpu_meter_finds_only_the_clusters_own_osds(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from pyzlog.tools.cpu import CpuMeter, local_osd_pids
+
+    other = tmp_path / "ceph.conf"
+    other.write_text("[global]\n")
+    assert local_osd_pids(other) == []  # no OSD was started with this conf
+    meter = CpuMeter(other)
+    meter.stop("case", meter.start())
+    assert meter.figures("case", 10)["osd_us_per_entry"] is None  # unknown, not zero
+    if ceph.dir is not None:
+        assert local_osd_pids(ceph.conf)
 
 
 def test_help_without_command(ceph) -> None:  # type: ignore[no-untyped-def]

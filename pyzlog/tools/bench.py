@@ -34,6 +34,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..errors import ZlogError
 from ..reader import Stream
+from .cpu import CpuMeter
 
 APPEND_TARGET_RATIO = 0.8
 READ_TARGET_RATIO = 5.0
@@ -285,12 +286,13 @@ class _Bench:
 
         self.env = env
         self.cluster = env.cluster
+        self.conf = resolve_conf(env.conf)
         self.pool = env.pool
         self.run_id = uuid.uuid4().hex[:12]
         self.seqr_proc: SeqrProcess | None = None
         self.seqr = env.seqr
         if not self.seqr:
-            self.seqr_proc = SeqrProcess(resolve_conf(env.conf), env.keyring, env.client).start()
+            self.seqr_proc = SeqrProcess(self.conf, env.keyring, env.client).start()
             self.seqr = self.seqr_proc.address
         from ..cluster import open_ioctx
 
@@ -710,13 +712,18 @@ def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int
             # every case runs in each round, so a change in the shared
             # machine's speed hits both sides of each ratio alike
             runs: dict[str, list[Run]] = {key: [] for key, *_ in plan}
+            meter = CpuMeter(b.conf)
             for r in range(rounds):
                 for key, label, *_, run in plan:
                     tick = new(f"{label} ({r + 1}/{rounds})")
+                    started = meter.start()
                     runs[key].append(run(duration / rounds, tick))
+                    meter.stop(key, started)
                     tick.finish()
             cases = {key: summarize_runs(key, system, d, runs[key], size, api=api)
                      for key, _, system, d, api, _ in plan}
+            for key, case in cases.items():
+                case["cpu"] = meter.figures(key, case["ops"])
             cases["zlog_stream"].update(stream_counts)
             cases["zlog_stream_rados"].update(rados_counts)
             cases["zlog_stream_batches"].update(batch_counts)
@@ -763,8 +770,9 @@ def markdown_read(r: dict[str, Any]) -> str:
     lines = [f"Read, {p['entries']} entries of {p['entry_bytes']} B, width {p['width']}, {_setup_line(r)} "
              "(ratios: median of the per-round ratios)",
              "",
-             "| case | depth | entries/s | MB/s | p50 ms | p99 ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| case | depth | entries/s | MB/s | p50 ms | p99 ms | client CPU µs/entry | OSD CPU µs/entry "
+             "| OSD cores |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     rows = [("zlog stream()", "zlog_stream"), ("zlog stream() on python-rados (round 1)", "zlog_stream_rados"),
             ("zlog stream_batches() (Arrow)", "zlog_stream_batches"),
             ("zlog read() random", "zlog_read"),
@@ -772,8 +780,11 @@ def markdown_read(r: dict[str, Any]) -> str:
             ("raw librados read", "raw_read"), ("raw librados aio_read", f"raw_read_depth{d}")]
     for label, key in rows:
         c = r["cases"][key]
+        cpu = c.get("cpu", {})
         lines.append(f"| {label} | {c['depth'] or '-'} | {_fmt(c['ops_per_s'])} | {_fmt(c['mb_per_s'], '.2f')} | "
-                     f"{_fmt(c['latency_ms']['p50'], '.2f')} | {_fmt(c['latency_ms']['p99'], '.2f')} |")
+                     f"{_fmt(c['latency_ms']['p50'], '.2f')} | {_fmt(c['latency_ms']['p99'], '.2f')} | "
+                     f"{_fmt(cpu.get('client_us_per_entry'), '.2f')} | {_fmt(cpu.get('osd_us_per_entry'), '.2f')} | "
+                     f"{_fmt(cpu.get('osd_cores'), '.2f')} |")
     ra = r["ratios"]
     lines.append("")
     lines.append(f"stream / single reads: **{ra['stream_vs_single_read']:.1f}x** "

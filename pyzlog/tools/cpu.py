@@ -1,0 +1,85 @@
+"""Where a benchmark's CPU went: this process, and the OSDs of the cluster
+when they run on this host (a dev cluster), read from /proc. A case whose
+OSDs are busy while the client idles is bound by the cluster, not by pyzlog."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def local_osd_pids(conf: str | os.PathLike[str]) -> list[int]:
+    """The ceph-osd processes on this host started with `-c conf` (vstart's)."""
+    want = os.path.realpath(conf)
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not args or not args[0].endswith(b"ceph-osd"):
+            continue
+        for flag, value in zip(args, args[1:]):
+            if flag in (b"-c", b"--conf") and os.path.realpath(os.fsdecode(value)) == want:
+                pids.append(int(proc.name))
+    return sorted(pids)
+
+
+def _cpu_s(pid: int) -> float:
+    # utime + stime (fields 14 and 15 of stat; the command name may hold spaces)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+@dataclass
+class _Spent:
+    wall_s: float = 0.0
+    client_s: float = 0.0
+    osd_s: float | None = 0.0  # None: not known for every round of the case
+
+
+_Sample = tuple[float, float, float | None]
+
+
+class CpuMeter:
+    """Accumulates, per case, the CPU seconds of this process and of the
+    local OSDs while the case ran; figures() turns them into µs per entry."""
+
+    def __init__(self, conf: str | os.PathLike[str] | None) -> None:
+        self.osd_pids = local_osd_pids(conf) if conf else []
+        self._spent: dict[str, _Spent] = {}
+
+    def start(self) -> _Sample:
+        try:
+            osd: float | None = sum(_cpu_s(p) for p in self.osd_pids) if self.osd_pids else None
+        except OSError:  # an OSD went away: no OSD figures from now on
+            self.osd_pids, osd = [], None
+        return time.monotonic(), time.process_time(), osd
+
+    def stop(self, case: str, started: _Sample) -> None:
+        now = self.start()
+        spent = self._spent.setdefault(case, _Spent())
+        spent.wall_s += now[0] - started[0]
+        spent.client_s += now[1] - started[1]
+        if spent.osd_s is None or now[2] is None or started[2] is None:
+            spent.osd_s = None
+        else:
+            spent.osd_s += now[2] - started[2]
+
+    def figures(self, case: str, entries: int) -> dict[str, Any]:
+        s = self._spent.get(case, _Spent(osd_s=None))
+        per_entry = 1e6 / max(entries, 1)
+        osd_known = s.osd_s is not None and s.wall_s > 0
+        return {
+            "client_us_per_entry": s.client_s * per_entry,
+            "client_cores": s.client_s / s.wall_s if s.wall_s else None,
+            "osd_us_per_entry": s.osd_s * per_entry if osd_known else None,  # type: ignore[operator]
+            "osd_cores": s.osd_s / s.wall_s if osd_known else None,  # type: ignore[operator]
+            "local_osds": len(self.osd_pids),
+        }
