@@ -771,8 +771,8 @@ def markdown_read(r: dict[str, Any]) -> str:
              "(ratios: median of the per-round ratios)",
              "",
              "| case | depth | entries/s | MB/s | p50 ms | p99 ms | client CPU µs/entry | OSD CPU µs/entry "
-             "| OSD cores |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| OSD cores | CPUs busy |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     rows = [("zlog stream()", "zlog_stream"), ("zlog stream() on python-rados (round 1)", "zlog_stream_rados"),
             ("zlog stream_batches() (Arrow)", "zlog_stream_batches"),
             ("zlog read() random", "zlog_read"),
@@ -784,7 +784,7 @@ def markdown_read(r: dict[str, Any]) -> str:
         lines.append(f"| {label} | {c['depth'] or '-'} | {_fmt(c['ops_per_s'])} | {_fmt(c['mb_per_s'], '.2f')} | "
                      f"{_fmt(c['latency_ms']['p50'], '.2f')} | {_fmt(c['latency_ms']['p99'], '.2f')} | "
                      f"{_fmt(cpu.get('client_us_per_entry'), '.2f')} | {_fmt(cpu.get('osd_us_per_entry'), '.2f')} | "
-                     f"{_fmt(cpu.get('osd_cores'), '.2f')} |")
+                     f"{_fmt(cpu.get('osd_cores'), '.2f')} | {_fmt(cpu.get('machine_busy'), '.0%')} |")
     ra = r["ratios"]
     lines.append("")
     lines.append(f"stream / single reads: **{ra['stream_vs_single_read']:.1f}x** "

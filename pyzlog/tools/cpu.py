@@ -37,19 +37,35 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+@dataclass
+class _Sample:
+    wall_s: float
+    client_s: float
+    osd_s: float | None
+    machine: tuple[int, int]
+
+
 @dataclass
 class _Spent:
     wall_s: float = 0.0
     client_s: float = 0.0
     osd_s: float | None = 0.0  # None: not known for every round of the case
-
-
-_Sample = tuple[float, float, float | None]
+    busy: int = 0  # jiffies the machine's CPUs were busy, of `total`
+    total: int = 0
 
 
 class CpuMeter:
     """Accumulates, per case, the CPU seconds of this process and of the
-    local OSDs while the case ran; figures() turns them into µs per entry."""
+    local OSDs while the case ran, and how busy the whole machine was;
+    figures() turns them into µs per entry and cores."""
 
     def __init__(self, conf: str | os.PathLike[str] | None) -> None:
         self.osd_pids = local_osd_pids(conf) if conf else []
@@ -60,17 +76,19 @@ class CpuMeter:
             osd: float | None = sum(_cpu_s(p) for p in self.osd_pids) if self.osd_pids else None
         except OSError:  # an OSD went away: no OSD figures from now on
             self.osd_pids, osd = [], None
-        return time.monotonic(), time.process_time(), osd
+        return _Sample(time.monotonic(), time.process_time(), osd, _machine_jiffies())
 
     def stop(self, case: str, started: _Sample) -> None:
         now = self.start()
         spent = self._spent.setdefault(case, _Spent())
-        spent.wall_s += now[0] - started[0]
-        spent.client_s += now[1] - started[1]
-        if spent.osd_s is None or now[2] is None or started[2] is None:
+        spent.wall_s += now.wall_s - started.wall_s
+        spent.client_s += now.client_s - started.client_s
+        spent.busy += now.machine[0] - started.machine[0]
+        spent.total += now.machine[1] - started.machine[1]
+        if spent.osd_s is None or now.osd_s is None or started.osd_s is None:
             spent.osd_s = None
         else:
-            spent.osd_s += now[2] - started[2]
+            spent.osd_s += now.osd_s - started.osd_s
 
     def figures(self, case: str, entries: int) -> dict[str, Any]:
         s = self._spent.get(case, _Spent(osd_s=None))
@@ -82,4 +100,5 @@ class CpuMeter:
             "osd_us_per_entry": s.osd_s * per_entry if osd_known else None,  # type: ignore[operator]
             "osd_cores": s.osd_s / s.wall_s if osd_known else None,  # type: ignore[operator]
             "local_osds": len(self.osd_pids),
+            "machine_busy": s.busy / s.total if s.total else None,  # 1.0: every CPU was busy
         }

@@ -22,6 +22,7 @@ from ..cluster import connect
 from ..errors import LogNotFound
 from ..log import Log
 from ..reader import Stream
+from .cpu import CpuMeter
 
 LOAD_BATCH = 16384
 
@@ -45,7 +46,8 @@ def ensure_bench_log(cluster: Any, pool: str, entries: int, size: int, width: in
     return log, time.perf_counter() - t0
 
 
-def _spark_pass(master: str, conf: str, pool: str, name: str, end: int) -> tuple[float, int]:
+def _spark_pass(master: str, conf: str, pool: str, name: str, end: int, meter: CpuMeter,
+                case: str) -> tuple[float, int]:
     """One DataFrame count of [0, end) under `master`, in a session of its own
     (the session's start and a warm-up count are not timed): (seconds, partitions)."""
     from ..spark.session import local_session
@@ -58,9 +60,11 @@ def _spark_pass(master: str, conf: str, pool: str, name: str, end: int) -> tuple
                     .option("endingPosition", str(stop)).load())
         df(1000).count()  # warm up: JVM code paths, Python workers
         parts = df(end).rdd.getNumPartitions()
+        started = meter.start()
         t0 = time.perf_counter()
         n = df(end).count()
         took = time.perf_counter() - t0
+        meter.stop(case, started)
         if n != end:
             raise AssertionError(f"{master}: counted {n} rows, expected {end}")
         return took, parts
@@ -68,16 +72,18 @@ def _spark_pass(master: str, conf: str, pool: str, name: str, end: int) -> tuple
         spark.stop()
 
 
-def _client_pass(conf: str, pool: str, name: str, end: int, native: bool) -> float:
+def _client_pass(conf: str, pool: str, name: str, end: int, native: bool, meter: CpuMeter, case: str) -> float:
     """One log.stream() pass over [0, end) in this process (native path, or
     python-rados as round 1 shipped it)."""
     cluster = connect(conf)
     try:
         log = Log.open(cluster, pool, name)
+        started = meter.start()
         t0 = time.perf_counter()
         stream = log.stream(0, end) if native else Stream(log.state, 0, end, decode=log.state.decode)
         n = sum(1 for _ in stream)
         took = time.perf_counter() - t0
+        meter.stop(case, started)
         log.close()
     finally:
         cluster.shutdown()
@@ -101,11 +107,13 @@ def run_spark_bench(conf: str, pool: str, entries: int = 1_000_000, size: int = 
     cases = ("client", "client_rados", "local1", "local2")
     secs: dict[str, list[float]] = {c: [] for c in cases}
     parts: dict[str, int] = {}
+    # the OSD's CPU and the machine's: whether a reader was bound by the cluster
+    meter = CpuMeter(conf)
     for r in range(rounds):
-        secs["client"].append(_client_pass(conf, pool, name, entries, native=True))
-        secs["client_rados"].append(_client_pass(conf, pool, name, entries, native=False))
+        secs["client"].append(_client_pass(conf, pool, name, entries, True, meter, "client"))
+        secs["client_rados"].append(_client_pass(conf, pool, name, entries, False, meter, "client_rados"))
         for case, master in (("local1", "local[1]"), ("local2", "local[2]")):
-            took, parts[case] = _spark_pass(master, conf, pool, name, entries)
+            took, parts[case] = _spark_pass(master, conf, pool, name, entries, meter, case)
             secs[case].append(took)
         print(f"round {r + 1}/{rounds}: " + ", ".join(f"{c} {entries / secs[c][-1]:,.0f} rows/s" for c in cases),
               flush=True)
@@ -118,6 +126,10 @@ def run_spark_bench(conf: str, pool: str, entries: int = 1_000_000, size: int = 
                                "rows_per_s": entries / statistics.median(secs[c])}
         if c in parts:
             out["partitions"] = parts[c]
+        cpu = meter.figures(c, entries * rounds)
+        if c in parts:  # the work is in Spark's JVM and workers, not in this process
+            del cpu["client_us_per_entry"], cpu["client_cores"]
+        out["cpu"] = cpu
         return out
 
     return {
@@ -166,12 +178,21 @@ def markdown_table(r: dict[str, Any]) -> str:
     lines = [f"Scan of {r['entries']:,} entries of {r['entry_bytes']} B into a DataFrame count, "
              f"{r['cpus']} CPUs, {r['rounds']} alternating rounds (rows/s: median pass; ratios: median "
              "of the per-round ratios)", "",
-             "| reader | rows/s | vs client stream() |", "| --- | ---: | ---: |"]
-    lines += [f"| {name} | {rate:,.0f} | {ratio:.2f} |" for name, rate, ratio in rows]
+             "| reader | rows/s | vs client stream() | OSD CPU µs/row | OSD cores | CPUs busy |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (name, rate, ratio), key in zip(rows, ("client_stream", "client_stream_rados", "spark_local1",
+                                              "spark_local2")):
+        cpu = r[key].get("cpu", {})
+        lines.append(f"| {name} | {rate:,.0f} | {ratio:.2f} | {_fmt(cpu.get('osd_us_per_entry'), '.2f')} | "
+                     f"{_fmt(cpu.get('osd_cores'), '.2f')} | {_fmt(cpu.get('machine_busy'), '.0%')} |")
     lines.append(f"\nlocal[2] / client stream(): {r['ratio_local2_vs_client']:.2f} (target >= 1.5); "
                  f"local[2] / local[1]: {r['ratio_local2_vs_local1']:.2f} (target >= 1.8); "
                  f"local[2] / round 1's python-rados stream(): {r['ratio_local2_vs_client_rados']:.2f}")
     return "\n".join(lines)
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 if __name__ == "__main__":
