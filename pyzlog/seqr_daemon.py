@@ -235,6 +235,10 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
         raise click.BadParameter("letters, digits, - and _ only", param_hint="--group")
     daemon = SequencerDaemon(cluster, host, port, advertise=advertise, pools=pools, lease=lease, group=group,
                              metrics=metrics_at, metrics_max_logs=metrics_max_logs)
+    # before the port opens: a SIGTERM as soon as it accepts still shuts down cleanly
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
     try:
         daemon.start()
     except MetricsListenError as e:
@@ -246,9 +250,6 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
     except (ZlogError, rados.Error) as e:
         cluster.shutdown()
         raise click.ClickException(f"cannot stand by for pools {', '.join(pools)}: {e}") from None
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     done.wait()
     log.info("shutting down")
     daemon.stop()
