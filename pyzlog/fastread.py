@@ -621,19 +621,26 @@ class ViewScan:
         i = self.position % self.width
         return range(i, i + 1)
 
+    def _first_of(self, obj: int, position: int) -> int:
+        """The first position of object `obj` at or after `position`."""
+        return position + (obj - position) % self.width
+
+    def _send(self, obj: int, first: int, last: int, max_entries: int) -> _Segment:
+        """One read_range call on object `obj`, its reply known by the segment's tag."""
+        seg = _Segment(first, last, next(self._tags))
+        self._by_tag[seg.tag] = (obj, seg)
+        self.queue.read_range(self.pool, self.oids[obj], self.epoch, first, last, max_entries, self.call_bytes,
+                              seg.tag)
+        return seg
+
     def _issue(self, obj: int, first: int, index: int | None = None) -> None:
         """Ask for the positions of object `obj` from `first` (about per_call of them)."""
-        # the object's first position at or after `first`
-        first += (obj - first) % self.width
+        first = self._first_of(obj, first)
         if first >= self.end:
             return
         last = min(self.end - 1, first + self.width * (self.per_call - 1))
-        seg = _Segment(first, last, next(self._tags))
         segs = self._segments[obj]
-        segs.insert(len(segs) if index is None else index, seg)
-        self._by_tag[seg.tag] = (obj, seg)
-        self.queue.read_range(self.pool, self.oids[obj], self.epoch, first, last, self.per_call,
-                              self.call_bytes, seg.tag)
+        segs.insert(len(segs) if index is None else index, self._send(obj, first, last, self.per_call))
 
     def _top_up(self, obj: int) -> None:
         segs = self._segments[obj]
@@ -676,7 +683,7 @@ class ViewScan:
     def _ready(self, obj: int, position: int) -> bool:
         """Make the head window of `obj` the one covering `position`; False
         while it is still on its way."""
-        position += (obj - position) % self.width  # the object's first position from there
+        position = self._first_of(obj, position)
         segs = self._segments[obj]
         while segs and (segs[0].window is not None and segs[0].window.next <= position
                         or segs[0].last < position):
@@ -753,29 +760,22 @@ class ViewScan:
         need = [o for o in range(self.width) if not self._fetched[o]]
         if not need:
             return
-        scanned = [o for o in self._objects() if o in need and self._first_of(o) < self.end]
+        scanned = [o for o in self._objects() if o in need and self._first_of(o, self.position) < self.end]
         if scanned:
             self._wait_ready(scanned, self.position)
         for o in need:
             if o not in scanned and o not in self._probing:
-                first = self._first_of(o)
+                first = self._first_of(o, self.position)
                 if first > wire.MAX_POSITION:
                     self._fetched[o] = True  # no position there at all
                     continue
-                seg = _Segment(first, first, next(self._tags))
-                self._by_tag[seg.tag] = (o, seg)
+                self._send(o, first, first, 1)
                 self._probing.add(o)
-                self.queue.read_range(self.pool, self.oids[o], self.epoch, first, first, 1, self.call_bytes,
-                                      seg.tag)
         deadline = time.monotonic() + self._deadline_s
         while not all(self._fetched[o] for o in need):
             if time.monotonic() > deadline:
                 raise ClusterUnavailable(f"read_range on {self.oids[need[0]].decode()}: no reply in time")
             self._collect(1.0)
-
-    def _first_of(self, obj: int) -> int:
-        """The first position of object `obj` at or after `position`."""
-        return self.position + (obj - self.position) % self.width
 
     def skip(self) -> None:
         """Go past the position next_batch stopped at (the caller reported it)."""

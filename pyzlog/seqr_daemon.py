@@ -89,20 +89,18 @@ class SequencerDaemon:
             log.info("metrics on http://%s:%d/metrics", self._metrics_at[0], self.metrics_port)
         try:
             self.server.start()
+            if self._standby_pools:
+                try:
+                    self.watch = Watch(self.cluster, self.server, self.address, list(self._standby_pools),
+                                       self._lease, self.request_recovery, self._group)
+                    self.watch.start()
+                except (ZlogError, rados.Error):
+                    self.server.stop()
+                    raise
         except BaseException:
-            if self.exporter is not None:
+            if self.exporter is not None:  # a daemon that did not start serves no metrics
                 self.exporter.stop()
             raise
-        if self._standby_pools:
-            try:
-                self.watch = Watch(self.cluster, self.server, self.address, list(self._standby_pools),
-                                   self._lease, self.request_recovery, self._group)
-                self.watch.start()
-            except (ZlogError, rados.Error):
-                self.server.stop()
-                if self.exporter is not None:
-                    self.exporter.stop()
-                raise
         self._thread = threading.Thread(target=self._serve_recoveries, name="recovery-queue", daemon=True)
         self._thread.start()
         log.info("serving on %s:%d as %s%s", self.server.host, self.port, self.address,

@@ -782,12 +782,12 @@ def test_spark_bench_reports_rates_and_where_the_cpu_went(ceph, tmp_path: Path) 
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["entries"] == 20000 and "| Spark `local[2]` |" in p.stdout
-    for case in ("client_stream", "client_stream_rados", "spark_local1", "spark_local2"):
+    readers = ("client_stream", "client_stream_rados", "spark_local1", "spark_local2")
+    for case in readers:
         cpu = r[case]["cpu"]
         assert r[case]["rows_per_s"] > 0 and 0 < cpu["machine_busy"] <= 1
         assert ceph.dir is None or cpu["osd_cores"] is not None  # our own cluster's OSD runs on this host
     # CPU time comes in 10 ms ticks: a short pass may see none, all four together do
-    assert ceph.dir is None or sum(r[case]["cpu"]["osd_cores"] for case in ("client_stream", "client_stream_rados", "spark_local1",
-                                                        "spark_local2")) > 0
+    assert ceph.dir is None or sum(r[case]["cpu"]["osd_cores"] for case in readers) > 0
     assert r["client_stream"]["cpu"]["client_us_per_entry"] > 0
     assert "client_us_per_entry" not in r["spark_local2"]["cpu"]  # Spark's work is not in the driver

@@ -22,6 +22,7 @@ from ..cluster import connect
 from ..errors import LogNotFound
 from ..log import Log
 from ..reader import Stream
+from .bench import _fmt
 from .cpu import CpuMeter
 
 LOAD_BATCH = 16384
@@ -124,12 +125,11 @@ def run_spark_bench(conf: str, pool: str, entries: int = 1_000_000, size: int = 
     def summary(c: str) -> dict[str, Any]:
         out: dict[str, Any] = {"seconds": statistics.median(secs[c]), "all_seconds": secs[c],
                                "rows_per_s": entries / statistics.median(secs[c])}
+        out["cpu"] = meter.figures(c, entries * rounds)
         if c in parts:
             out["partitions"] = parts[c]
-        cpu = meter.figures(c, entries * rounds)
-        if c in parts:  # the work is in Spark's JVM and workers, not in this process
-            del cpu["client_us_per_entry"], cpu["client_cores"]
-        out["cpu"] = cpu
+            # the work is in Spark's JVM and workers, not in this process
+            del out["cpu"]["client_us_per_entry"], out["cpu"]["client_cores"]
         return out
 
     return {
@@ -189,10 +189,6 @@ def markdown_table(r: dict[str, Any]) -> str:
                  f"local[2] / local[1]: {r['ratio_local2_vs_local1']:.2f} (target >= 1.8); "
                  f"local[2] / round 1's python-rados stream(): {r['ratio_local2_vs_client_rados']:.2f}")
     return "\n".join(lines)
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
 
 
 if __name__ == "__main__":
