@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "docker"
 DEFAULT_NAME = "pyzlog"
 RUN_DIR = ROOT / "run" / "docker"
-LABEL = "pyzlog.cluster"
+LABEL = "pyzlog.core.cluster"
 IMAGE_LABEL = "pyzlog.image"
 SUITE = "bookworm"
 #: the subnets `up` chooses from: 10.231.K.0/24, the first free K
@@ -421,7 +421,7 @@ def _docker_subnets() -> list[ipaddress.IPv4Network]:
 @dataclass
 class Cluster:
     """One test-bed cluster: its containers and network carry the label
-    pyzlog.cluster=NAME; its keys, configs and logs live in DIR."""
+    pyzlog.core.cluster=NAME; its keys, configs and logs live in DIR."""
     name: str
     dir: Path
 

@@ -6,14 +6,14 @@ from pkgutil import extend_path
 # copy `./dev setup` built and installed from this checkout.
 __path__ = extend_path(__path__, __name__)
 
-from .cluster import connect
-from .errors import (ClassNotLoaded, ClusterUnavailable, EntryTooLarge, EpochChanged, Filled,
+from .core.cluster import connect
+from .core.errors import (ClassNotLoaded, ClusterUnavailable, EntryTooLarge, EpochChanged, Filled,
                      InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied,
                      PoolNotFound, PositionError, ReadOnly, SequencerUnavailable, StaleEpoch,
                      Trimmed, ZlogError)
-from .log import Log
-from .reader import Record, RecordKind
-from .sequencer import SequencerClient
+from .client.log import Log
+from .client.reader import Record, RecordKind
+from .core.sequencer import SequencerClient
 
 __all__ = [
     "connect", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",

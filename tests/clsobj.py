@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import errno
 
-from pyzlog import wire
-from pyzlog.objects import ClassIO
+from pyzlog.core import wire
+from pyzlog.core.objects import ClassIO
 
 # The class's return codes (docs/cls_zlog.md), as the tests assert them.
 OK = 0

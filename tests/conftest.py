@@ -61,8 +61,8 @@ def rados_cluster(ceph: ClusterInfo):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def data_io(rados_cluster, ceph: ClusterInfo):  # type: ignore[no-untyped-def]
     """Raw cls_zlog calls on the log pool (no Log on top)."""
-    from pyzlog.cluster import open_ioctx
-    from pyzlog.objects import ClassIO
+    from pyzlog.core.cluster import open_ioctx
+    from pyzlog.core.objects import ClassIO
 
     ioctx = open_ioctx(rados_cluster, ceph.pool)
     yield ClassIO(ioctx)

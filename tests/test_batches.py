@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pyzlog import InvalidRequest, Log, RecordKind
-from pyzlog.reader import Stream
+from pyzlog.client.reader import Stream
 
 
 def rows(batches: Any) -> list[tuple[int, str, bytes | None]]:
@@ -125,7 +125,7 @@ def test_stream_is_the_same_on_both_paths(rados_cluster, ceph, log_name, monkeyp
     """stream() reads through fastread by default and through python-rados
     with PYZLOG_NATIVE_READS=0: the same records, epochs and metrics either
     way, whole and as stride partitions planned at another width."""
-    from pyzlog import metrics
+    from pyzlog.client import metrics
 
     gappy(rados_cluster, ceph, log_name, compression)
     full = lambda r: [(x.position, x.kind, x.data, x.epoch) for x in r]  # noqa: E731
@@ -174,8 +174,8 @@ def test_a_native_stream_goes_on_after_an_error(rados_cluster, ceph, log_name, m
     again gets the following positions, none twice and none skipped, as on
     python-rados (a generator would be finished after raising)."""
     from pyzlog import ClusterUnavailable
-    from pyzlog import fastread as fr
-    from pyzlog import log as log_mod
+    from pyzlog.core import fastread as fr
+    from pyzlog.client import log as log_mod
 
     monkeypatch.setattr(log_mod, "STREAM_BATCH_ROWS", 16)
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=3)
@@ -202,8 +202,8 @@ def test_an_error_with_the_read_ahead_loses_no_batch(rados_cluster, ceph, log_na
     (Found by the nemesis: a follow reader jumped 129 positions after a
     stale epoch arrived with the read-ahead.)"""
     from pyzlog import ClusterUnavailable, StaleEpoch
-    from pyzlog import fastread as fr
-    from pyzlog import log as log_mod
+    from pyzlog.core import fastread as fr
+    from pyzlog.client import log as log_mod
 
     monkeypatch.setattr(log_mod, "STREAM_BATCH_ROWS", 16)
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=3)
@@ -227,7 +227,7 @@ def test_an_error_with_the_read_ahead_loses_no_batch(rados_cluster, ceph, log_na
     assert got == want
     calls["n"] = 0
     del plan[8]  # a batch stream is a generator: it ends at an error it does not handle
-    from pyzlog.batches import BatchStream
+    from pyzlog.client.batches import BatchStream
 
     batches = [b.column(1).to_pylist()
                for b in BatchStream(lg.state, 0, None, follow=False, hole_wait=0.2, max_rows=16)]
@@ -240,8 +240,8 @@ def test_scans_sharing_a_queue_never_take_each_others_replies(rados_cluster, cep
     change, with the old scan's calls still in flight: their late replies
     must not be taken for the new scan's (they were, when each scan counted
     its tags from 0: "the reply made no progress", or another call's rows)."""
-    from pyzlog import fastread as fr
-    from pyzlog.layout import view_objects
+    from pyzlog.core import fastread as fr
+    from pyzlog.core.layout import view_objects
 
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     lg.append_many([b"e%d" % i for i in range(2000)])

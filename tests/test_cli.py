@@ -252,7 +252,7 @@ def test_bench_read(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-de
 
 
 def test_cpu_meter_finds_only_the_clusters_own_osds(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from pyzlog.tools.cpu import CpuMeter, local_osd_pids
+    from pyzlog.bench.cpu import CpuMeter, local_osd_pids
 
     other = tmp_path / "ceph.conf"
     other.write_text("[global]\n")

@@ -12,8 +12,9 @@ import pytest
 from seqr_proc import SeqrProcess
 
 import pyzlog
-import pyzlog.positions
-from pyzlog import Log, RecordKind, wire
+import pyzlog.client.positions
+from pyzlog import Log, RecordKind
+from pyzlog.core import wire
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_append_many(log: Log) -> None:
 def test_append_many_moves_past_taken_positions(rados_cluster, ceph, log_name, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     log.fill(3)  # the slow path will try 0.. and find 3 taken
-    monkeypatch.setattr(pyzlog.positions, "max_position", lambda _log: None)  # force positions 0..5 to be tried
+    monkeypatch.setattr(pyzlog.client.positions, "max_position", lambda _log: None)  # force positions 0..5 to be tried
     positions = log.append_many([b"x%d" % i for i in range(6)])
     assert len(set(positions)) == 6 and 3 not in positions
     assert all(log.read(p) == b"x%d" % i for i, p in enumerate(positions))

@@ -1,4 +1,4 @@
-"""pyzlog.metrics: the client's counters, served from an application's own
+"""pyzlog.client.metrics: the client's counters, served from an application's own
 registry, count exactly what the test did against the real cluster."""
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from seqr_proc import SeqrProcess, free_port
 
-from pyzlog import Log, RecordKind, metrics
+from pyzlog import Log, RecordKind
+
+from pyzlog.client import metrics
 
 
 class Deltas:

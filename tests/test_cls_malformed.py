@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pyzlog import wire
-from pyzlog.objects import ClassIO
+from pyzlog.core import wire
+from pyzlog.core.objects import ClassIO
 
 from clsobj import Obj
 
@@ -128,7 +128,7 @@ def exists(o: Obj) -> bool:
 
 @pytest.fixture(scope="module")
 def io(rados_cluster, ceph) -> Iterator[ClassIO]:  # type: ignore[no-untyped-def]
-    from pyzlog.cluster import open_ioctx
+    from pyzlog.core.cluster import open_ioctx
 
     ioctx = open_ioctx(rados_cluster, ceph.pool)
     yield ClassIO(ioctx)

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from pyzlog import wire
-from pyzlog.objects import ClassIO
-from pyzlog.wire import EntryState, ObjectStat, RangeEntry, RangeReply
+from pyzlog.core import wire
+from pyzlog.core.objects import ClassIO
+from pyzlog.core.wire import EntryState, ObjectStat, RangeEntry, RangeReply
 
 from clsobj import EINVAL, FILLED, NOENT, OK, STALE, TOO_BIG, TRIMMED, UNWRITTEN, WRITTEN, Obj
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from pyzlog import wire
-from pyzlog.wire import EntryState
+from pyzlog.core import wire
+from pyzlog.core.wire import EntryState
 
 from clsobj import EINVAL, FILLED, OK, STALE, TRIMMED, UNWRITTEN, WRITTEN, Obj
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 import pyzlog
-from pyzlog import Log, wire
-from pyzlog.objects import ClassIO
+from pyzlog import Log
+from pyzlog.core import wire
+from pyzlog.core.objects import ClassIO
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_slow_tail_finding(log: Log) -> None:
         obj_stat = log.state.data.call(f"zlog.{log.name}.1.{i}", "stat", b"", 64)
         assert wire.parse_stat(obj_stat).sealed_epoch == 3
     stale = log.state.data.call_raw(log.oid_of(40), "write", wire.write(2, 40, b"old"))[0]
-    assert isinstance(pyzlog.errors.from_errno(stale, "write"), pyzlog.StaleEpoch)
+    assert isinstance(pyzlog.core.errors.from_errno(stale, "write"), pyzlog.StaleEpoch)
     # a client holding the old epoch refreshes by itself and succeeds
     other = Log.open(log.cluster, log.pool, log.name)
     other.state._meta = wire.Meta(2, other.meta.config, other.views)

@@ -16,8 +16,8 @@ from seqr_proc import Fleet, SeqrProcess
 
 import pyzlog
 from pyzlog import Log
-from pyzlog import sequencer as sq
-from pyzlog.registry import read_records, recent, registry_ioctx
+from pyzlog.core import sequencer as sq
+from pyzlog.core.registry import read_records, recent, registry_ioctx
 
 LEASE = 1.0
 

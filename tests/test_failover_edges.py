@@ -24,7 +24,7 @@ import pytest
 from seqr_proc import Fleet, SeqrProcess
 
 from pyzlog import Log
-from pyzlog.registry import registry_ioctx
+from pyzlog.core.registry import registry_ioctx
 
 LEASE = 1.0
 
@@ -161,7 +161,7 @@ def test_interpreter_exit_with_async_appends_in_flight_across_a_change(rados_clu
 def test_owner_and_preferred_standby_killed_at_once(rados_cluster, ceph, log_name, daemons) -> None:  # type: ignore[no-untyped-def]
     """Three daemons; the owner and the standby the log prefers die together:
     the third takes the log within a few leases."""
-    from pyzlog.registry import preference
+    from pyzlog.core.registry import preference
     ds = [daemons(), daemons(), daemons()]
     a = ds[0]
     lg = Log.create(rados_cluster, ceph.pool, log_name, sequencer=a.address)
@@ -414,8 +414,8 @@ def test_a_stray_object_in_the_metadata_namespace_does_not_stop_failover(rados_c
     """An object in the pool's metadata namespace that is not a log's
     metadata (a half-made log, a tool's object): the standby's scan of a
     dead daemon's logs must skip it and still take the real logs over."""
-    from pyzlog.cluster import open_ioctx
-    from pyzlog.layout import META_NAMESPACE
+    from pyzlog.core.cluster import open_ioctx
+    from pyzlog.core.layout import META_NAMESPACE
     meta = open_ioctx(rados_cluster, ceph.pool, META_NAMESPACE)
     stray = "0000-stray"
     meta.write_full(stray, junk)

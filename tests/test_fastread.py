@@ -1,4 +1,4 @@
-"""The native read path (pyzlog.fastread on pyzlog._fastread, cffi over
+"""The native read path (pyzlog.core.fastread on pyzlog._fastread, cffi over
 librados' C API) against the real cluster: every class call it makes gives
 what the python-rados path gives, range replies decode into Arrow as the
 stream reads them, errors are typed, a stopped OSD times out, and dropping
@@ -19,8 +19,9 @@ import pyarrow as pa
 import pytest
 
 import pyzlog
-from pyzlog import Log, wire
-from pyzlog.errors import (
+from pyzlog import Log
+from pyzlog.core import wire
+from pyzlog.core.errors import (
     ClusterUnavailable,
     Filled,
     NotWritten,
@@ -28,7 +29,7 @@ from pyzlog.errors import (
     StaleEpoch,
     Trimmed,
 )
-from pyzlog.fastread import (
+from pyzlog.core.fastread import (
     MAX_CALLS_PER_OP,
     STOP_END,
     STOP_FULL,
@@ -43,7 +44,7 @@ from pyzlog.fastread import (
     build_batch,
     error,
 )
-from pyzlog.layout import META_NAMESPACE, view_objects
+from pyzlog.core.layout import META_NAMESPACE, view_objects
 
 
 @pytest.fixture(scope="module")
@@ -414,8 +415,8 @@ def test_dropped_queues_free_every_completion(ceph, log_name, tmp_path: Path) ->
 import gc, time
 import pyzlog
 from pyzlog import Log
-from pyzlog.fastread import Native, Reads, ViewScan, lib
-from pyzlog.layout import view_objects
+from pyzlog.core.fastread import Native, Reads, ViewScan, lib
+from pyzlog.core.layout import view_objects
 c = pyzlog.connect({ceph.conf!r})
 log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=4)
 log.append_many([b"x" * 200] * 4000)
@@ -456,8 +457,8 @@ def test_exit_with_reads_in_flight(ceph, log_name, tmp_path: Path) -> None:  # t
     out = _run(f"""
 import pyzlog
 from pyzlog import Log
-from pyzlog.fastread import Native, Reads, ViewScan
-from pyzlog.layout import view_objects
+from pyzlog.core.fastread import Native, Reads, ViewScan
+from pyzlog.core.layout import view_objects
 c = pyzlog.connect({ceph.conf!r})
 log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=8)
 log.append_many([b"y" * 500] * 5000)
@@ -533,7 +534,7 @@ def test_exit_while_reads_hang_on_a_stopped_osd(ceph, log_name, paused_osd, tmp_
 import sys
 import pyzlog
 from pyzlog import Log
-from pyzlog.fastread import Native
+from pyzlog.core.fastread import Native
 c = pyzlog.connect({ceph.conf!r}, op_timeout=60)
 log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=2)
 log.append_many([b"z"] * 10)

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from seqr_proc import SeqrProcess, free_port
 
 from pyzlog import Log, _seqr  # type: ignore[attr-defined]
-from pyzlog.errors import InvalidRequest
-from pyzlog.seqr_metrics import parse_listen
+from pyzlog.core.errors import InvalidRequest
+from pyzlog.daemon.metrics import parse_listen
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

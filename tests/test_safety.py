@@ -15,10 +15,11 @@ import pytest
 from seqr_proc import SeqrProcess
 
 import pyzlog
-import pyzlog.ops
-from pyzlog import Log, RecordKind, wire
-from pyzlog.cluster import open_ioctx
-from pyzlog.layout import META_NAMESPACE, view_objects
+import pyzlog.client.ops
+from pyzlog import Log, RecordKind
+from pyzlog.core import wire
+from pyzlog.core.cluster import open_ioctx
+from pyzlog.core.layout import META_NAMESPACE, view_objects
 
 #: a wait that a dead process can cause must end well within this (the
 #: client finishes a half-done epoch change after a few seconds)
@@ -164,14 +165,14 @@ def test_every_reader_reports_one_kind_at_a_position(rados_cluster, ceph, log_na
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     lg.write(1, b"x")  # position 0 is a hole below the tail
     reader = Log.open(rados_cluster, ceph.pool, log_name)
-    fill = pyzlog.ops.fill
+    fill = pyzlog.client.ops.fill
 
     def loses_the_race(log, position: int, reason: int = wire.FILL_JUNK) -> None:  # type: ignore[no-untyped-def]
         if reason == wire.FILL_LOST:
             lg.fill(position)  # a client's plain fill lands before the reader's
         fill(log, position, reason)
 
-    monkeypatch.setattr(pyzlog.ops, "fill", loses_the_race)
+    monkeypatch.setattr(pyzlog.client.ops, "fill", loses_the_race)
     seen = list(reader.stream(0, hole_wait=0.05))
     again = list(Log.open(rados_cluster, ceph.pool, log_name).stream(0))
     assert kinds(seen) == kinds(again) == [RecordKind.FILLED, RecordKind.DATA]
@@ -207,7 +208,7 @@ def test_no_sequencer_client_finishes_an_interrupted_reconfiguration(rados_clust
 
 
 def test_a_recovery_asked_for_while_one_finishes_is_not_dropped(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
-    from pyzlog.seqr_daemon import SequencerDaemon
+    from pyzlog.daemon.service import SequencerDaemon
 
     class SlowToFinish:
         """The daemon's server, pausing after each install: the finished

@@ -10,8 +10,9 @@ import pytest
 from seqr_proc import SeqrProcess
 
 import pyzlog
-from pyzlog import Log, SequencerClient, wire
-from pyzlog import sequencer as sq
+from pyzlog import Log, SequencerClient
+from pyzlog.core import wire
+from pyzlog.core import sequencer as sq
 
 
 @pytest.fixture

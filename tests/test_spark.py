@@ -19,7 +19,7 @@ pytest.importorskip("pyarrow")
 import pyspark  # noqa: E402
 
 from pyzlog import Log  # noqa: E402
-from pyzlog.reader import RecordKind  # noqa: E402
+from pyzlog.client.reader import RecordKind  # noqa: E402
 from pyzlog.spark import READ_LIMITS, ZlogBadOffset, ZlogBatchReader, ZlogStreamReader, parse_options  # noqa: E402
 from pyzlog.spark.plan import ZlogPartition  # noqa: E402
 from seqr_proc import SeqrProcess  # noqa: E402
@@ -280,7 +280,7 @@ def test_client_does_not_import_spark() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, pyzlog, pyzlog.log, pyzlog.reader, pyzlog.cli; "
+    code = ("import sys, pyzlog, pyzlog.client.log, pyzlog.client.reader, pyzlog.admin.cli; "
             "assert 'pyspark' not in sys.modules, 'pyspark imported'")
     subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd="/")
 
@@ -740,7 +740,7 @@ def _as_json(value: Any) -> Any:
 
 def test_behind_latest_over_views() -> None:
     from pyzlog.spark.source import behind_latest
-    from pyzlog.wire import View
+    from pyzlog.core.wire import View
 
     views = (View(1, 0, 4), View(2, 10, 2))
     assert behind_latest(views, 6, 14) == {"entriesBehindLatest": 8, "minEntriesBehindLatest": 1,
@@ -776,7 +776,7 @@ def test_spark_bench_reports_rates_and_where_the_cpu_went(ceph, tmp_path: Path) 
     """The Spark bench, small: every reader counts every row, and each case
     says how busy the OSD and the machine were while it ran."""
     out = tmp_path / "spark.json"
-    p = subprocess.run([sys.executable, "-P", "-m", "pyzlog.tools.spark_bench", "--conf", ceph.conf, "--pool",
+    p = subprocess.run([sys.executable, "-P", "-m", "pyzlog.bench.spark_bench", "--conf", ceph.conf, "--pool",
                         ceph.pool, "--entries", "20000", "--rounds", "1", "--out", str(out)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from pyzlog import ClusterUnavailable, InvalidRequest, Log, RecordKind, ZlogError
-from pyzlog import metrics
-from pyzlog.reader import Stream
+from pyzlog.client import metrics
+from pyzlog.client.reader import Stream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,7 +153,7 @@ def test_an_undecodable_entry_does_not_skip_the_records_before_and_after(  # typ
     every retry: it never skips). The native stream decodes the whole batch
     first: it raises before handing out 0..4, and the retry goes on after
     the batch, so 0..9 are never seen."""
-    from pyzlog import ops
+    from pyzlog.client import ops
 
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, compression="zstd")
     lg.append_many([b"ok%d" % i for i in range(5)])
@@ -186,7 +186,7 @@ def test_error_once_inside_hole_handling_no_dup_no_skip(  # type: ignore[no-unty
         rados_cluster, ceph, log_name, monkeypatch) -> None:
     """An error from fill_hole (the cluster times out while filling a hole),
     then next() again: every position once, in order."""
-    from pyzlog import batches
+    from pyzlog.client import batches
 
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=3)
     lg.append_many([b"a%d" % i for i in range(10)])
@@ -332,7 +332,7 @@ def test_empty_and_far_ranges(rados_cluster, ceph, log_name, monkeypatch, case) 
 
 
 def wire_max() -> int:
-    from pyzlog import wire
+    from pyzlog.core import wire
 
     return wire.MAX_POSITION
 

@@ -1,5 +1,7 @@
-"""The client's layering (docs/architecture.md), checked from its source:
-no import cycle among pyzlog's modules, and nothing below Log imports it.
+"""The package's layering (docs/architecture.md), checked from its source:
+packages by audience (core below client and daemon, which never import each
+other; admin, spark and bench on top), no import cycle among pyzlog's
+modules, and nothing below Log imports it.
 Imports under TYPE_CHECKING and inside functions count too: a cycle hidden
 there is still a cycle for the reader."""
 from __future__ import annotations
@@ -12,7 +14,27 @@ PKG = Path(__file__).resolve().parent.parent / "pyzlog"
 
 #: what is built on the client and may use Log: the command line, the demo,
 #: the tools and the Spark connector (with their submodules)
-ABOVE_LOG = ("pyzlog.cli", "pyzlog.demo", "pyzlog.tools", "pyzlog.spark")
+ABOVE_LOG = ("pyzlog.admin.cli", "pyzlog.admin.demo", "pyzlog.bench", "pyzlog.spark")
+
+
+#: which packages each package may import (besides itself and pyzlog's
+#: compiled extensions); "pyzlog" is the top package's __init__ (the public names)
+ALLOWED = {
+    "pyzlog.core": set(),
+    "pyzlog.client": {"pyzlog.core"},
+    "pyzlog.daemon": {"pyzlog.core"},
+    "pyzlog.admin": {"pyzlog.core", "pyzlog.client", "pyzlog.bench", "pyzlog"},
+    "pyzlog.spark": {"pyzlog.core", "pyzlog.client", "pyzlog"},
+    "pyzlog.bench": {"pyzlog.core", "pyzlog.client", "pyzlog.daemon", "pyzlog.admin", "pyzlog.spark", "pyzlog"},
+    "pyzlog": {"pyzlog.core", "pyzlog.client"},
+}
+
+
+def package_of(module: str) -> str:
+    """The audience package a module belongs to (pyzlog.core, ...), or "pyzlog"."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and parts[1] in {p.split(".")[1] for p in ALLOWED
+                                                                       if "." in p} else "pyzlog"
 
 
 def module_name(path: Path) -> str:
@@ -81,9 +103,9 @@ def test_the_checker_finds_a_cycle() -> None:
 
 def test_the_graph_sees_relative_and_typing_imports() -> None:
     g = graph()
-    assert "pyzlog.state" in g["pyzlog.tailfind"]      # from .state import LogState
-    assert "pyzlog.wire" in g["pyzlog.ops"]            # from . import ops, wire
-    assert "pyzlog.errors" in g["pyzlog.spark.read"]   # from ..errors import ZlogError
+    assert "pyzlog.core.state" in g["pyzlog.core.tailfind"]      # from .state import LogState
+    assert "pyzlog.core.wire" in g["pyzlog.client.ops"]            # from . import ops, wire
+    assert "pyzlog.core.errors" in g["pyzlog.spark.read"]   # from ..errors import ZlogError
 
 
 def test_no_import_cycle_in_pyzlog() -> None:
@@ -91,9 +113,31 @@ def test_no_import_cycle_in_pyzlog() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+def test_packages_import_only_what_their_audience_may() -> None:
+    """core imports no other package; client and daemon import core and never
+    each other; admin, spark and bench sit on top. Checked for every import of
+    every module, so a new module cannot slip past a list of names."""
+    bad = []
+    for name, deps in graph().items():
+        mine = package_of(name)
+        assert mine in ALLOWED, f"{name} is in no known package: add it to ALLOWED"
+        for dep in deps:
+            theirs = package_of(dep)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                bad.append(f"{name} -> {dep}")
+    assert bad == [], "imports across audiences: " + ", ".join(sorted(bad))
+
+
+def test_the_audience_rule_catches_a_crossing() -> None:
+    assert package_of("pyzlog.client.log") == "pyzlog.client"
+    assert package_of("pyzlog.daemon.service") == "pyzlog.daemon"
+    assert package_of("pyzlog") == "pyzlog"
+    assert "pyzlog.daemon" not in ALLOWED["pyzlog.client"] and "pyzlog.client" not in ALLOWED["pyzlog.daemon"]
+
+
 def test_nothing_below_log_imports_it() -> None:
     g = graph()
-    face = {"pyzlog.log", "pyzlog"}  # Log, or the package that exports it
+    face = {"pyzlog.client.log", "pyzlog"}  # Log, or the package that exports it
     users = sorted(n for n, deps in g.items() if face & deps and n != "pyzlog"
                    and not any(n == a or n.startswith(a + ".") for a in ABOVE_LOG))
     assert users == [], f"these modules are below Log but import it: {users}"
@@ -101,16 +145,16 @@ def test_nothing_below_log_imports_it() -> None:
 
 def test_the_library_does_not_load_its_tools() -> None:
     """`import pyzlog` is the log, not its test rigs: no module outside
-    pyzlog.tools and the command line imports them, and importing the
+    pyzlog.bench and the command line imports them, and importing the
     package loads none of them."""
     import subprocess
     import sys
 
     g = graph()
-    users = sorted(n for n, deps in g.items() if any(d.startswith("pyzlog.tools") for d in deps)
-                   and not n.startswith("pyzlog.tools") and n != "pyzlog.cli")
+    users = sorted(n for n, deps in g.items() if any(d.startswith("pyzlog.bench") for d in deps)
+                   and not n.startswith("pyzlog.bench") and n != "pyzlog.admin.cli")
     assert users == [], users
-    code = "import sys, pyzlog, pyzlog.log; print(sorted(m for m in sys.modules if m.startswith('pyzlog.tools')))"
+    code = "import sys, pyzlog, pyzlog.client.log; print(sorted(m for m in sys.modules if m.startswith('pyzlog.bench')))"
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)
 

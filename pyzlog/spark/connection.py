@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..cluster import connect
-from ..errors import LogNotFound, PoolNotFound
-from ..log import Log
+from ..core.cluster import connect
+from ..core.errors import LogNotFound, PoolNotFound
+from ..client.log import Log
 from .options import ZlogOptions
 
 _LOCK = threading.Lock()
@@ -35,7 +35,7 @@ def open_log(opts: ZlogOptions, create: bool = False) -> Log:
         return Log.open(cluster, opts.pool, opts.log, sequencer=opts.sequencer)
     except LogNotFound:
         if create:
-            from ..errors import LogExists
+            from ..core.errors import LogExists
             try:
                 return Log.create(cluster, opts.pool, opts.log, width=opts.width, sequencer=opts.sequencer)
             except LogExists:

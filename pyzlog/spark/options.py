@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..cluster import DEFAULT_CONF
+from ..core.cluster import DEFAULT_CONF
 
 ON_DATA_LOSS = ("fail", "skip", "rows")
 EARLIEST = "earliest"

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from ..layout import view_end
-from ..wire import View
+from ..core.layout import view_end
+from ..core.wire import View
 from .options import EARLIEST, LATEST, Position
 
 if TYPE_CHECKING:
-    from ..log import Log
+    from ..client.log import Log
 
 
 class ZlogPartition(InputPartition):

@@ -7,8 +7,8 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
-from ..errors import ZlogError
-from ..reader import RecordKind
+from ..core.errors import ZlogError
+from ..client.reader import RecordKind
 from .connection import opened_log
 from .options import ZlogOptions
 from .plan import ZlogPartition

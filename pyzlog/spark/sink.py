@@ -15,7 +15,7 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamWrite
                                     WriterCommitMessage)
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from ..errors import ZlogError
+from ..core.errors import ZlogError
 from .connection import opened_log
 from .options import ZlogOptions
 from .report import WriteReport

@@ -11,8 +11,8 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
                                     DataSourceStreamWriter, DataSourceWriter, InputPartition)
 from pyspark.sql.types import StructType
 
-from ..layout import view_end
-from ..wire import View
+from ..core.layout import view_end
+from ..core.wire import View
 from .connection import opened_log
 from .options import EARLIEST, LATEST, ZlogOptions, parse_options
 from .plan import plan_partitions, resolve_range

@@ -8,7 +8,7 @@ the others use the session cluster of tests/conftest.py.
 Each test hands its checker Report to the `fault_report` fixture; when the
 environment names a file in ZLOG_FAULT_REPORT, the row (and each test's
 outcome) is appended there as JSON lines, which `python -m
-pyzlog.tools.faultreport` turns into results/faults.md and results/faults.json.
+pyzlog.bench.faultreport` turns into results/faults.md and results/faults.json.
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ import signal
 import time
 from pathlib import Path
 
-from pyzlog import Log, RecordKind, wire
+from pyzlog import Log, RecordKind
+
+from pyzlog.core import wire
 
 from faultlib import Workload, append_recorded, final_scan, hold_position, wait_until
 from history import APPEND, FAIL, OK, STREAM_READ, UNKNOWN, History, payload

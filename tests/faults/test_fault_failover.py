@@ -38,7 +38,7 @@ def run_child(conf: str, pool: str, name: str, patch: str, action: str) -> int:
     """A client process that applies `patch` (code that makes it die at a
     protocol step) and then runs `action` on the log; its exit status."""
     code = f"""
-import os, pyzlog, pyzlog.tailfind as tf, pyzlog.metadata as md
+import os, pyzlog, pyzlog.core.tailfind as tf, pyzlog.core.metadata as md
 from pyzlog import Log
 lg = Log.open(pyzlog.connect({conf!r}), {pool!r}, {name!r})
 {patch}
@@ -51,7 +51,7 @@ os._exit(0)
 #: where a reconfiguration dies: patches for run_child
 CUT_POINTS = {
     "after some seals": "tf.seal_objects = lambda data, oids, epoch: (data.call(oids[0], 'seal', "
-                        "pyzlog.wire.epoch_only(epoch)), os._exit(9))",
+                        "pyzlog.core.wire.epoch_only(epoch)), os._exit(9))",
     "after all seals": "real = tf.seal_objects\n"
                        "tf.seal_objects = lambda *a: (real(*a), os._exit(9))",
     "after closing, before installing": "md.MetaStore.propose_view = lambda *a, **k: os._exit(9)",
@@ -88,8 +88,8 @@ def test_sequencer_killed_mid_recovery(rados_cluster, ceph, log_name, standbys, 
     before installing); a standby takes the log over."""
     victim = tmp_path / "victim.py"
     victim.write_text(f"""
-import os, signal, threading, pyzlog, pyzlog.metadata as md
-from pyzlog.seqr_daemon import SequencerDaemon
+import os, signal, threading, pyzlog, pyzlog.core.metadata as md
+from pyzlog.daemon.service import SequencerDaemon
 real = md.MetaStore.new_epoch
 calls = []
 def dies_on_the_second(self, *a, **k):

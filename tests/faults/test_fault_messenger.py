@@ -19,7 +19,7 @@ ON = {"osd": {"ms_inject_socket_failures": str(SOCKET_FAILURES), "ms_inject_dela
       "mon": {"ms_inject_socket_failures": str(SOCKET_FAILURES)}}
 #: Injection into the test's own librados client (conf_set on the live handle)
 #: once crashed the pytest process (SIGSEGV in a librados thread), most likely
-#: the GC-freed-completion bug fixed in pyzlog.objects (_busy): since that fix
+#: the GC-freed-completion bug fixed in pyzlog.core.objects (_busy): since that fix
 #: 4 of 4 runs with it passed. It stays opt-in until it has a longer record;
 #: the OSD and mon injections break the client's connections too.
 #: ZLOG_FAULT_CLIENT_INJECT=1 turns it on (socket failures only).

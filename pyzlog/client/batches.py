@@ -13,13 +13,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from . import fastread as fr
-from . import metrics, wire
-from .errors import StaleEpoch, ZlogError
-from .layout import view_end, view_objects, view_of
+from ..core import fastread as fr
+from . import metrics
+from ..core import wire
+from ..core.errors import StaleEpoch, ZlogError
+from ..core.layout import view_end, view_objects, view_of
 from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind, fill_hole
 from .stale import StaleWait
-from .state import LogState
+from ..core.state import LogState
 
 #: entries asked of one object per read_range call
 PER_CALL = 1024

@@ -20,13 +20,13 @@ import threading
 import time
 
 from . import metrics
-from .errors import InvalidRequest, SequencerUnavailable, StaleEpoch, ZlogError
-from .layout import view_objects
-from .registry import preference, read_records, recent, registry_ioctx
-from .sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
+from ..core.errors import InvalidRequest, SequencerUnavailable, StaleEpoch, ZlogError
+from ..core.layout import view_objects
+from ..core.registry import preference, read_records, recent, registry_ioctx
+from ..core.sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
 from .stale import StaleWait
-from .state import LogState
-from .tailfind import find_tail, highest_position
+from ..core.state import LogState
+from ..core.tailfind import find_tail, highest_position
 
 logger = logging.getLogger("pyzlog")
 

@@ -32,13 +32,13 @@ from typing import Any
 
 import rados
 
-from . import wire
-from .cluster import open_ioctx
-from .errors import ZlogError
-from .layout import META_NAMESPACE
-from .metadata import MetaStore
-from .objects import ClassIO
-from .registry import (DEFAULT_GROUP, DaemonRecord, answers, preference, read_records,
+from ..core import wire
+from ..core.cluster import open_ioctx
+from ..core.errors import ZlogError
+from ..core.layout import META_NAMESPACE
+from ..core.metadata import MetaStore
+from ..core.objects import ClassIO
+from ..core.registry import (DEFAULT_GROUP, DaemonRecord, answers, preference, read_records,
                        refuses_connections, registry_ioctx)
 
 log = logging.getLogger("zlog-seqr")

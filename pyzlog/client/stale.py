@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 import time
 
-from .errors import StaleEpoch
-from .state import LogState
-from .tailfind import repair
+from ..core.errors import StaleEpoch
+from ..core.state import LogState
+from ..core.tailfind import repair
 
 #: an operation refused for this long, the log's epoch never moving, raises StaleEpoch
 STALE_RETRY_SECONDS = 30.0

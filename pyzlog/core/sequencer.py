@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
+from .. import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .errors import InvalidRequest, SequencerUnavailable
 from .objects import native_call
 

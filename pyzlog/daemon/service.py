@@ -25,15 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 import rados
 
-from . import _seqr  # type: ignore[attr-defined]  # the C++ extension
-from .cluster import connect
-from .errors import InvalidRequest, ZlogError
+from .. import _seqr  # type: ignore[attr-defined]  # the C++ extension
+from ..core.cluster import connect
+from ..core.errors import InvalidRequest, ZlogError
 from .failover import Watch, check_address_free
-from .registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, answers
-from .seqr_metrics import DEFAULT_MAX_LOGS, Exporter, parse_listen
-from .sequencer import parse_address
-from .state import LogState
-from .tailfind import find_tail
+from ..core.registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, answers
+from .metrics import DEFAULT_MAX_LOGS, Exporter, parse_listen
+from ..core.sequencer import parse_address
+from ..core.state import LogState
+from ..core.tailfind import find_tail
 
 log = logging.getLogger("zlog-seqr")
 

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..cluster import connect
-from ..errors import LogNotFound
-from ..log import Log
-from ..reader import Stream
+from ..core.cluster import connect
+from ..core.errors import LogNotFound
+from ..client.log import Log
+from ..client.reader import Stream
 from .bench import _fmt
 from .cpu import CpuMeter
 

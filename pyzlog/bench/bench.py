@@ -32,8 +32,8 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..errors import ZlogError
-from ..reader import Stream
+from ..core.errors import ZlogError
+from ..client.reader import Stream
 from .cpu import CpuMeter
 
 APPEND_TARGET_RATIO = 0.8
@@ -282,7 +282,7 @@ class _Bench:
     """What a Ceph benchmark needs: cluster, pool, a sequencer, cleanup."""
 
     def __init__(self, env: Any) -> None:
-        from ..cluster import resolve_conf
+        from ..core.cluster import resolve_conf
 
         self.env = env
         self.cluster = env.cluster
@@ -294,7 +294,7 @@ class _Bench:
         if not self.seqr:
             self.seqr_proc = SeqrProcess(self.conf, env.keyring, env.client).start()
             self.seqr = self.seqr_proc.address
-        from ..cluster import open_ioctx
+        from ..core.cluster import open_ioctx
 
         self.ioctx = open_ioctx(self.cluster, self.pool)
         self.raw_objects: list[str] = []
@@ -302,7 +302,7 @@ class _Bench:
         self.log_names: list[str] = []
 
     def new_log(self, width: int) -> Any:
-        from ..log import Log
+        from ..client.log import Log
 
         name = f"bench-{self.run_id}-{uuid.uuid4().hex[:6]}"
         Log.create(self.cluster, self.pool, name, width=width)
@@ -310,7 +310,7 @@ class _Bench:
         return name
 
     def open(self, name: str, max_in_flight: int | None = None, coalesce: bool = True) -> Any:
-        from ..log import Log
+        from ..client.log import Log
 
         kw = {} if max_in_flight is None else {"max_in_flight": max_in_flight}
         log = Log.open(self.cluster, self.pool, name, sequencer=self.seqr, coalesce=coalesce, **kw)
@@ -354,9 +354,9 @@ class _Bench:
     def _remove_logs(self) -> None:
         """Delete the benchmark's own logs (every view's data objects and the
         metadata object), so runs do not fill a memstore dev cluster."""
-        from ..cluster import open_ioctx
-        from ..layout import META_NAMESPACE, view_objects
-        from ..log import Log
+        from ..core.cluster import open_ioctx
+        from ..core.layout import META_NAMESPACE, view_objects
+        from ..client.log import Log
 
         meta = open_ioctx(self.cluster, self.pool, META_NAMESPACE)
         try:

@@ -13,14 +13,14 @@ from typing import Any
 
 import rados
 
-from .cluster import open_ioctx
-from .errors import ZlogError
-from .layout import META_NAMESPACE
-from .metadata import MetaStore
-from .positions import next_position_hint
-from .registry import preference, read_records, recent, registry_ioctx
-from .sequencer import parse_address
-from .state import LogState
+from ..core.cluster import open_ioctx
+from ..core.errors import ZlogError
+from ..core.layout import META_NAMESPACE
+from ..core.metadata import MetaStore
+from ..client.positions import next_position_hint
+from ..core.registry import preference, read_records, recent, registry_ioctx
+from ..core.sequencer import parse_address
+from ..core.state import LogState
 
 PROBE_TIMEOUT = 0.5
 

@@ -42,7 +42,7 @@ from .bench import (
     summarize_runs,
     write_json,
 )
-from ..errors import ZlogError
+from ..core.errors import ZlogError
 
 READ_TARGET = 0.9    # native single reads / raw aio_read at depth 16
 SCAN_TARGET = 3.0    # native scan to Arrow / Log.stream(), entries/s
@@ -104,8 +104,8 @@ def _native_reads(queue: Any, pool: Any, oid_of: Callable[[int], bytes], epoch: 
 def _native_scan(native: Any, pool: Any, log: Any, lo: int, hi: int, size: int, duration: float,
                  tick: _Ticker, counts: dict[str, float], per_call: int, ahead: int) -> Run:
     """Whole scans of [lo, hi) into Arrow batches until `duration` is up."""
-    from ..fastread import STOP_MISSING, ViewScan
-    from ..layout import view_objects
+    from ..core.fastread import STOP_MISSING, ViewScan
+    from ..core.layout import view_objects
 
     oids = view_objects(log.name, log.views[-1])
     n = 0
@@ -170,7 +170,7 @@ def bench_fastread(env: Any, *, duration: float = 12.0, rounds: int = 4, entries
                    width: int = 4, per_call: int = 1024, ahead: int = 4,
                    out: str = "results/bench-fastread.json") -> dict[str, Any]:
     """Run every case, `duration` seconds each split over `rounds` alternating rounds."""
-    from ..fastread import Native, Reads
+    from ..core.fastread import Native, Reads
 
     b = _Bench(env)
     native = Native.of(b.cluster)
@@ -328,7 +328,7 @@ def markdown_fastread(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import Env
+    from ..admin.cli import Env
 
     ap = argparse.ArgumentParser(prog="python -m pyzlog.tools.fastread_bench", description=__doc__.split("\n")[0])
     ap.add_argument("--conf", default=os.environ.get("CEPH_CONF"))

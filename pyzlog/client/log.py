@@ -11,19 +11,20 @@ from typing import Any, Self
 
 import rados
 
-from . import ops, wire
+from . import ops
+from ..core import wire
 from .aio import DEFAULT_MAX_IN_FLIGHT, AsyncOps, native_reads_enabled
 from .appending import store, stored_form
-from .cluster import open_ioctx
-from .codec import check_codec, codec_for
-from .errors import InvalidRequest, ZlogError
-from .layout import META_NAMESPACE, check_position
-from .metadata import MetaStore
+from ..core.cluster import open_ioctx
+from ..core.codec import check_codec, codec_for
+from ..core.errors import InvalidRequest, ZlogError
+from ..core.layout import META_NAMESPACE, check_position
+from ..core.metadata import MetaStore
 from .positions import Positions, max_position, next_position_hint
 from .reader import HOLE_WAIT_SECONDS, Record, Stream, check_stream_args
-from .sequencer import SequencerClient
-from .state import LogState
-from .tailfind import find_tail, seal_new_epoch
+from ..core.sequencer import SequencerClient
+from ..core.state import LogState
+from ..core.tailfind import find_tail, seal_new_epoch
 
 logger = logging.getLogger("pyzlog")
 

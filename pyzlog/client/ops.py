@@ -6,14 +6,15 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 
-from . import metrics, wire
-from .errors import NotWritten, from_errno
-from .layout import check_position, view_objects
-from .objects import check
+from . import metrics
+from ..core import wire
+from ..core.errors import NotWritten, from_errno
+from ..core.layout import check_position, view_objects
+from ..core.objects import check
 from .positions import max_position
 from .stale import StaleWait
-from .state import LogState
-from .tailfind import find_tail, stat_objects
+from ..core.state import LogState
+from ..core.tailfind import find_tail, stat_objects
 
 
 def call_at(log: LogState, method: str, position: int, payload: Callable[[int], bytes],

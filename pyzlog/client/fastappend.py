@@ -27,15 +27,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import metrics
-from .cluster import connection_settings
-from .errors import ZlogError
-from .layout import data_oid_prefix
-from .objects import native_call, on_exit
-from .sequencer import SequencerClient
-from .state import LogState
+from ..core.cluster import connection_settings
+from ..core.errors import ZlogError
+from ..core.layout import data_oid_prefix
+from ..core.objects import native_call, on_exit
+from ..core.sequencer import SequencerClient
+from ..core.state import LogState
 
 if TYPE_CHECKING:
-    from .wire import Meta
+    from ..core.wire import Meta
 
 logger = logging.getLogger("pyzlog")
 
@@ -53,7 +53,7 @@ class NativeAppends:
     """One C++ Appender for one log, and the thread that reports its outcomes."""
 
     def __init__(self, log: LogState, seqr: SequencerClient, done: Done, coalesce: bool) -> None:
-        from . import _appender  # type: ignore[attr-defined]  # the C++ extension
+        from .. import _appender  # type: ignore[attr-defined]  # the C++ extension
 
         if _appender.HANDED_BACK != HANDED_BACK:
             raise RuntimeError(f"pyzlog._appender hands back with code {_appender.HANDED_BACK}, not {HANDED_BACK}")

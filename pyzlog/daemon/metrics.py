@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from .errors import InvalidRequest
+from ..core.errors import InvalidRequest
 
 #: logs with their own series unless --metrics-max-logs says otherwise
 DEFAULT_MAX_LOGS = 100

@@ -21,11 +21,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 
-from . import metrics, ops, wire
-from .errors import Filled, InvalidRequest, ReadOnly, Trimmed, from_errno
-from .layout import check_position, data_oid, view_end, view_of
+from . import metrics, ops
+from ..core import wire
+from ..core.errors import Filled, InvalidRequest, ReadOnly, Trimmed, from_errno
+from ..core.layout import check_position, data_oid, view_end, view_of
 from .stale import StaleWait
-from .state import LogState
+from ..core.state import LogState
 
 #: default seconds a reader waits on an unwritten position below the tail
 HOLE_WAIT_SECONDS = 2.0

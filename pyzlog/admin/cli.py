@@ -17,7 +17,7 @@ from typing import IO, Any, Iterator, NoReturn
 
 import click
 
-from .errors import ZlogError
+from ..core.errors import ZlogError
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 #: lets "-1" reach a POS argument (and be refused as a position) instead of
@@ -34,7 +34,7 @@ class PositionType(click.ParamType):  # type: ignore[type-arg]
     name = "POS"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from .wire import MAX_POSITION
+        from ..core.wire import MAX_POSITION
 
         if isinstance(value, int) and not isinstance(value, bool):
             pos = value
@@ -79,7 +79,7 @@ class Env:
     @property
     def cluster(self) -> Any:
         if self._cluster is None:
-            from .cluster import connect
+            from ..core.cluster import connect
 
             kw: dict[str, Any] = {"keyring": self.keyring, "client": self.client}
             if self.timeout is not None:
@@ -90,7 +90,7 @@ class Env:
         return self._cluster
 
     def open(self, name: str, **kw: Any) -> Any:
-        from .log import Log
+        from ..client.log import Log
 
         log = Log.open(self.cluster, self.pool, name, sequencer=self.seqr, **kw)
         self._logs.append(log)
@@ -143,7 +143,7 @@ def cli(ctx: click.Context, conf: str | None, pool: str, seqr: str | None, keyri
         client: str, timeout: float | None) -> None:
     """A globally ordered, shared, append-only log on Ceph RADOS."""
     if seqr:
-        from .sequencer import parse_address
+        from ..core.sequencer import parse_address
 
         try:
             parse_address(seqr)
@@ -163,7 +163,7 @@ def cli(ctx: click.Context, conf: str | None, pool: str, seqr: str | None, keyri
 @pass_env
 def create(env: Env, name: str, width: int, compression: str | None) -> None:
     """Create log NAME."""
-    from .log import Log
+    from ..client.log import Log
 
     config = {"compression": compression} if compression else None
     log = Log.create(env.cluster, env.pool, name, width=width, config=config)
@@ -406,7 +406,7 @@ def check(env: Env, as_json: bool) -> None:
 @pass_env
 def ls_(env: Env) -> None:
     """List the logs of the pool."""
-    from .log import Log
+    from ..client.log import Log
 
     for name in sorted(Log.list(env.cluster, env.pool)):
         click.echo(name)
@@ -442,7 +442,7 @@ def _bench_out(kind: str, out: str | None) -> str:
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-seqr.json]")
 def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> None:
     """The sequencer against the echo floor (no Ceph needed)."""
-    from .tools import bench as b
+    from ..bench import bench as b
 
     b.bench_seqr(duration, processes, depth, _bench_out("seqr", out))
 
@@ -465,7 +465,7 @@ def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> 
 def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list[int], batch: int,
                  width: int, out: str | None) -> None:
     """Append throughput and latency of zlog against raw librados writes."""
-    from .tools import bench as b
+    from ..bench import bench as b
 
     b.bench_append(env, duration=duration, rounds=rounds, size=size, depths=depths, batch=batch,
                    width=width, out=_bench_out("append", out))
@@ -486,7 +486,7 @@ def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list
 def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, depth: int, width: int,
                out: str | None) -> None:
     """Streaming and random reads against raw librados reads."""
-    from .tools import bench as b
+    from ..bench import bench as b
 
     b.bench_read(env, duration=duration, rounds=rounds, entries=entries, size=size, depth=depth, width=width,
                  out=_bench_out("read", out))
@@ -505,8 +505,8 @@ def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, 
 @pass_env
 def bench_failover(env: Env, kills: int, pauses: int, lease: float, many_logs: int, out: str | None) -> None:
     """Sequencer failover: appends' gap after the active sequencer dies or stalls."""
-    from .cluster import resolve_conf
-    from .tools.failover_bench import bench_failover as run
+    from ..core.cluster import resolve_conf
+    from ..bench.failover_bench import bench_failover as run
 
     run(env.cluster, resolve_conf(env.conf), env.pool, kills, pauses, lease, _bench_out("failover", out),
         many_logs)

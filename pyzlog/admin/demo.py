@@ -6,7 +6,7 @@ import sys
 import time
 import uuid
 
-from . import Log, ZlogError, connect
+from .. import Log, ZlogError, connect
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,9 +28,9 @@ from typing import Any
 
 from rich.console import Console
 
-from ..errors import ZlogError
-from ..log import Log
-from ..registry import DEFAULT_LEASE_SECONDS
+from ..core.errors import ZlogError
+from ..client.log import Log
+from ..core.registry import DEFAULT_LEASE_SECONDS
 
 console = Console(stderr=True)
 
@@ -207,7 +207,7 @@ def run_many_logs(cluster: Any, conf: str, pool: str, logs: int, lease: float) -
     """`logs` logs served by one of three daemons: kill it, and time until
     every one of its logs is served by another (recorded in its metadata),
     and whether any log of the two others changed hands or epoch."""
-    from ..state import LogState
+    from ..core.state import LogState
 
     group = f"bench-{uuid.uuid4().hex[:8]}"
     logdir = Path(tempfile.mkdtemp(prefix="zlog-failover-many-"))

@@ -21,12 +21,13 @@ import time
 from collections.abc import Iterator
 from enum import Enum
 
-from . import metrics, wire
-from .errors import EntryTooLarge, InvalidRequest, ZlogError, from_errno
-from .layout import oid_of
+from . import metrics
+from ..core import wire
+from ..core.errors import EntryTooLarge, InvalidRequest, ZlogError, from_errno
+from ..core.layout import oid_of
 from .positions import Positions
 from .stale import StaleWait
-from .state import LogState
+from ..core.state import LogState
 
 #: an append gives up (and raises) after this long without storing its entry
 APPEND_DEADLINE_SECONDS = 120.0

@@ -19,11 +19,11 @@ from typing import Any
 
 import rados
 
-from . import wire
-from .cluster import open_ioctx
-from .errors import ClassNotLoaded, PermissionDenied, PoolNotFound, ZlogError
-from .objects import ClassIO
-from .registry import read_records, recent, registry_ioctx
+from ..core import wire
+from ..core.cluster import open_ioctx
+from ..core.errors import ClassNotLoaded, PermissionDenied, PoolNotFound, ZlogError
+from ..core.objects import ClassIO
+from ..core.registry import read_records, recent, registry_ioctx
 from .status import Probes
 
 CHECK_NAMESPACE = "zlog.check"

@@ -21,13 +21,14 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
-from . import metrics, wire
+from . import metrics
+from ..core import wire
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge
-from .errors import NotWritten, ZlogError, from_errno
+from ..core.errors import NotWritten, ZlogError, from_errno
 from .fastappend import HANDED_BACK, NativeAppends
 from .positions import Positions
 from .stale import StaleWait
-from .state import LogState
+from ..core.state import LogState
 
 logger = logging.getLogger("pyzlog")
 
@@ -208,7 +209,7 @@ class AsyncOps:
                     self._reads_tried = True
                     if native_reads_enabled():
                         try:
-                            from . import fastread
+                            from ..core import fastread
 
                             native = fastread.Native.of(self.log.cluster)
                             self._read_pool = native.pool(self.log.pool)

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import rados
 
-from ._fastread import ffi, lib  # the cffi extension (untyped)
+from .._fastread import ffi, lib  # the cffi extension (untyped)
 
 #: result kinds (which call a result answers)
 READ, RANGE, STAT, MAX_POSITION, EXEC = lib.FR_READ, lib.FR_RANGE, lib.FR_STAT, lib.FR_MAX_POSITION, lib.FR_EXEC

@@ -1,0 +1,1 @@
+"""pyzlog.admin"""
