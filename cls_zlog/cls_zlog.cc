@@ -3,8 +3,11 @@
 // Data objects hold log positions as omap entries keyed by a fixed-width hex
 // position (so key order is position order); the omap header holds the
 // object's sealed epoch, the highest position written, filled or trimmed, a
-// trim watermark, and once its view is closed, where that view ends. Metadata objects hold the log's epoch and view history as the
-// object's data. Request and reply layouts are in docs/cls_zlog.md.
+// trim watermark, and once its view is closed, where that view ends.
+// Metadata objects hold the log's epoch and view history as the object's
+// data. Requests and replies are defined once, in ops.h, shared with the
+// client; every method serves protocol 1 ("<op>", round 2's clients) and
+// protocol 2 ("<op>2", versioned). docs/cls_zlog.md has the layouts.
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -14,14 +17,9 @@
 #include <vector>
 
 #include "objclass_api.h"
-#include "wire.h"
+#include "ops.h"
 
 using ceph::bufferlist;
-using zlog_wire::Decoder;
-using zlog_wire::put_bytes;
-using zlog_wire::put_u32;
-using zlog_wire::put_u64;
-using zlog_wire::put_u8;
 
 #ifndef ZLOG_MAX_ENTRY_BYTES
 #define ZLOG_MAX_ENTRY_BYTES (1024 * 1024)
@@ -29,43 +27,35 @@ using zlog_wire::put_u8;
 
 extern "C" {
 CLS_API const char* __cls_name = "zlog";
-CLS_API int __cls_ver_maj = 1;
+CLS_API int __cls_ver_maj = 2;
 CLS_API int __cls_ver_min = 0;
 CLS_API void __cls_init();
 }
 
 namespace {
 
-// Distinct outcomes, returned as negative errno values so they survive the
-// trip back through librados (a write method cannot return a payload).
-constexpr int ERR_STALE = ESTALE;        // request epoch below the sealed epoch
-constexpr int ERR_WRITTEN = EROFS;       // position already holds data
-constexpr int ERR_FILLED = ENOMSG;       // position was filled with junk
-constexpr int ERR_TRIMMED = EIDRM;       // position was trimmed
-constexpr int ERR_UNWRITTEN = ENODATA;   // nothing stored at the position yet
-constexpr int ERR_TOO_BIG = EFBIG;       // entry over the size limit
-constexpr int ERR_CAS_LOST = ECANCELED;  // metadata changed under a proposer
-
 constexpr uint64_t kMaxEntryBytes = ZLOG_MAX_ENTRY_BYTES;
-// Positions and epochs stop one short of 2^64 - 1, so that "max + 1" (the next
-// position, the next epoch) and read_range's "last + 1" never overflow.
-constexpr uint64_t kMaxPosition = UINT64_MAX - 1;
-constexpr uint64_t kMaxEpoch = UINT64_MAX - 1;
-constexpr uint32_t kMaxBatchEntries = 1024;
-constexpr uint32_t kMaxRangeEntries = 4096;
-constexpr uint32_t kMaxRangeBytes = 16u << 20;
-constexpr uint32_t kMaxWidth = 1024;
-constexpr uint32_t kMaxConfigBytes = 64u << 10;
-constexpr uint32_t kMaxViews = 100000;
-
-enum EntryState : uint8_t { WRITTEN = 1, FILLED = 2, TRIMMED = 3 };
-// Why a position was filled; stored as the filled entry's one data byte.
-enum FillReason : uint8_t { FILL_JUNK = 0, FILL_LOST = 1 };
 
 std::string pos_key(uint64_t pos) {
   char buf[17];
   snprintf(buf, sizeof(buf), "%016" PRIx64, pos);
   return std::string(buf, 16);
+}
+
+// A reply built with ops.h's encoders, handed to the OSD.
+struct Reply {
+  zw_writer w{};
+  ~Reply() { zw_free(&w); }
+  int to(bufferlist* out) {
+    if (w.oom) return -ENOMEM;
+    if (w.len) out->append(w.p, static_cast<unsigned>(w.len));
+    return 0;
+  }
+};
+
+// Decodes a method's request; on failure the method returns the code.
+int decode(bufferlist* in, zlog_op op, int proto, zlog_req* q, zw_reader* entries = nullptr) {
+  return zlog_req_decode(in->c_str(), in->length(), op, proto, q, entries);
 }
 
 // ---------------------------------------------------------------- data objects
@@ -85,26 +75,47 @@ constexpr uint8_t kHeaderVersion = 2;  // version 1 (no view end) is still read
 
 int decode_header(bufferlist& bl, DataHeader* h) {
   *h = DataHeader{};
-  if (bl.length() == 0) return 0;
-  Decoder d(bl.c_str(), bl.length());
-  uint8_t ver = d.u8();
-  h->sealed_epoch = d.u64();
-  h->has_max = d.u8() != 0;
-  h->max_pos = d.u64();
-  h->trim_below = d.u64();
+  zw_reader r = zw_reader_of(bl.c_str(), bl.length());
+  uint8_t ver = zr_u8(&r);
+  h->sealed_epoch = zr_u64(&r);
+  h->has_max = zr_u8(&r) != 0;
+  h->max_pos = zr_u64(&r);
+  h->trim_below = zr_u64(&r);
   if (ver >= 2) {
-    h->has_end = d.u8() != 0;
-    h->view_end = d.u64();
+    h->has_end = zr_u8(&r) != 0;
+    h->view_end = zr_u64(&r);
   }
-  if (!d.done() || ver < 1 || ver > kHeaderVersion) {
-    cls_log(0, "zlog: corrupt data object header");
-    return -EIO;
+  if (!zr_done(&r) || ver < 1 || ver > kHeaderVersion) {
+    cls_log(0, "zlog: corrupt data object header (%u bytes, version %u): refusing every call on it",
+            bl.length(), ver);
+    return -ZLOG_ERR_CORRUPT;
   }
   return 0;
 }
 
-// Loads the header; a missing object or empty header is the initial state.
-// Returns <0 only for a header that exists but is unreadable.
+// An object without a header is new only if it holds nothing at all: one
+// with entries (or any omap or data) whose header is gone is corrupt, never
+// new. Taking it for new would let a write overwrite an acknowledged entry
+// and forget its seal (issue 28). Called only when the header is missing.
+int check_headerless(cls_method_context_t hctx) {
+  uint64_t size = 0;
+  time_t mtime;
+  int r = cls_cxx_stat(hctx, &size, &mtime);
+  if (r == -ENOENT) return 0;
+  if (r < 0) return r;
+  std::map<std::string, bufferlist> vals;
+  bool more = false;
+  r = cls_cxx_map_get_vals(hctx, "", "", 1, &vals, &more);
+  if (r < 0) return r;
+  if (size == 0 && vals.empty()) return 0;
+  cls_log(0, "zlog: data object holds %s but has no header: corrupt (first key %s); refusing every call "
+          "on it until an operator repairs it (zlog check --deep, docs/cls_zlog.md)",
+          vals.empty() ? "data" : "entries", vals.empty() ? "-" : vals.begin()->first.c_str());
+  return -ZLOG_ERR_CORRUPT;
+}
+
+// Loads the header; a missing object is the initial state, and so is an
+// existing one that holds nothing. Returns <0 for a corrupt object.
 int read_header(cls_method_context_t hctx, DataHeader* h, bool* exists) {
   uint64_t size;
   time_t mtime;
@@ -119,6 +130,10 @@ int read_header(cls_method_context_t hctx, DataHeader* h, bool* exists) {
   bufferlist bl;
   r = cls_cxx_map_read_header(hctx, &bl);
   if (r < 0) return r;
+  if (bl.length() == 0) {
+    *h = DataHeader{};
+    return check_headerless(hctx);
+  }
   return decode_header(bl, h);
 }
 
@@ -129,17 +144,20 @@ int read_header_for_write(cls_method_context_t hctx, uint64_t epoch, DataHeader*
   bufferlist bl;
   int r = cls_cxx_map_read_header(hctx, &bl);
   if (r < 0 && r != -ENOENT) return r;
-  if (r == -ENOENT) bl.clear();
-  r = decode_header(bl, h);
-  if (r < 0) return r;
-  return epoch < h->sealed_epoch ? -ERR_STALE : 0;
+  if (r == -ENOENT || bl.length() == 0) {
+    *h = DataHeader{};
+    if (r != -ENOENT && (r = check_headerless(hctx)) < 0) return r;
+  } else if ((r = decode_header(bl, h)) < 0) {
+    return r;
+  }
+  return epoch < h->sealed_epoch ? -ZLOG_ERR_STALE : 0;
 }
 
 // read_header, then refuse a request epoch below the object's sealed epoch.
 int read_header_at(cls_method_context_t hctx, uint64_t epoch, DataHeader* h, bool* exists) {
   int r = read_header(hctx, h, exists);
   if (r < 0) return r;
-  return epoch < h->sealed_epoch ? -ERR_STALE : 0;
+  return epoch < h->sealed_epoch ? -ZLOG_ERR_STALE : 0;
 }
 
 int write_header(cls_method_context_t hctx, const DataHeader& h, bool exists) {
@@ -147,14 +165,17 @@ int write_header(cls_method_context_t hctx, const DataHeader& h, bool exists) {
     int r = cls_cxx_create(hctx, false);
     if (r < 0) return r;
   }
+  zw_writer w{};
+  zw_u8(&w, kHeaderVersion);
+  zw_u64(&w, h.sealed_epoch);
+  zw_u8(&w, h.has_max ? 1 : 0);
+  zw_u64(&w, h.max_pos);
+  zw_u64(&w, h.trim_below);
+  zw_u8(&w, h.has_end ? 1 : 0);
+  zw_u64(&w, h.view_end);
   bufferlist bl;
-  put_u8(bl, kHeaderVersion);
-  put_u64(bl, h.sealed_epoch);
-  put_u8(bl, h.has_max ? 1 : 0);
-  put_u64(bl, h.max_pos);
-  put_u64(bl, h.trim_below);
-  put_u8(bl, h.has_end ? 1 : 0);
-  put_u64(bl, h.view_end);
+  bl.append(w.p, static_cast<unsigned>(w.len));
+  zw_free(&w);
   return cls_cxx_map_write_header(hctx, &bl);
 }
 
@@ -173,33 +194,34 @@ bool past_end(const DataHeader& h, uint64_t pos) { return h.has_end && pos >= h.
 struct Entry {
   uint8_t state = 0;
   uint64_t epoch = 0;
-  const char* data = nullptr;
   uint32_t len = 0;
 };
+constexpr unsigned kEntryHead = 9;
 
 bool parse_entry(bufferlist& bl, Entry* e) {
-  if (bl.length() < 9) return false;
-  Decoder d(bl.c_str(), bl.length());
-  e->state = d.u8();
-  e->epoch = d.u64();
-  e->len = bl.length() - 9;
-  e->data = d.bytes(e->len);
-  return d.done() && e->state >= WRITTEN && e->state <= TRIMMED;
+  if (bl.length() < kEntryHead) return false;
+  zw_reader r = zw_reader_of(bl.c_str(), kEntryHead);
+  e->state = zr_u8(&r);
+  e->epoch = zr_u64(&r);
+  e->len = bl.length() - kEntryHead;
+  return e->state >= ZLOG_WRITTEN && e->state <= ZLOG_TRIMMED;
 }
 
 bufferlist make_entry(uint8_t state, uint64_t epoch, const char* data, uint32_t len) {
+  char head[kEntryHead];
+  head[0] = static_cast<char>(state);
+  for (int i = 0; i < 8; ++i) head[1 + i] = static_cast<char>(epoch >> (8 * i));
   bufferlist bl;
-  put_u8(bl, state);
-  put_u64(bl, epoch);
+  bl.append(head, kEntryHead);
   if (len) bl.append(data, len);
   return bl;
 }
 
 int state_error(uint8_t state) {
   switch (state) {
-    case WRITTEN: return -ERR_WRITTEN;
-    case FILLED: return -ERR_FILLED;
-    default: return -ERR_TRIMMED;
+    case ZLOG_WRITTEN: return -ZLOG_ERR_WRITTEN;
+    case ZLOG_FILLED: return -ZLOG_ERR_FILLED;
+    default: return -ZLOG_ERR_TRIMMED;
   }
 }
 
@@ -208,7 +230,7 @@ int get_entry(cls_method_context_t hctx, const DataHeader& h, uint64_t pos, buff
               Entry* e, bool* found) {
   *found = false;
   if (pos < h.trim_below) {
-    e->state = TRIMMED;
+    e->state = ZLOG_TRIMMED;
     *found = true;
     return 0;
   }
@@ -217,7 +239,7 @@ int get_entry(cls_method_context_t hctx, const DataHeader& h, uint64_t pos, buff
   if (r < 0) return r;
   if (!parse_entry(*bl, e)) {
     cls_log(0, "zlog: corrupt entry at %" PRIu64, pos);
-    return -EIO;
+    return -ZLOG_ERR_CORRUPT;
   }
   *found = true;
   return 0;
@@ -227,7 +249,7 @@ int get_entry(cls_method_context_t hctx, const DataHeader& h, uint64_t pos, buff
 // header's max (write, fill and trim all raise it), so an append, which is
 // almost always above it, needs no lookup.
 int check_free(cls_method_context_t hctx, const DataHeader& h, uint64_t pos) {
-  if (pos < h.trim_below) return -ERR_TRIMMED;
+  if (pos < h.trim_below) return -ZLOG_ERR_TRIMMED;
   if (!h.has_max || pos > h.max_pos) return 0;
   bufferlist cur;
   Entry e;
@@ -237,57 +259,55 @@ int check_free(cls_method_context_t hctx, const DataHeader& h, uint64_t pos) {
   return found ? state_error(e.state) : 0;
 }
 
-// write: u64 epoch, u64 pos, u32 len, data
-int zlog_write(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  uint64_t pos = d.u64();
-  uint32_t len = d.u32();
-  const char* data = d.bytes(len);
-  if (!d.done() || pos > kMaxPosition) return -EINVAL;
-  if (len > kMaxEntryBytes) return -ERR_TOO_BIG;
+// write: epoch, position, data
+int do_write(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_WRITE, proto, &q);
+  if (r < 0) return r;
+  if (q.position > ZLOG_MAX_POSITION) return -EINVAL;
+  if (q.len > kMaxEntryBytes) return -ZLOG_ERR_TOO_BIG;
 
   DataHeader h;
-  int r = read_header_for_write(hctx, epoch, &h);
+  r = read_header_for_write(hctx, q.epoch, &h);
   if (r < 0) return r;
-  if (past_end(h, pos)) return -ERR_STALE;
-  r = check_free(hctx, h, pos);
+  if (past_end(h, q.position)) return -ZLOG_ERR_STALE;
+  r = check_free(hctx, h, q.position);
   if (r < 0) return r;
-  bufferlist val = make_entry(WRITTEN, epoch, data, len);
-  r = cls_cxx_map_set_val(hctx, pos_key(pos), &val);
+  bufferlist val = make_entry(ZLOG_WRITTEN, q.epoch, q.data, q.len);
+  r = cls_cxx_map_set_val(hctx, pos_key(q.position), &val);
   if (r < 0) return r;
-  if (h.has_max && pos <= h.max_pos) return 0;
-  note_position(&h, pos);
+  if (h.has_max && q.position <= h.max_pos) return 0;
+  note_position(&h, q.position);
   return write_header(hctx, h, true);
 }
 
-// write_many: u64 epoch, u32 n, n x (u64 pos, u32 len, data). All or nothing:
-// if any position is taken, nothing is written and its error is returned.
-int zlog_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  uint32_t n = d.u32();
-  if (!d.ok() || n == 0 || n > kMaxBatchEntries) return -EINVAL;
+// write_many: epoch, n x (position, data). All or nothing: if any position is
+// taken, nothing is written and its error is returned.
+int do_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  zw_reader entries;
+  int r = decode(in, ZLOG_OP_WRITE_MANY, proto, &q, &entries);
+  if (r < 0) return r;
   std::map<std::string, bufferlist> vals;
   uint64_t top = 0;
   bool too_big = false;
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t pos = d.u64();
-    uint32_t len = d.u32();
-    const char* data = d.bytes(len);
-    if (!d.ok() || pos > kMaxPosition) return -EINVAL;
+  for (uint32_t i = 0; i < q.count; i++) {
+    uint64_t pos;
+    const char* data;
+    uint32_t len;
+    zlog_req_next_entry(&entries, &pos, &data, &len);
+    if (pos > ZLOG_MAX_POSITION) return -EINVAL;
     if (len > kMaxEntryBytes) too_big = true;
-    auto ins = vals.emplace(pos_key(pos), make_entry(WRITTEN, epoch, data, len));
+    auto ins = vals.emplace(pos_key(pos), make_entry(ZLOG_WRITTEN, q.epoch, data, len));
     if (!ins.second) return -EINVAL;  // the same position twice
     if (pos > top) top = pos;
   }
-  if (!d.done()) return -EINVAL;
-  if (too_big) return -ERR_TOO_BIG;
+  if (too_big) return -ZLOG_ERR_TOO_BIG;
 
   DataHeader h;
-  int r = read_header_for_write(hctx, epoch, &h);
+  r = read_header_for_write(hctx, q.epoch, &h);
   if (r < 0) return r;
-  if (past_end(h, top)) return -ERR_STALE;
+  if (past_end(h, top)) return -ZLOG_ERR_STALE;
   for (auto& kv : vals) {
     r = check_free(hctx, h, std::stoull(kv.first, nullptr, 16));
     if (r < 0) return r;
@@ -299,110 +319,120 @@ int zlog_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   return write_header(hctx, h, true);
 }
 
-// read: u64 epoch, u64 pos -> data
-int zlog_read(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  uint64_t pos = d.u64();
-  if (!d.done() || pos > kMaxPosition) return -EINVAL;
+// read: epoch, position -> the data
+int do_read(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_READ, proto, &q);
+  if (r < 0) return r;
+  if (q.position > ZLOG_MAX_POSITION) return -EINVAL;
 
   DataHeader h;
   bool exists;
-  int r = read_header_at(hctx, epoch, &h, &exists);
+  r = read_header_at(hctx, q.epoch, &h, &exists);
   if (r < 0) return r;
-  if (!exists) return -ERR_UNWRITTEN;
+  if (!exists) return -ZLOG_ERR_UNWRITTEN;
 
   bufferlist cur;
   Entry e;
   bool found;
-  r = get_entry(hctx, h, pos, &cur, &e, &found);
+  r = get_entry(hctx, h, q.position, &cur, &e, &found);
   if (r < 0) return r;
-  if (!found) return -ERR_UNWRITTEN;
-  if (e.state != WRITTEN) return state_error(e.state);
-  out->append(e.data, e.len);
+  if (!found) return -ZLOG_ERR_UNWRITTEN;
+  if (e.state != ZLOG_WRITTEN) return state_error(e.state);
+  bufferlist data;
+  data.substr_of(cur, kEntryHead, e.len);
+  if (proto == ZLOG_PROTO_CURRENT) {
+    Reply rep;
+    zw_u8(&rep.w, ZLOG_STRUCT_V);
+    zw_u8(&rep.w, ZLOG_COMPAT_V);
+    zw_u32(&rep.w, 4 + e.len);
+    zw_u32(&rep.w, e.len);
+    if ((r = rep.to(out)) < 0) return r;
+  }
+  out->claim_append(data);
   return 0;
 }
 
-// fill: u64 epoch, u64 pos, u8 reason. Unwritten -> filled. reason 0: a
-// client filled it; 1: a reader filled a hole whose writer never wrote (lost),
-// kept so every later reader reports the same loss. Filling again with the
-// same reason succeeds; with the other reason it is refused (ENOMSG), so a
-// reader that loses the race reads the kind that won: one kind per position.
-int zlog_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  uint64_t pos = d.u64();
-  uint8_t reason = d.u8();
-  if (!d.done() || pos > kMaxPosition || reason > FILL_LOST) return -EINVAL;
+// fill: epoch, position, reason. Unwritten -> filled. reason 0: a client
+// filled it; 1: a reader filled a hole whose writer never wrote (lost), kept
+// so every later reader reports the same loss. Filling again with the same
+// reason succeeds; with the other reason it is refused (ENOMSG), so a reader
+// that loses the race reads the kind that won: one kind per position.
+int do_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_FILL, proto, &q);
+  if (r < 0) return r;
+  if (q.position > ZLOG_MAX_POSITION || q.reason > ZLOG_FILL_LOST) return -EINVAL;
 
   DataHeader h;
   bool exists;
-  int r = read_header_at(hctx, epoch, &h, &exists);
+  r = read_header_at(hctx, q.epoch, &h, &exists);
   if (r < 0) return r;
-  if (past_end(h, pos)) return -ERR_STALE;
+  if (past_end(h, q.position)) return -ZLOG_ERR_STALE;
 
   bufferlist cur;
   Entry e;
   bool found;
-  r = get_entry(hctx, h, pos, &cur, &e, &found);
+  r = get_entry(hctx, h, q.position, &cur, &e, &found);
   if (r < 0) return r;
   if (found) {
-    if (e.state != FILLED) return state_error(e.state);
-    const uint8_t first_reason = e.len == 1 ? static_cast<uint8_t>(e.data[0]) : FILL_JUNK;
-    return first_reason == reason ? 0 : -ERR_FILLED;
+    if (e.state != ZLOG_FILLED) return state_error(e.state);
+    const uint8_t first_reason =
+        e.len == 1 ? static_cast<uint8_t>(cur[kEntryHead]) : static_cast<uint8_t>(ZLOG_FILL_JUNK);
+    return first_reason == q.reason ? 0 : -ZLOG_ERR_FILLED;
   }
 
   if (!exists) {
     r = cls_cxx_create(hctx, false);
     if (r < 0) return r;
   }
-  const char lost = static_cast<char>(FILL_LOST);
-  bufferlist val = make_entry(FILLED, epoch, reason == FILL_LOST ? &lost : nullptr, reason);
-  r = cls_cxx_map_set_val(hctx, pos_key(pos), &val);
+  const char lost = static_cast<char>(ZLOG_FILL_LOST);
+  bufferlist val = make_entry(ZLOG_FILLED, q.epoch, q.reason == ZLOG_FILL_LOST ? &lost : nullptr, q.reason);
+  r = cls_cxx_map_set_val(hctx, pos_key(q.position), &val);
   if (r < 0) return r;
-  if (h.has_max && pos <= h.max_pos) return 0;
-  note_position(&h, pos);
+  if (exists && h.has_max && q.position <= h.max_pos) return 0;
+  note_position(&h, q.position);
   return write_header(hctx, h, true);
 }
 
-// trim: u64 epoch, u64 pos. Any state -> trimmed; the data is dropped.
-int zlog_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  uint64_t pos = d.u64();
-  if (!d.done() || pos > kMaxPosition) return -EINVAL;
+// trim: epoch, position. Any state -> trimmed; the data is dropped.
+int do_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_TRIM, proto, &q);
+  if (r < 0) return r;
+  if (q.position > ZLOG_MAX_POSITION) return -EINVAL;
 
   DataHeader h;
   bool exists;
-  int r = read_header_at(hctx, epoch, &h, &exists);
+  r = read_header_at(hctx, q.epoch, &h, &exists);
   if (r < 0) return r;
-  if (past_end(h, pos)) return -ERR_STALE;
-  if (pos < h.trim_below) return 0;
-  bufferlist val = make_entry(TRIMMED, epoch, nullptr, 0);
-  if (!h.has_max || pos > h.max_pos) {
-    note_position(&h, pos);  // keeps "every stored entry is at or below max" (check_free)
+  if (past_end(h, q.position)) return -ZLOG_ERR_STALE;
+  if (q.position < h.trim_below) return 0;
+  bufferlist val = make_entry(ZLOG_TRIMMED, q.epoch, nullptr, 0);
+  if (!h.has_max || q.position > h.max_pos) {
+    note_position(&h, q.position);  // keeps "every stored entry is at or below max" (check_free)
     r = write_header(hctx, h, exists);
     if (r < 0) return r;
   } else if (!exists) {
     r = write_header(hctx, h, false);
     if (r < 0) return r;
   }
-  return cls_cxx_map_set_val(hctx, pos_key(pos), &val);
+  return cls_cxx_map_set_val(hctx, pos_key(q.position), &val);
 }
 
-// trim_to: u64 epoch, u64 pos. Trims every position <= pos held here, and
-// raises max to pos (to the view's end - 1 on a closed object): tail finding
+// trim_to: epoch, position. Trims every position <= position held here, and
+// raises max to it (to the view's end - 1 on a closed object): tail finding
 // reads max, so it never hands out a position at or below a trim watermark.
-int zlog_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  uint64_t pos = d.u64();
-  if (!d.done() || pos > kMaxPosition) return -EINVAL;
-  if (pos == UINT64_MAX) return -EINVAL;  // the watermark is pos + 1
+int do_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_TRIM_TO, proto, &q);
+  if (r < 0) return r;
+  const uint64_t pos = q.position;
+  if (pos > ZLOG_MAX_POSITION) return -EINVAL;  // the watermark is pos + 1
 
   DataHeader h;
   bool exists;
-  int r = read_header_at(hctx, epoch, &h, &exists);
+  r = read_header_at(hctx, q.epoch, &h, &exists);
   if (r < 0) return r;
   if (pos + 1 <= h.trim_below) return 0;
   h.trim_below = pos + 1;
@@ -415,37 +445,39 @@ int zlog_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   return write_header(hctx, h, exists);
 }
 
-// seal: u64 epoch. The epoch must be above the one already sealed.
-int zlog_seal(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  if (!d.done() || epoch > kMaxEpoch) return -EINVAL;
+// seal: epoch. The epoch must be above the one already sealed.
+int do_seal(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_SEAL, proto, &q);
+  if (r < 0) return r;
+  if (q.epoch > ZLOG_MAX_EPOCH) return -EINVAL;
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  r = read_header(hctx, &h, &exists);
   if (r < 0) return r;
-  if (epoch <= h.sealed_epoch) return -ERR_STALE;
-  h.sealed_epoch = epoch;
+  if (q.epoch <= h.sealed_epoch) return -ZLOG_ERR_STALE;
+  h.sealed_epoch = q.epoch;
   return write_header(hctx, h, exists);
 }
 
-// close: u64 epoch, u64 end. Records where this object's view ends, as part
-// of a reconfiguration: the caller must have sealed the object at exactly
-// `epoch` (ESTALE otherwise), and nothing may be stored at or past `end`
-// (EINVAL). The end is set once: closing again at the same end succeeds (a
-// proposer finishing another's reconfiguration), at another end is EINVAL.
-int zlog_close(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  uint64_t end = d.u64();
-  if (!d.done() || epoch > kMaxEpoch || end > kMaxPosition) return -EINVAL;
+// close: epoch, end. Records where this object's view ends, as part of a
+// reconfiguration: the caller must have sealed the object at exactly `epoch`
+// (ESTALE otherwise), and nothing may be stored at or past `end` (EINVAL).
+// The end is set once: closing again at the same end succeeds (a proposer
+// finishing another's reconfiguration), at another end is EINVAL.
+int do_close(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_CLOSE, proto, &q);
+  if (r < 0) return r;
+  const uint64_t end = q.position;
+  if (q.epoch > ZLOG_MAX_EPOCH || end > ZLOG_MAX_POSITION) return -EINVAL;
 
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  r = read_header(hctx, &h, &exists);
   if (r < 0) return r;
-  if (!exists || epoch == 0 || epoch != h.sealed_epoch) return -ERR_STALE;  // 0: never sealed
+  if (!exists || q.epoch == 0 || q.epoch != h.sealed_epoch) return -ZLOG_ERR_STALE;  // 0: never sealed
   if (h.has_end) return h.view_end == end ? 0 : -EINVAL;
   if (h.has_max && h.max_pos >= end) return -EINVAL;
   h.has_end = true;
@@ -453,47 +485,45 @@ int zlog_close(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
   return write_header(hctx, h, true);
 }
 
-// max_position: u64 epoch -> u8 has_max, u64 max_pos
-int zlog_max_position(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  if (!d.done()) return -EINVAL;
+// max_position: epoch -> u8 has_max, u64 max
+int do_max_position(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_MAX_POSITION, proto, &q);
+  if (r < 0) return r;
 
   DataHeader h;
   bool exists;
-  int r = read_header_at(hctx, epoch, &h, &exists);
+  r = read_header_at(hctx, q.epoch, &h, &exists);
   if (r < 0) return r;
-  put_u8(*out, h.has_max ? 1 : 0);
-  put_u64(*out, h.max_pos);
-  return 0;
+  Reply rep;
+  zlog_max_encode(&rep.w, proto, h.has_max ? 1 : 0, h.max_pos);
+  return rep.to(out);
 }
 
-// read_range: u64 epoch, u64 first, u64 last (inclusive), u32 max_entries,
-// u32 max_bytes -> u64 trim_below, u8 has_max, u64 max_pos, u64 next,
-// u32 n, n x (u64 pos, u8 state, u64 epoch, u32 len, data).
-// Every position in [first, next) held by this object and >= trim_below that
-// is not listed is unwritten; the caller resumes at `next`.
-int zlog_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t epoch = d.u64();
-  uint64_t first = d.u64();
-  uint64_t last = d.u64();
-  uint32_t max_entries = d.u32();
-  uint32_t max_bytes = d.u32();
-  if (!d.done() || last < first || last > kMaxPosition || max_entries == 0 || max_entries > kMaxRangeEntries ||
-      max_bytes == 0 || max_bytes > kMaxRangeBytes)
+// read_range: epoch, first, last (inclusive), max_entries, max_bytes -> the
+// range reply of ops.h. Every position in [first, next) held by this object
+// and >= trim_below that is not listed is unwritten; the caller resumes at
+// `next`.
+int do_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_READ_RANGE, proto, &q);
+  if (r < 0) return r;
+  const uint64_t first = q.position, last = q.last;
+  const uint32_t max_entries = q.max_entries, max_bytes = q.max_bytes;
+  if (last < first || last > ZLOG_MAX_POSITION || max_entries == 0 || max_entries > ZLOG_MAX_RANGE_ENTRIES ||
+      max_bytes == 0 || max_bytes > ZLOG_MAX_RANGE_BYTES)
     return -EINVAL;
 
   DataHeader h;
   bool exists;
-  int r = read_header_at(hctx, epoch, &h, &exists);
+  r = read_header_at(hctx, q.epoch, &h, &exists);
   if (r < 0) return r;
 
-  bufferlist body;
-  uint32_t n = 0;
+  Reply recs;          // protocol 1: whole entries; 2: fixed records
+  bufferlist datas;    // protocol 2: the entries' data, back to back, shared not copied
+  zlog_range_head head{h.trim_below, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, last + 1, 0};
   uint64_t bytes = 0;
-  uint64_t next = last + 1;
-  uint64_t start = first < h.trim_below ? h.trim_below : first;
+  const uint64_t start = first < h.trim_below ? h.trim_below : first;
   if (exists && start <= last) {
     std::string after = start == 0 ? std::string() : pos_key(start - 1);
     const std::string end_key = pos_key(last);
@@ -501,7 +531,7 @@ int zlog_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out) 
     bool stop = false;
     while (more && !stop) {
       std::map<std::string, bufferlist> vals;
-      r = cls_cxx_map_get_vals(hctx, after, "", max_entries - n, &vals, &more);
+      r = cls_cxx_map_get_vals(hctx, after, "", max_entries - head.count, &vals, &more);
       if (r < 0) return r;
       if (vals.empty()) break;
       for (auto& kv : vals) {
@@ -511,83 +541,94 @@ int zlog_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out) 
         }
         uint64_t pos = std::stoull(kv.first, nullptr, 16);
         Entry e;
-        if (!parse_entry(kv.second, &e)) return -EIO;
-        if (n > 0 && bytes + e.len > max_bytes) {
-          next = pos;
+        if (!parse_entry(kv.second, &e)) {
+          cls_log(0, "zlog: corrupt entry at %" PRIu64, pos);
+          return -ZLOG_ERR_CORRUPT;
+        }
+        if (head.count > 0 && bytes + e.len > max_bytes) {
+          head.next = pos;
           stop = true;
           break;
         }
-        put_u64(body, pos);
-        put_u8(body, e.state);
-        put_u64(body, e.epoch);
-        put_bytes(body, e.data, e.len);
+        bufferlist data;
+        data.substr_of(kv.second, kEntryHead, e.len);
+        if (proto == ZLOG_PROTO_CURRENT) {
+          zlog_range_entry rec{pos, e.epoch, e.len, e.state, 0};
+          zlog_range_rec_encode(&recs.w, &rec);
+          datas.claim_append(data);
+        } else {
+          zw_u64(&recs.w, pos);
+          zw_u8(&recs.w, e.state);
+          zw_u64(&recs.w, e.epoch);
+          zw_u32(&recs.w, e.len);
+          if ((r = recs.to(out)) < 0) return r;  // flushed as we go: the data follows its record
+          recs.w.len = 0;
+          out->claim_append(data);
+        }
         bytes += e.len;
-        n++;
+        head.count++;
         after = kv.first;
-        if (n == max_entries) {
-          next = pos + 1;
+        if (head.count == max_entries) {
+          head.next = pos + 1;
           stop = true;
           break;
         }
       }
     }
   }
-  put_u64(*out, h.trim_below);
-  put_u8(*out, h.has_max ? 1 : 0);
-  put_u64(*out, h.max_pos);
-  put_u64(*out, next);
-  put_u32(*out, n);
-  out->append(body);
+  if (proto != ZLOG_PROTO_CURRENT) {  // the head goes first: prepend it
+    Reply hd;
+    zlog_range_head_encode(&hd.w, &head);
+    bufferlist body;
+    body.claim_append(*out);
+    if ((r = hd.to(out)) < 0) return r;
+    out->claim_append(body);
+    return 0;
+  }
+  Reply env;
+  zw_u8(&env.w, ZLOG_STRUCT_V);
+  zw_u8(&env.w, ZLOG_COMPAT_V);
+  zw_u32(&env.w, static_cast<uint32_t>(ZLOG_RANGE_HEAD_BYTES + recs.w.len + datas.length()));
+  zlog_range_head_encode(&env.w, &head);
+  if ((r = env.to(out)) < 0 || (r = recs.to(out)) < 0) return r;
+  out->claim_append(datas);
   return 0;
 }
 
-// stat: (empty) -> u64 sealed_epoch, u8 has_max, u64 max_pos, u64 trim_below,
-// u8 has_end, u64 view_end.
-// No epoch check: it only reports, and tools need it to pick a new epoch.
-int zlog_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
-  if (in->length() != 0) return -EINVAL;
+// stat: (nothing) -> zlog_stat. No epoch check: it only reports, and tools
+// need it to pick a new epoch.
+int do_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_STAT, proto, &q);
+  if (r < 0) return r;
   DataHeader h;
   bool exists;
-  int r = read_header(hctx, &h, &exists);
+  r = read_header(hctx, &h, &exists);
   if (r < 0) return r;
   if (!exists) return -ENOENT;
-  put_u64(*out, h.sealed_epoch);
-  put_u8(*out, h.has_max ? 1 : 0);
-  put_u64(*out, h.max_pos);
-  put_u64(*out, h.trim_below);
-  put_u8(*out, h.has_end ? 1 : 0);
-  put_u64(*out, h.view_end);
-  return 0;
+  zlog_stat st{h.sealed_epoch, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, h.trim_below,
+               static_cast<uint8_t>(h.has_end ? 1 : 0), h.view_end};
+  Reply rep;
+  zlog_stat_encode(&rep.w, proto, &st);
+  return rep.to(out);
 }
 
 // ------------------------------------------------------------ metadata objects
 //
-// Stored as the object's data: u8 version, u64 epoch, u32 config_len, config,
-// u32 nviews, nviews x (u64 epoch, u64 start, u32 width), and in version 2
-// u64 seqr_epoch, u32 seqr_len, seqr: the sequencer that took the log over at
-// seqr_epoch (its address, opaque to the class). Version 1 (no sequencer) is
-// still written while none is recorded. meta_get returns exactly these bytes.
-// The config is opaque to the class (the client's JSON).
-
-struct View {
-  uint64_t epoch;
-  uint64_t start;
-  uint32_t width;
-};
+// Stored as the object's data in ops.h's zlog_meta layout; meta_get returns
+// exactly these bytes. The config is opaque to the class (the client's JSON).
 
 struct Meta {
   uint64_t epoch = 0;
   std::string config;
-  std::vector<View> views;
+  std::vector<zlog_view> views;
   uint64_t seqr_epoch = 0;
   std::string seqr;  // empty: no sequencer recorded
 };
 
-constexpr uint8_t kMetaVersion = 1;
-constexpr uint8_t kMetaVersionSeqr = 2;
-constexpr uint32_t kMaxSeqrBytes = 255;
-
-// Loads and validates the metadata; `raw` (optional) receives the stored bytes.
+// Loads and validates the metadata; `raw` (optional) receives the stored
+// bytes. A metadata object that exists but does not parse (empty included)
+// is corrupt: -EIO.
 int load_meta(cls_method_context_t hctx, Meta* m, bufferlist* raw = nullptr) {
   uint64_t size;
   time_t mtime;
@@ -596,167 +637,170 @@ int load_meta(cls_method_context_t hctx, Meta* m, bufferlist* raw = nullptr) {
   bufferlist bl;
   r = cls_cxx_read(hctx, 0, static_cast<int>(size), &bl);
   if (r < 0) return r;
-  Decoder d(bl.c_str(), bl.length());
-  uint8_t ver = d.u8();
-  m->epoch = d.u64();
-  uint32_t clen = d.u32();
-  const char* c = d.bytes(clen);
-  uint32_t nviews = d.u32();
-  if (!d.ok() || (ver != kMetaVersion && ver != kMetaVersionSeqr) || nviews == 0 ||
-      nviews > kMaxViews)
-    return -EIO;
-  m->config.assign(c, clen);
-  m->views.clear();
+  zlog_meta zm;
+  if (zlog_meta_decode(bl.c_str(), bl.length(), &zm) < 0) {
+    cls_log(0, "zlog: corrupt metadata object (%" PRIu64 " bytes)", size);
+    return -ZLOG_ERR_CORRUPT;
+  }
+  m->epoch = zm.epoch;
+  m->config.assign(zm.config ? zm.config : "", zm.config_len);
+  m->views.assign(zm.views, zm.views + zm.nviews);
+  m->seqr_epoch = zm.seqr_epoch;
+  m->seqr.assign(zm.seqr ? zm.seqr : "", zm.seqr_len);
+  free(zm.views);
   if (raw) *raw = bl;
-  for (uint32_t i = 0; i < nviews; i++) {
-    View v;
-    v.epoch = d.u64();
-    v.start = d.u64();
-    v.width = d.u32();
-    m->views.push_back(v);
-  }
-  m->seqr_epoch = 0;
-  m->seqr.clear();
-  if (ver == kMetaVersionSeqr) {
-    m->seqr_epoch = d.u64();
-    uint32_t slen = d.u32();
-    const char* sq = d.bytes(slen);
-    if (d.ok()) m->seqr.assign(sq, slen);
-  }
-  if (!d.done()) {
-    cls_log(0, "zlog: corrupt metadata object");
-    return -EIO;
-  }
   return 0;
 }
 
 int store_meta(cls_method_context_t hctx, const Meta& m) {
+  zlog_meta zm{};
+  zm.epoch = m.epoch;
+  zm.config = m.config.data();
+  zm.config_len = static_cast<uint32_t>(m.config.size());
+  zm.nviews = static_cast<uint32_t>(m.views.size());
+  zm.views = const_cast<zlog_view*>(m.views.data());
+  zm.seqr_epoch = m.seqr_epoch;
+  zm.seqr = m.seqr.data();
+  zm.seqr_len = static_cast<uint32_t>(m.seqr.size());
+  Reply enc;
+  zlog_meta_encode(&enc.w, &zm);
   bufferlist bl;
-  put_u8(bl, m.seqr.empty() ? kMetaVersion : kMetaVersionSeqr);
-  put_u64(bl, m.epoch);
-  put_bytes(bl, m.config.data(), static_cast<uint32_t>(m.config.size()));
-  put_u32(bl, static_cast<uint32_t>(m.views.size()));
-  for (const View& v : m.views) {
-    put_u64(bl, v.epoch);
-    put_u64(bl, v.start);
-    put_u32(bl, v.width);
-  }
-  if (!m.seqr.empty()) {
-    put_u64(bl, m.seqr_epoch);
-    put_bytes(bl, m.seqr.data(), static_cast<uint32_t>(m.seqr.size()));
-  }
+  int r = enc.to(&bl);
+  if (r < 0) return r;
   return cls_cxx_write_full(hctx, &bl);
 }
 
-// meta_create: u32 width, u32 config_len, config. Exclusive.
-int zlog_meta_create(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint32_t width = d.u32();
-  uint32_t clen = d.u32();
-  const char* c = d.bytes(clen);
-  if (!d.done() || width == 0 || width > kMaxWidth || clen > kMaxConfigBytes) return -EINVAL;
-  int r = cls_cxx_create(hctx, true);
+// meta_create: width, config. Exclusive.
+int do_meta_create(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_META_CREATE, proto, &q);
+  if (r < 0) return r;
+  if (q.width == 0 || q.width > ZLOG_MAX_WIDTH || q.len > ZLOG_MAX_CONFIG_BYTES) return -EINVAL;
+  r = cls_cxx_create(hctx, true);
   if (r < 0) return r;  // -EEXIST
   Meta m;
   m.epoch = 1;
-  m.config.assign(c, clen);
-  m.views.push_back(View{1, 0, width});
+  m.config.assign(q.data ? q.data : "", q.len);
+  m.views.push_back(zlog_view{1, 0, q.width});
   return store_meta(hctx, m);
 }
 
-// meta_get: (empty) -> the stored metadata bytes.
-int zlog_meta_get(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
-  if (in->length() != 0) return -EINVAL;
+// meta_get: (nothing) -> the stored metadata bytes (protocol 2: enveloped).
+int do_meta_get(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_META_GET, proto, &q);
+  if (r < 0) return r;
   Meta m;
-  return load_meta(hctx, &m, out);
+  bufferlist raw;
+  r = load_meta(hctx, &m, &raw);
+  if (r < 0) return r;
+  if (proto == ZLOG_PROTO_CURRENT) {
+    Reply rep;
+    zw_u8(&rep.w, ZLOG_STRUCT_V);
+    zw_u8(&rep.w, ZLOG_COMPAT_V);
+    zw_u32(&rep.w, 4 + raw.length());
+    zw_u32(&rep.w, raw.length());
+    if ((r = rep.to(out)) < 0) return r;
+  }
+  out->claim_append(raw);
+  return 0;
 }
 
-// The optional tail of meta_new_epoch and meta_propose_view: u32 seqr_len,
-// seqr (1..kMaxSeqrBytes): the sequencer taking the log over at the new
-// epoch. Absent, the recorded sequencer stays as it is.
-bool decode_seqr(Decoder& d, bool* present, std::string* seqr) {
-  *present = d.ok() && !d.done();
-  if (!*present) return d.ok();
-  uint32_t slen = d.u32();
-  const char* sq = d.bytes(slen);
-  if (!d.done() || slen == 0 || slen > kMaxSeqrBytes) return false;
-  seqr->assign(sq, slen);
-  return true;
-}
-
-void take_over(Meta* m, bool present, const std::string& seqr, uint64_t epoch) {
-  if (!present) return;
-  m->seqr = seqr;
+void take_over(Meta* m, const zlog_req& q, uint64_t epoch) {
+  if (!q.seqr) return;  // absent: the recorded sequencer stays
+  m->seqr.assign(q.seqr, q.seqr_len);
   m->seqr_epoch = epoch;
 }
 
-// meta_new_epoch: u64 expected, u64 new_epoch [, u32 seqr_len, seqr].
-// Compare-and-swap on the epoch.
-int zlog_meta_new_epoch(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t expected = d.u64();
-  uint64_t next = d.u64();
-  bool has_seqr;
-  std::string seqr;
-  if (!decode_seqr(d, &has_seqr, &seqr) || next <= expected || next > kMaxEpoch) return -EINVAL;
-  Meta m;
-  int r = load_meta(hctx, &m);
+// meta_new_epoch: expected, new epoch [, sequencer]. Compare-and-swap on the
+// epoch; with a sequencer, it is recorded as the one taking the log over.
+int do_meta_new_epoch(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_META_NEW_EPOCH, proto, &q);
   if (r < 0) return r;
-  if (m.epoch != expected) return -ERR_CAS_LOST;
-  m.epoch = next;
-  take_over(&m, has_seqr, seqr, next);
+  if (q.next_epoch <= q.expected || q.next_epoch > ZLOG_MAX_EPOCH) return -EINVAL;
+  Meta m;
+  r = load_meta(hctx, &m);
+  if (r < 0) return r;
+  if (m.epoch != q.expected) return -ZLOG_ERR_CAS_LOST;
+  m.epoch = q.next_epoch;
+  take_over(&m, q, q.next_epoch);
   return store_meta(hctx, m);
 }
 
-// meta_propose_view: u64 expected, u64 new_epoch, u64 start, u32 width
-// [, u32 seqr_len, seqr]. Installs a view valid from `start` at `new_epoch` if
-// the epoch is still `expected`; a second proposer at the same epoch loses
-// with ECANCELED.
-int zlog_meta_propose_view(cls_method_context_t hctx, bufferlist* in, bufferlist*) {
-  Decoder d(in->c_str(), in->length());
-  uint64_t expected = d.u64();
-  uint64_t next = d.u64();
-  uint64_t start = d.u64();
-  uint32_t width = d.u32();
-  bool has_seqr;
-  std::string seqr;
-  if (!decode_seqr(d, &has_seqr, &seqr) || next <= expected || next > kMaxEpoch || start > kMaxPosition || width == 0 ||
-      width > kMaxWidth)
+// meta_propose_view: expected, new epoch, start, width [, sequencer].
+// Installs a view valid from `start` at the new epoch if the epoch is still
+// `expected`; a second proposer at the same epoch loses with ECANCELED.
+int do_meta_propose_view(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_META_PROPOSE_VIEW, proto, &q);
+  if (r < 0) return r;
+  if (q.next_epoch <= q.expected || q.next_epoch > ZLOG_MAX_EPOCH || q.start > ZLOG_MAX_POSITION ||
+      q.width == 0 || q.width > ZLOG_MAX_WIDTH)
     return -EINVAL;
   Meta m;
-  int r = load_meta(hctx, &m);
+  r = load_meta(hctx, &m);
   if (r < 0) return r;
-  if (m.epoch != expected) return -ERR_CAS_LOST;
-  if (start < m.views.back().start) return -EINVAL;
-  if (m.views.size() >= kMaxViews) return -ENOSPC;
-  m.epoch = next;
-  m.views.push_back(View{next, start, width});
-  take_over(&m, has_seqr, seqr, next);
+  if (m.epoch != q.expected) return -ZLOG_ERR_CAS_LOST;
+  if (q.start < m.views.back().start) return -EINVAL;
+  if (m.views.size() >= ZLOG_MAX_VIEWS) return -ENOSPC;
+  m.epoch = q.next_epoch;
+  m.views.push_back(zlog_view{q.next_epoch, q.start, q.width});
+  take_over(&m, q, q.next_epoch);
   return store_meta(hctx, m);
+}
+
+// version (protocol 2 only): which class build this is, for a client
+// choosing the protocol to speak.
+int do_version(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_VERSION, proto, &q);
+  if (r < 0) return r;
+  zlog_version v{static_cast<uint32_t>(__cls_ver_maj), static_cast<uint32_t>(__cls_ver_min),
+                 ZLOG_PROTO_CURRENT};
+  Reply rep;
+  zlog_version_encode(&rep.w, &v);
+  return rep.to(out);
+}
+
+using Handler = int (*)(cls_method_context_t, bufferlist*, bufferlist*, int);
+
+// One registered method per (op, protocol): the OSD calls a plain function.
+template <Handler H, int P>
+int method(cls_method_context_t hctx, bufferlist* in, bufferlist* out) {
+  return H(hctx, in, out, P);
+}
+
+template <Handler H>
+void register_op(cls_handle_t h, zlog_op op) {
+  const int flags = zlog_op_writes[op] ? (CLS_METHOD_RD | CLS_METHOD_WR) : CLS_METHOD_RD;
+  cls_method_handle_t mh;
+  if (const char* legacy = zlog_method(op, ZLOG_PROTO_LEGACY))
+    cls_register_cxx_method(h, legacy, flags, method<H, ZLOG_PROTO_LEGACY>, &mh);
+  cls_register_cxx_method(h, zlog_method(op, ZLOG_PROTO_CURRENT), flags, method<H, ZLOG_PROTO_CURRENT>, &mh);
 }
 
 }  // namespace
 
 void __cls_init() {
   cls_handle_t h;
-  cls_method_handle_t mh;
-  cls_log(0, "loading cls_zlog (max entry %" PRIu64 " bytes)", kMaxEntryBytes);
+  cls_log(0, "loading cls_zlog %d.%d (protocols 1 and 2, max entry %" PRIu64 " bytes)", __cls_ver_maj,
+          __cls_ver_min, kMaxEntryBytes);
   cls_register("zlog", &h);
-  cls_register_cxx_method(h, "write", CLS_METHOD_RD | CLS_METHOD_WR, zlog_write, &mh);
-  cls_register_cxx_method(h, "write_many", CLS_METHOD_RD | CLS_METHOD_WR, zlog_write_many, &mh);
-  cls_register_cxx_method(h, "read", CLS_METHOD_RD, zlog_read, &mh);
-  cls_register_cxx_method(h, "read_range", CLS_METHOD_RD, zlog_read_range, &mh);
-  cls_register_cxx_method(h, "fill", CLS_METHOD_RD | CLS_METHOD_WR, zlog_fill, &mh);
-  cls_register_cxx_method(h, "trim", CLS_METHOD_RD | CLS_METHOD_WR, zlog_trim, &mh);
-  cls_register_cxx_method(h, "trim_to", CLS_METHOD_RD | CLS_METHOD_WR, zlog_trim_to, &mh);
-  cls_register_cxx_method(h, "seal", CLS_METHOD_RD | CLS_METHOD_WR, zlog_seal, &mh);
-  cls_register_cxx_method(h, "close", CLS_METHOD_RD | CLS_METHOD_WR, zlog_close, &mh);
-  cls_register_cxx_method(h, "max_position", CLS_METHOD_RD, zlog_max_position, &mh);
-  cls_register_cxx_method(h, "stat", CLS_METHOD_RD, zlog_stat, &mh);
-  cls_register_cxx_method(h, "meta_create", CLS_METHOD_RD | CLS_METHOD_WR, zlog_meta_create, &mh);
-  cls_register_cxx_method(h, "meta_get", CLS_METHOD_RD, zlog_meta_get, &mh);
-  cls_register_cxx_method(h, "meta_new_epoch", CLS_METHOD_RD | CLS_METHOD_WR,
-                          zlog_meta_new_epoch, &mh);
-  cls_register_cxx_method(h, "meta_propose_view", CLS_METHOD_RD | CLS_METHOD_WR,
-                          zlog_meta_propose_view, &mh);
+  register_op<do_write>(h, ZLOG_OP_WRITE);
+  register_op<do_write_many>(h, ZLOG_OP_WRITE_MANY);
+  register_op<do_read>(h, ZLOG_OP_READ);
+  register_op<do_read_range>(h, ZLOG_OP_READ_RANGE);
+  register_op<do_fill>(h, ZLOG_OP_FILL);
+  register_op<do_trim>(h, ZLOG_OP_TRIM);
+  register_op<do_trim_to>(h, ZLOG_OP_TRIM_TO);
+  register_op<do_seal>(h, ZLOG_OP_SEAL);
+  register_op<do_close>(h, ZLOG_OP_CLOSE);
+  register_op<do_max_position>(h, ZLOG_OP_MAX_POSITION);
+  register_op<do_stat>(h, ZLOG_OP_STAT);
+  register_op<do_meta_create>(h, ZLOG_OP_META_CREATE);
+  register_op<do_meta_get>(h, ZLOG_OP_META_GET);
+  register_op<do_meta_new_epoch>(h, ZLOG_OP_META_NEW_EPOCH);
+  register_op<do_meta_propose_view>(h, ZLOG_OP_META_PROPOSE_VIEW);
+  register_op<do_version>(h, ZLOG_OP_VERSION);
 }

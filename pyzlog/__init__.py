@@ -2,15 +2,15 @@
 from pkgutil import extend_path
 
 # Python run from a checkout's root imports this source folder, which has no
-# compiled parts (_seqr, _appender, _fastread, cls/): they are found in the
+# compiled parts (_seqr, _appender, _dataplane, libzlog_dataplane, cls/): they are found in the
 # copy `./dev setup` built and installed from this checkout.
 __path__ = extend_path(__path__, __name__)
 
 from .core.cluster import connect
-from .core.errors import (ClassNotLoaded, ClusterUnavailable, EntryTooLarge, EpochChanged, Filled,
-                     InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied,
-                     PoolNotFound, PositionError, ReadOnly, SequencerUnavailable, StaleEpoch,
-                     Trimmed, ZlogError)
+from .core.errors import (ClassNotLoaded, ClusterUnavailable, Corrupt, EntryTooLarge, EpochChanged, Filled,
+                          InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,
+                          PoolNotFound, PositionError, ProtocolMismatch, ReadOnly, SequencerUnavailable,
+                          StaleEpoch, Timeout, Trimmed, ZlogError)
 from .client.log import Log
 from .client.reader import Record, RecordKind
 from .core.sequencer import SequencerClient
@@ -19,6 +19,7 @@ __all__ = [
     "connect", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
-    "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten",
+    "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt",
+    "ProtocolMismatch", "Timeout",
 ]
 __version__ = "0.1.0"

@@ -1,11 +1,20 @@
 """Raw access to one cls_zlog object for tests: every call returns the exact
-return code (0 or -errno) so tests can assert each error precisely."""
+return code (0 or -errno) so tests can assert each error precisely.
+
+Requests are encoded and replies decoded by the native data plane's codecs
+(cls_zlog/ops.h, the definition the class uses), in the protocol the test
+asks for: 1, the fixed layouts older clients send, or 2, the versioned one.
+Calls go out as raw execs (no protocol fallback), so a test of protocol 1
+really speaks protocol 1.
+"""
 from __future__ import annotations
 
 import errno
+from dataclasses import dataclass
+from typing import Any
 
-from pyzlog.core import wire
-from pyzlog.core.objects import ClassIO
+from pyzlog.core import native, scan, wire
+from pyzlog.core.native import Connection, Op, Pool
 
 # The class's return codes (docs/cls_zlog.md), as the tests assert them.
 OK = 0
@@ -16,51 +25,111 @@ TRIMMED = -errno.EIDRM
 UNWRITTEN = -errno.ENODATA
 EINVAL = -errno.EINVAL
 TOO_BIG = -errno.EFBIG
+CORRUPT = -errno.EIO
 NOENT = -errno.ENOENT  # the OSD's answer to a read-only method on a missing object
+#: method names of both protocols whose calls write (no reply data)
+WRITE_METHODS = {native.method(op, proto) for op in Op if native.writes(op)
+                 for proto in (1, 2) if op != Op.VERSION or proto == 2}
+
+
+@dataclass(frozen=True)
+class RangeReply:
+    """A read_range reply, its entries as Python objects (tests only)."""
+
+    trim_below: int
+    max_position: int | None
+    next: int
+    entries: list[wire.RangeEntry]
+
+    @classmethod
+    def of(cls, w: scan.RangeWindow) -> RangeReply:
+        return cls(w.trim_below, w.max_position, w.next, list(w.entries()))
+
+
+class Raw:
+    """Raw class calls on one pool (and namespace), in one protocol."""
+
+    def __init__(self, conn: Connection, pool: Pool, protocol: int) -> None:
+        self.conn, self.pool, self.protocol = conn, pool, protocol
+
+    def call_raw(self, oid: str, method: str, payload: bytes = b"", out_len: int = 0) -> tuple[int, bytes]:
+        """(0 or -errno, reply) of `method` with `payload` as given."""
+        return self.conn.exec(self.pool, oid, method, payload, write=method in WRITE_METHODS)
+
+    def encode(self, op: Op, **fields: Any) -> tuple[str, bytes]:
+        return native.method(op, self.protocol), native.encode(op, self.protocol, **fields)
 
 
 class Obj:
-    def __init__(self, io: ClassIO, oid: str) -> None:
+    def __init__(self, io: Raw, oid: str) -> None:
         self.io = io
         self.oid = oid
+
+    @property
+    def protocol(self) -> int:
+        return self.io.protocol
 
     def call(self, method: str, payload: bytes = b"", out_len: int = 1 << 21) -> tuple[int, bytes]:
         return self.io.call_raw(self.oid, method, payload, out_len)
 
+    def op(self, op: Op, **fields: Any) -> tuple[int, bytes]:
+        """`op` with its fields, encoded in this object's protocol."""
+        return self.call(*self.io.encode(op, **fields))
+
+    def value(self, op: Op, raw: bytes, first: int = 0) -> Any:
+        return native.decode_reply(op, raw, self.protocol, first)
+
     def write(self, epoch: int, pos: int, data: bytes) -> int:
-        return self.call("write", wire.write(epoch, pos, data))[0]
+        return self.op(Op.WRITE, epoch=epoch, position=pos, data=data)[0]
 
     def write_many(self, epoch: int, entries: list[tuple[int, bytes]]) -> int:
-        return self.call("write_many", wire.write_many(epoch, entries))[0]
+        return self.op(Op.WRITE_MANY, epoch=epoch, entries=entries)[0]
 
     def read(self, epoch: int, pos: int) -> tuple[int, bytes]:
-        return self.call("read", wire.epoch_position(epoch, pos))
+        ret, out = self.op(Op.READ, epoch=epoch, position=pos)
+        return ret, (self.value(Op.READ, out) if ret == 0 else b"")
 
     def fill(self, epoch: int, pos: int, reason: int = wire.FILL_JUNK) -> int:
-        return self.call("fill", wire.fill(epoch, pos, reason))[0]
+        return self.op(Op.FILL, epoch=epoch, position=pos, reason=reason)[0]
 
     def trim(self, epoch: int, pos: int) -> int:
-        return self.call("trim", wire.epoch_position(epoch, pos))[0]
+        return self.op(Op.TRIM, epoch=epoch, position=pos)[0]
 
     def trim_to(self, epoch: int, pos: int) -> int:
-        return self.call("trim_to", wire.epoch_position(epoch, pos))[0]
+        return self.op(Op.TRIM_TO, epoch=epoch, position=pos)[0]
 
     def seal(self, epoch: int) -> int:
-        return self.call("seal", wire.epoch_only(epoch))[0]
+        return self.op(Op.SEAL, epoch=epoch)[0]
 
     def close(self, epoch: int, end: int) -> int:
-        return self.call("close", wire.epoch_position(epoch, end))[0]
+        return self.op(Op.CLOSE, epoch=epoch, position=end)[0]
 
     def max_position(self, epoch: int) -> tuple[int, int | None]:
-        ret, out = self.call("max_position", wire.epoch_only(epoch))
-        return ret, (wire.parse_max_position(out) if ret == 0 else None)
+        ret, out = self.op(Op.MAX_POSITION, epoch=epoch)
+        return ret, (self.value(Op.MAX_POSITION, out) if ret == 0 else None)
 
     def read_range(self, epoch: int, first: int, last: int, max_entries: int = 4096,
-                   max_bytes: int = 1 << 20) -> tuple[int, wire.RangeReply | None]:
-        ret, out = self.call("read_range", wire.read_range(epoch, first, last, max_entries, max_bytes),
-                             wire.range_reply_size(max_entries, max_bytes))
-        return ret, (wire.parse_range_reply(out) if ret == 0 else None)
+                   max_bytes: int = 1 << 20) -> tuple[int, RangeReply | None]:
+        ret, out = self.op(Op.READ_RANGE, epoch=epoch, position=first, last=last, max_entries=max_entries,
+                           max_bytes=max_bytes)
+        return ret, (RangeReply.of(self.value(Op.READ_RANGE, out, first)) if ret == 0 else None)
 
     def stat(self) -> tuple[int, wire.ObjectStat | None]:
-        ret, out = self.call("stat")
-        return ret, (wire.parse_stat(out) if ret == 0 else None)
+        ret, out = self.op(Op.STAT)
+        return ret, (self.value(Op.STAT, out) if ret == 0 else None)
+
+    # ---------------------------------------------------------------- metadata
+    def meta_create(self, width: int, config: bytes) -> int:
+        return self.op(Op.META_CREATE, width=width, data=config)[0]
+
+    def meta_get(self) -> tuple[int, wire.Meta | None]:
+        ret, out = self.op(Op.META_GET)
+        return ret, (wire.parse_meta(self.value(Op.META_GET, out)) if ret == 0 else None)
+
+    def meta_new_epoch(self, expected: int, new_epoch: int, sequencer: str | None = None) -> int:
+        return self.op(Op.META_NEW_EPOCH, expected=expected, next_epoch=new_epoch, seqr=sequencer)[0]
+
+    def meta_propose_view(self, expected: int, new_epoch: int, start: int, width: int,
+                          sequencer: str | None = None) -> int:
+        return self.op(Op.META_PROPOSE_VIEW, expected=expected, next_epoch=new_epoch, start=start, width=width,
+                       seqr=sequencer)[0]

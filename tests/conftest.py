@@ -21,7 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The checkout's pyzlog/ finds its compiled parts in the copy ./dev setup
     # installed (pyzlog/__init__.py); without that copy nothing here can run.
     try:
-        import pyzlog._appender, pyzlog._fastread, pyzlog._seqr  # noqa: F401
+        import pyzlog._appender, pyzlog._dataplane, pyzlog._seqr  # noqa: F401
     except ImportError as e:
         raise pytest.UsageError(f"pyzlog's compiled parts are missing ({e}): run ./dev setup "
                                 "and the tests with .venv/bin/python -m pytest") from e
@@ -58,15 +58,15 @@ def rados_cluster(ceph: ClusterInfo):  # type: ignore[no-untyped-def]
     r.shutdown()
 
 
-@pytest.fixture
-def data_io(rados_cluster, ceph: ClusterInfo):  # type: ignore[no-untyped-def]
-    """Raw cls_zlog calls on the log pool (no Log on top)."""
-    from pyzlog.core.cluster import open_ioctx
-    from pyzlog.core.objects import ClassIO
+@pytest.fixture(params=[1, 2], ids=["protocol1", "protocol2"])
+def data_io(rados_cluster, ceph: ClusterInfo, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """Raw cls_zlog calls on the log pool (no Log on top), in each protocol the
+    class serves: 1 (round 2's clients) and 2 (versioned)."""
+    from clsobj import Raw
+    from pyzlog.core.native import Connection
 
-    ioctx = open_ioctx(rados_cluster, ceph.pool)
-    yield ClassIO(ioctx)
-    ioctx.close()
+    conn = Connection.of(rados_cluster)
+    return Raw(conn, conn.pool(ceph.pool), request.param)
 
 
 @pytest.fixture

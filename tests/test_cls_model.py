@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from pyzlog.core import wire
-from pyzlog.core.objects import ClassIO
-from pyzlog.core.wire import EntryState, ObjectStat, RangeEntry, RangeReply
+from pyzlog.core.wire import EntryState, ObjectStat, RangeEntry
 
+from clsobj import Raw as ClassIO
+from clsobj import RangeReply
 from clsobj import EINVAL, FILLED, NOENT, OK, STALE, TOO_BIG, TRIMMED, UNWRITTEN, WRITTEN, Obj
 
 

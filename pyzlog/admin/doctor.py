@@ -19,10 +19,9 @@ from typing import Any
 
 import rados
 
-from ..core import wire
 from ..core.cluster import open_ioctx
 from ..core.errors import ClassNotLoaded, PermissionDenied, PoolNotFound, ZlogError
-from ..core.objects import ClassIO
+from ..core.native import Connection, Op, Pool
 from ..core.registry import read_records, recent, registry_ioctx
 from .status import Probes
 
@@ -74,8 +73,12 @@ def run_checks(env: Any) -> list[Check]:
         out.append(Check("pool", "fail", str(e)))
         return skip_rest()
     try:
-        out.append(check_class(cluster, ClassIO(ioctx, cluster), env.pool, osds))
-        out.append(check_caps(ClassIO(ioctx, cluster), env.pool))
+        conn = Connection.of(cluster)
+        pool = conn.pool(env.pool, CHECK_NAMESPACE)
+        out.append(check_class(cluster, conn, pool, osds))
+        out.append(check_caps(conn, pool, ioctx))
+    except ZlogError as e:
+        out.append(Check("class", "fail", str(e)))
     finally:
         ioctx.close()
     out.append(check_sequencer(cluster, env.pool, env.seqr))
@@ -94,17 +97,19 @@ def primaries(cluster: rados.Rados, pool: str, up: list[int]) -> dict[int, str]:
     return found
 
 
-def check_class(cluster: rados.Rados, io: ClassIO, pool: str, osds: list[dict[str, Any]]) -> Check:
+def check_class(cluster: rados.Rados, conn: Connection, pool: Pool, osds: list[dict[str, Any]]) -> Check:
     up = sorted(o["osd"] for o in osds if o.get("up"))
     down = sorted(o["osd"] for o in osds if not o.get("up"))
     try:
-        where = primaries(cluster, pool, up)
+        where = primaries(cluster, pool.name, up)
     except ZlogError as e:
         return Check("class", "fail", str(e))
     missing, loaded, errors, denied = [], [], [], []
     for osd, name in sorted(where.items()):
         try:
-            ret, _ = io.call_raw(name, "stat", b"", 64)
+            ret, _ = conn.call_raw(pool, name, Op.STAT)
+            if ret in (-errno.EPERM, -errno.EACCES):
+                raise conn.error(ret, f"stat on {name}", pool=pool, oid=name, op=Op.STAT)
         except PermissionDenied as e:
             denied.append((osd, str(e)))
             continue
@@ -144,21 +149,23 @@ def check_class(cluster: rados.Rados, io: ClassIO, pool: str, osds: list[dict[st
     return Check("class", "warn" if notes else "ok", detail + ("; " + "; ".join(notes) if notes else ""))
 
 
-def check_caps(io: ClassIO, pool: str) -> Check:
+def check_caps(conn: Connection, pool: Pool, ioctx: rados.Ioctx) -> Check:
     """r, class-read, class-write and w, by a scratch object's life."""
     scratch = f"caps.{socket.gethostname()}.{os.getpid()}"
     try:
-        io.call_raw(scratch, "stat", b"", 64)  # class-read (a PermissionDenied names what lacks)
-        io.call(scratch, "seal", wire.epoch_only(1))  # class-write, creates the object
-        io.ioctx.stat(scratch)  # r
-        io.ioctx.remove_object(scratch)  # w
+        ret, _ = conn.call_raw(pool, scratch, Op.STAT)  # class-read (a PermissionDenied names what lacks)
+        if ret < 0 and ret != -errno.ENOENT:
+            raise conn.error(ret, f"stat on {scratch}", pool=pool, oid=scratch, op=Op.STAT)
+        conn.call(pool, scratch, Op.SEAL, epoch=1)  # class-write, creates the object
+        ioctx.stat(scratch)  # r
+        ioctx.remove_object(scratch)  # w
     except PermissionDenied as e:
         return Check("caps", "fail", str(e))
     except ClassNotLoaded:
         return Check("caps", "skip", "not checked: the OSD of the scratch object has no cls_zlog (see class)")
     except (ZlogError, rados.Error) as e:
         return Check("caps", "fail", f"scratch object {CHECK_NAMESPACE}/{scratch}: {e}")
-    return Check("caps", "ok", f"r, w, class-read and class-write on pool {pool!r}")
+    return Check("caps", "ok", f"r, w, class-read and class-write on pool {pool.name!r}")
 
 
 def check_sequencer(cluster: rados.Rados, pool: str, given: str | None) -> Check:

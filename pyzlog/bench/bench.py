@@ -33,7 +33,6 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..core.errors import ZlogError
-from ..client.reader import Stream
 from .cpu import CpuMeter
 
 APPEND_TARGET_RATIO = 0.8
@@ -685,18 +684,11 @@ def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int
 
             # (case, label, system, depth, api, run(duration, tick))
             stream_counts = {"full_passes": 0, "gaps": 0}
-            rados_counts = {"full_passes": 0, "gaps": 0}
             batch_counts = {"full_passes": 0, "gaps": 0}
-
-            def rados_stream(a: int, z: int) -> Iterable[Any]:
-                # stream() as round 1 shipped it (PYZLOG_NATIVE_READS=0): the baseline
-                return Stream(log.state, a, z, decode=log.state.decode)
 
             plan: list[tuple[str, str, str, int, str, Callable[[float, _Ticker], Any]]] = [
                 ("zlog_stream", "zlog stream()", "zlog", 0, "stream",
                  lambda d, t: _stream_passes(log.stream, lo, hi, size, d, t, stream_counts)),
-                ("zlog_stream_rados", "zlog stream() on python-rados", "zlog", 0, "stream",
-                 lambda d, t: _stream_passes(rados_stream, lo, hi, size, d, t, rados_counts)),
                 ("zlog_stream_batches", "zlog stream_batches()", "zlog", 0, "stream_batches",
                  lambda d, t: _batch_passes(log, lo, hi, size, d, t, batch_counts)),
                 ("zlog_read", "zlog read() random", "zlog", 1, "read",
@@ -725,7 +717,6 @@ def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int
             for key, case in cases.items():
                 case["cpu"] = meter.figures(key, case["ops"])
             cases["zlog_stream"].update(stream_counts)
-            cases["zlog_stream_rados"].update(rados_counts)
             cases["zlog_stream_batches"].update(batch_counts)
 
         def ratio(a: str, b_: str) -> float:
@@ -734,8 +725,6 @@ def bench_read(env: Any, *, duration: float = 6.0, rounds: int = 3, entries: int
         ratios = {
             "stream_vs_single_read": ratio("zlog_stream", "zlog_read"),
             "stream_batches_vs_stream": ratio("zlog_stream_batches", "zlog_stream"),
-            "stream_batches_vs_rados_stream": ratio("zlog_stream_batches", "zlog_stream_rados"),
-            "stream_vs_rados_stream": ratio("zlog_stream", "zlog_stream_rados"),
             "read_vs_raw": ratio("zlog_read", "raw_read"),
             f"read_async_vs_raw_depth{depth}": ratio(f"zlog_read_async_depth{depth}", f"raw_read_depth{depth}"),
             "stream_vs_raw_depth": ratio("zlog_stream", f"raw_read_depth{depth}"),
@@ -773,7 +762,7 @@ def markdown_read(r: dict[str, Any]) -> str:
              "| case | depth | entries/s | MB/s | p50 ms | p99 ms | client CPU µs/entry | OSD CPU µs/entry "
              "| OSD cores | CPUs busy |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    rows = [("zlog stream()", "zlog_stream"), ("zlog stream() on python-rados (round 1)", "zlog_stream_rados"),
+    rows = [("zlog stream()", "zlog_stream"),
             ("zlog stream_batches() (Arrow)", "zlog_stream_batches"),
             ("zlog read() random", "zlog_read"),
             ("zlog read_async random", f"zlog_read_async_depth{d}"),
@@ -789,9 +778,8 @@ def markdown_read(r: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"stream / single reads: **{ra['stream_vs_single_read']:.1f}x** "
                  f"(target >= {r['target_ratio']:g}); read_async / raw aio_read at depth {d}: "
-                 f"{ra[f'read_async_vs_raw_depth{d}']:.2f} (target >= 0.9); against round 1's stream() "
-                 f"on python-rados: stream_batches {ra['stream_batches_vs_rados_stream']:.1f}x (target >= 3), "
-                 f"stream() {ra['stream_vs_rados_stream']:.1f}x (target >= 1)")
+                 f"{ra[f'read_async_vs_raw_depth{d}']:.2f} (target >= 0.9); stream_batches / stream(): "
+                 f"{ra['stream_batches_vs_stream']:.1f}x")
     return "\n".join(lines)
 
 

@@ -1,11 +1,10 @@
 """Spark read throughput against the client's own stream, on one log.
 
-    python -m pyzlog.tools.spark_bench --conf $CEPH_CONF --pool zlog [--entries 1000000]
+    python -m pyzlog.bench.spark_bench --conf $CEPH_CONF --pool zlog [--entries 1000000]
 
 Creates (or reuses) a log of `entries` small entries named bench-spark-<entries>,
 then, in each of --rounds alternating rounds, times a single-process
-log.stream() over the range (native path, and python-rados as round 1 had it)
-and spark.read.format("zlog")...count() under local[1] and local[2] (a
+log.stream() over the range and spark.read.format("zlog")...count() under local[1] and local[2] (a
 session each), and reports rows/s and the medians of the per-round ratios.
 """
 from __future__ import annotations
@@ -21,7 +20,6 @@ from typing import Any
 from ..core.cluster import connect
 from ..core.errors import LogNotFound
 from ..client.log import Log
-from ..client.reader import Stream
 from .bench import _fmt
 from .cpu import CpuMeter
 
@@ -73,16 +71,14 @@ def _spark_pass(master: str, conf: str, pool: str, name: str, end: int, meter: C
         spark.stop()
 
 
-def _client_pass(conf: str, pool: str, name: str, end: int, native: bool, meter: CpuMeter, case: str) -> float:
-    """One log.stream() pass over [0, end) in this process (native path, or
-    python-rados as round 1 shipped it)."""
+def _client_pass(conf: str, pool: str, name: str, end: int, meter: CpuMeter, case: str) -> float:
+    """One log.stream() pass over [0, end) in this process."""
     cluster = connect(conf)
     try:
         log = Log.open(cluster, pool, name)
         started = meter.start()
         t0 = time.perf_counter()
-        stream = log.stream(0, end) if native else Stream(log.state, 0, end, decode=log.state.decode)
-        n = sum(1 for _ in stream)
+        n = sum(1 for _ in log.stream(0, end))
         took = time.perf_counter() - t0
         meter.stop(case, started)
         log.close()
@@ -105,14 +101,13 @@ def run_spark_bench(conf: str, pool: str, entries: int = 1_000_000, size: int = 
         cluster.shutdown()
     # every reader runs once per round, so a change in the shared machine's
     # speed hits both sides of each round's ratios alike
-    cases = ("client", "client_rados", "local1", "local2")
+    cases = ("client", "local1", "local2")
     secs: dict[str, list[float]] = {c: [] for c in cases}
     parts: dict[str, int] = {}
     # the OSD's CPU and the machine's: whether a reader was bound by the cluster
     meter = CpuMeter(conf)
     for r in range(rounds):
-        secs["client"].append(_client_pass(conf, pool, name, entries, True, meter, "client"))
-        secs["client_rados"].append(_client_pass(conf, pool, name, entries, False, meter, "client_rados"))
+        secs["client"].append(_client_pass(conf, pool, name, entries, meter, "client"))
         for case, master in (("local1", "local[1]"), ("local2", "local[2]")):
             took, parts[case] = _spark_pass(master, conf, pool, name, entries, meter, case)
             secs[case].append(took)
@@ -136,12 +131,10 @@ def run_spark_bench(conf: str, pool: str, entries: int = 1_000_000, size: int = 
         "log": name, "entries": entries, "entry_bytes": size, "views": views, "rounds": rounds,
         "load_seconds": load_s,
         "client_stream": summary("client"),
-        "client_stream_rados": summary("client_rados"),
         "spark_local1": summary("local1"),
         "spark_local2": summary("local2"),
         "ratio_local1_vs_client": ratio("local1", "client"),
         "ratio_local2_vs_client": ratio("local2", "client"),
-        "ratio_local2_vs_client_rados": ratio("local2", "client_rados"),
         "ratio_local2_vs_local1": ratio("local2", "local1"),
         "targets": {"local2_vs_client": 1.5, "local2_vs_local1": 1.8},
         "cpus": os.cpu_count(),
@@ -171,8 +164,6 @@ def main() -> None:
 
 def markdown_table(r: dict[str, Any]) -> str:
     rows = [("client `log.stream()`, one process", r["client_stream"]["rows_per_s"], 1.0),
-            ("client `stream()` on python-rados (round 1)", r["client_stream_rados"]["rows_per_s"],
-             r["client_stream_rados"]["rows_per_s"] / r["client_stream"]["rows_per_s"]),
             ("Spark `local[1]`", r["spark_local1"]["rows_per_s"], r["ratio_local1_vs_client"]),
             ("Spark `local[2]`", r["spark_local2"]["rows_per_s"], r["ratio_local2_vs_client"])]
     lines = [f"Scan of {r['entries']:,} entries of {r['entry_bytes']} B into a DataFrame count, "
@@ -180,14 +171,12 @@ def markdown_table(r: dict[str, Any]) -> str:
              "of the per-round ratios)", "",
              "| reader | rows/s | vs client stream() | OSD CPU µs/row | OSD cores | CPUs busy |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for (name, rate, ratio), key in zip(rows, ("client_stream", "client_stream_rados", "spark_local1",
-                                              "spark_local2")):
+    for (name, rate, ratio), key in zip(rows, ("client_stream", "spark_local1", "spark_local2")):
         cpu = r[key].get("cpu", {})
         lines.append(f"| {name} | {rate:,.0f} | {ratio:.2f} | {_fmt(cpu.get('osd_us_per_entry'), '.2f')} | "
                      f"{_fmt(cpu.get('osd_cores'), '.2f')} | {_fmt(cpu.get('machine_busy'), '.0%')} |")
     lines.append(f"\nlocal[2] / client stream(): {r['ratio_local2_vs_client']:.2f} (target >= 1.5); "
-                 f"local[2] / local[1]: {r['ratio_local2_vs_local1']:.2f} (target >= 1.8); "
-                 f"local[2] / round 1's python-rados stream(): {r['ratio_local2_vs_client_rados']:.2f}")
+                 f"local[2] / local[1]: {r['ratio_local2_vs_local1']:.2f} (target >= 1.8)")
     return "\n".join(lines)
 
 

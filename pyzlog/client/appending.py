@@ -23,8 +23,9 @@ from enum import Enum
 
 from . import metrics
 from ..core import wire
-from ..core.errors import EntryTooLarge, InvalidRequest, ZlogError, from_errno
+from ..core.errors import EntryTooLarge, InvalidRequest, ZlogError, error_for
 from ..core.layout import oid_of
+from ..core.native import Op
 from .positions import Positions
 from .stale import StaleWait
 from ..core.state import LogState
@@ -56,17 +57,19 @@ def judge(ret: int, log_name: str, position: int) -> Outcome:
     if ret in _TAKEN_CODES:
         metrics.RETRIES_TAKEN.inc()
         return Outcome.TAKEN
-    raise from_errno(ret, f"append to {log_name!r}", position)
+    raise error_for(ret, f"append to {log_name!r}", position=position)
 
 
 def stored_form(log: LogState, data: bytes) -> bytes:
     """The bytes stored for `data`: checked, encoded, within the size limit."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InvalidRequest(f"entries are bytes, not {type(data).__name__}")
+    if type(data) is not bytes:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidRequest(f"entries are bytes, not {type(data).__name__}")
+        data = bytes(data)
     if len(data) > wire.MAX_ENTRY_BYTES:
         raise EntryTooLarge(f"entry of {len(data)} bytes is over the limit of {wire.MAX_ENTRY_BYTES}")
-    stored = log.encode(bytes(data))
-    if len(stored) > wire.MAX_ENTRY_BYTES:
+    stored = data if log.plain else log.encode(data)
+    if stored is not data and len(stored) > wire.MAX_ENTRY_BYTES:
         raise EntryTooLarge(f"encoded entry of {len(stored)} bytes is over the limit of {wire.MAX_ENTRY_BYTES}")
     metrics.BYTES_OUT.inc(len(stored))
     return stored
@@ -110,26 +113,28 @@ def _write(log: LogState, meta: wire.Meta, first: int,
     entry, else one write_many per object and batch, sent concurrently.
     Yields (position, item, return code) for every entry."""
     epoch = meta.epoch
+    conn, pool = log.conn, log.data
     if len(todo) == 1:
         oid = oid_of(log.name, meta.views, first)
-        ret, _ = log.data.call_raw(oid, "write", wire.write(epoch, first, todo[0][1]))
-        yield first, todo[0], ret
+        code, _ = conn.call_raw(pool, oid, Op.WRITE, epoch=epoch, position=first, data=todo[0][1])
+        yield first, todo[0], code
         return
     by_oid: dict[str, list[tuple[int, tuple[int, bytes]]]] = {}
     for k, item in enumerate(todo):
         by_oid.setdefault(oid_of(log.name, meta.views, first + k), []).append((first + k, item))
-    calls = [(oid, batch, log.data.call_async(oid, "write_many",
-                                              wire.write_many(epoch, [(p, it[1]) for p, it in batch])))
-             for oid, placed in by_oid.items() for batch in _batches(placed)]
-    for oid, batch, fut in calls:
-        ret = fut.result()[0]
-        if ret in _TAKEN_CODES:
+    calls = [(oid, batch) for oid, placed in by_oid.items() for batch in _batches(placed)]
+    results = conn.calls([(pool, oid, Op.WRITE_MANY, {"epoch": epoch, "entries": [(p, it[1]) for p, it in batch]})
+                          for oid, batch in calls])
+    for (oid, batch), (code, _) in zip(calls, results):
+        if code in _TAKEN_CODES:
             # write_many is all or nothing: store what can be stored one by one
-            for pos, item in batch:
-                yield pos, item, log.data.call_raw(oid, "write", wire.write(epoch, pos, item[1]))[0]
+            singles = conn.calls([(pool, oid, Op.WRITE, {"epoch": epoch, "position": pos, "data": item[1]})
+                                  for pos, item in batch])
+            for (pos, item), (one, _) in zip(batch, singles):
+                yield pos, item, one
         else:
             for pos, item in batch:
-                yield pos, item, ret
+                yield pos, item, code
 
 
 def _batches(items: list[tuple[int, tuple[int, bytes]]]) -> list[list[tuple[int, tuple[int, bytes]]]]:

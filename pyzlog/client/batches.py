@@ -1,11 +1,12 @@
-"""Streams of Arrow record batches on the native read path (Log.stream_batches).
+"""Streams: Log.stream(), Log.stream_batches() and the Spark source.
 
-The same walk as reader.Stream, with the same gap rules (reader.HoleClock,
-reader.fill_hole), but each view is read by fastread.ViewScan: read_range
-replies are indexed in C and walked into Arrow columns, with no Python
-object per entry. Batches have fastread.batch_schema(signed): position,
-data (null unless the kind is data), kind (data, filled, trimmed, lost),
-epoch.
+A stream walks the log one view at a time, each view read by
+scan.ViewScan on a queue of the stream's own: read_range replies are
+indexed in C and walked into Arrow columns, with no Python object per entry.
+The gap rules are reader.HoleClock's and ops.fill_hole's. Batches have
+scan.batch_schema(signed): position, data (null unless the kind is data),
+kind (data, filled, trimmed, lost), epoch. Records turns them into
+reader.Record objects for stream().
 """
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..core import fastread as fr
+from ..core.scan import KIND_NAMES, STOP_END, STOP_MISSING, ViewScan, batch_of
 from . import metrics
 from ..core import wire
 from ..core.errors import StaleEpoch, ZlogError
+from ..core.native import Queue
 from ..core.layout import view_end, view_objects, view_of
-from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind, fill_hole
+from .ops import fill_hole
+from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind
 from .stale import StaleWait
 from ..core.state import LogState
 
@@ -40,9 +43,8 @@ class BatchStream:
         self.stride_index, self.stride = stride_index, stride
         self.signed, self.max_rows = signed, max_rows
         self.holes = HoleClock(hole_wait, known_tail)
-        self._native = fr.Native.of(log.cluster)
-        self._pool = self._native.pool(log.pool)
-        self._queue: fr.ReadQueue | None = None
+        self._pool = log.data
+        self._queue: Queue | None = None
         #: how the log's entries are decoded (None: stored as written)
         self.codec = None if log.config.get("compression", "none") == "none" else log.decode
         self._decode = self.codec if decode else None  # decode=False: data as stored
@@ -51,14 +53,14 @@ class BatchStream:
     def __iter__(self) -> Iterator[Any]:
         """A walk from `position`: iterating again after an error (or the
         tail) goes on where the last walk stopped."""
-        queue = self._queue = self._native.queue()
+        queue = self._queue = self.log.conn.queue()
         try:
             yield from self._walk()
         finally:
             queue.close()
 
     # ---------------------------------------------------------------- views
-    def _scan(self) -> tuple[fr.ViewScan, wire.View, int | None, tuple[wire.View, ...]]:
+    def _scan(self) -> tuple[ViewScan, wire.View, int | None, tuple[wire.View, ...]]:
         """A scan of the view holding `position`, up to its end (or `end`)."""
         meta = self.log.meta
         view = view_of(meta.views, self.position)
@@ -70,7 +72,7 @@ class BatchStream:
             step = view.width  # one object of the view holds exactly the positions asked for
             self._filter = False
             self.position += (self.stride_index - self.position) % self.stride  # type: ignore[operator]
-        scan = fr.ViewScan(self._queue, self._pool, view_objects(self.log.name, view), meta.epoch,
+        scan = ViewScan(self._queue, self._pool, view_objects(self.log.name, view), meta.epoch,
                            self.position, last, per_call=PER_CALL, step=step, max_rows=self.max_rows,
                            signed=self.signed)
         return scan, view, vend, meta.views
@@ -78,7 +80,7 @@ class BatchStream:
     def _walk(self) -> Iterator[Any]:
         stale = StaleWait(self.log, "stream_batches")
         idle_since: float | None = None
-        scan: fr.ViewScan | None = None
+        scan: ViewScan | None = None
         while self.end is None or self.position < self.end:
             if scan is None:
                 scan, view, vend, views = self._scan()
@@ -107,10 +109,10 @@ class BatchStream:
                 idle_since = None
                 yield rows
             self.position = scan.position
-            if built.stop == fr.STOP_END:
+            if built.stop == STOP_END:
                 scan = None  # the view (or the range) is done: the next view, or the end
                 continue
-            if built.stop != fr.STOP_MISSING:
+            if built.stop != STOP_MISSING:
                 continue
             pos = scan.position
             if self._filter and pos % self.stride != self.stride_index:  # type: ignore[operator]
@@ -132,7 +134,7 @@ class BatchStream:
                 time.sleep(pause)
                 scan.forget_from(pos)
             elif fill_hole(self.log, pos):
-                yield self._rows(fr.batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed))
+                yield self._rows(batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed))
                 scan.skip()
                 self.position = scan.position
             else:
@@ -170,7 +172,7 @@ class Records:
         self._batches = batches
         self._decode = batches.codec
         self._walk: Iterator[Any] | None = None
-        self._kinds = [RecordKind(k) for k in fr.KIND_NAMES]
+        self._kinds = [RecordKind(k) for k in KIND_NAMES]
         self._pos: list[int] = []
         self._data: list[bytes | None] = []
         self._kind: list[int] = []

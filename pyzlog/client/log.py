@@ -1,6 +1,8 @@
-"""A log: the public face over its metadata (state.py), its positions
-(positions.py), the append pipeline (appending.py, aio.py), single-position
-calls (ops.py), streams (reader.py) and epoch changes (tailfind.py)."""
+"""A log: the public face over its metadata (core.state), its positions
+(positions.py), the append pipelines (appending.py for sync appends,
+pipeline.py for async ones), single-position calls (ops.py), streams
+(batches.py) and epoch changes (core.tailfind). Every call to the storage
+goes through the connection's native data plane (core.native)."""
 from __future__ import annotations
 
 import builtins
@@ -9,22 +11,26 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any, Self
 
-import rados
+from typing import TYPE_CHECKING
 
-from . import ops
 from ..core import wire
-from .aio import DEFAULT_MAX_IN_FLIGHT, AsyncOps, native_reads_enabled
-from .appending import store, stored_form
 from ..core.cluster import open_ioctx
 from ..core.codec import check_codec, codec_for
 from ..core.errors import InvalidRequest, ZlogError
 from ..core.layout import META_NAMESPACE, check_position
 from ..core.metadata import MetaStore
-from .positions import Positions, max_position, next_position_hint
-from .reader import HOLE_WAIT_SECONDS, Record, Stream, check_stream_args
 from ..core.sequencer import SequencerClient
 from ..core.state import LogState
 from ..core.tailfind import find_tail, seal_new_epoch
+from . import ops
+from .appending import store, stored_form
+from .batches import BatchStream, Records
+from .pipeline import DEFAULT_MAX_IN_FLIGHT, LogAsync
+from .positions import Positions, max_position, next_position_hint
+from .reader import HOLE_WAIT_SECONDS, Record, check_stream_args
+
+if TYPE_CHECKING:
+    import rados
 
 logger = logging.getLogger("pyzlog")
 
@@ -43,7 +49,7 @@ class Log:
         self.state = LogState(cluster, pool, name)
         self.positions = Positions(self.state,
                                    SequencerClient(sequencer) if isinstance(sequencer, str) else sequencer)
-        self._async = AsyncOps(self.state, self.positions, max_in_flight, coalesce)
+        self._async = LogAsync(self.state, self.positions, max_in_flight, coalesce)
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -197,7 +203,7 @@ class Log:
         """Append without waiting: a Future of the position. Blocks only while
         max_in_flight operations are outstanding. Entries queued together
         share a sequencer request and, with coalesce (the default), one
-        write_many call per data object (see fastappend.py)."""
+        write_many call per data object (see pipeline.py)."""
         return self._async.append(stored_form(self.state, data))
 
     def read_async(self, position: int) -> Future[bytes]:
@@ -231,21 +237,12 @@ class Log:
         positions p with p % stride == stride_index, and `known_tail` when it
         knows every position below it was handed out.
 
-        Reads run on the native path (fastread, as stream_batches) unless
-        PYZLOG_NATIVE_READS=0 selects python-rados."""
+        Records come from stream_batches' walk (the native read path), each
+        decoded and counted as it is handed out."""
         check_stream_args(start, end, stride_index, stride)
-        if native_reads_enabled():
-            try:
-                from .batches import BatchStream, Records
-
-                return Records(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
-                                           stride_index=stride_index, stride=stride, known_tail=known_tail,
-                                           max_rows=STREAM_BATCH_ROWS, decode=False))
-            except (ImportError, ZlogError) as e:
-                logger.warning("stream() on %r goes through python-rados: the native read path is "
-                               "unavailable (%s)", self.name, e)
-        return Stream(self.state, start, end, follow=follow, hole_wait=hole_wait, decode=self.state.decode,
-                      stride_index=stride_index, stride=stride, known_tail=known_tail)
+        return Records(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
+                                   stride_index=stride_index, stride=stride, known_tail=known_tail,
+                                   max_rows=STREAM_BATCH_ROWS, decode=False))
 
     def stream_batches(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                        hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
@@ -255,8 +252,6 @@ class Log:
         columns position, data (null unless the kind is data), kind (data,
         filled, trimmed, lost), epoch, with the same positions, gaps and hole
         filling as stream(). `signed`: position and epoch as int64."""
-        from .batches import BatchStream
-
         check_stream_args(start, end, stride_index, stride)
         return iter(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
                                 stride_index=stride_index, stride=stride, known_tail=known_tail, signed=signed))

@@ -5,55 +5,66 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
+from typing import Any
 
 from . import metrics
 from ..core import wire
-from ..core.errors import NotWritten, from_errno
+from ..core.errors import Filled, ReadOnly, Trimmed
 from ..core.layout import check_position, view_objects
-from ..core.objects import check
-from .positions import max_position
-from .stale import StaleWait
+from ..core.native import Op
 from ..core.state import LogState
 from ..core.tailfind import find_tail, stat_objects
+from .positions import max_position
+from .stale import StaleWait
 
 
-def call_at(log: LogState, method: str, position: int, payload: Callable[[int], bytes],
-            out_len: int = 64) -> bytes:
-    """`method` on the object holding `position`, with the payload for the
-    current epoch; a refused epoch refreshes the view and retries. Raises the
-    typed error for any other failure."""
+def call_at(log: LogState, op: Op, position: int, fields: Callable[[int], dict[str, Any]]) -> Any:
+    """`op` on the object holding `position`, with the fields for the current
+    epoch; a refused epoch refreshes the view and retries. Raises the typed
+    error for any other failure."""
     check_position(position)
-    stale = StaleWait(log, f"{method} at {position}")
+    name = op.name.lower()
+    stale = StaleWait(log, f"{name} at {position}")
     while True:
         epoch, oid = log.locate(position)
-        ret, out = log.data.call_raw(oid, method, payload(epoch), out_len)
-        if ret != -errno.ESTALE:
+        code, value = log.conn.call_raw(log.data, oid, op, **fields(epoch))
+        if code != -errno.ESTALE:
             break
         stale(epoch)
-    if ret == -errno.ENOENT and method == "read":
-        raise NotWritten(position)  # the object was never created
-    if ret < 0:
-        raise from_errno(ret, f"{method} at position {position} of {log.name!r}", position)
-    return out
+    if code < 0:
+        raise log.conn.error(code, f"{name} at position {position} of {log.name!r}", pool=log.data, oid=oid,
+                             position=position, op=op)
+    return value
 
 
 def read(log: LogState, position: int) -> bytes:
     """The entry stored at `position`, decoded."""
-    raw = call_at(log, "read", position, lambda e: wire.epoch_position(e, position), wire.MAX_ENTRY_BYTES + 64)
+    raw = call_at(log, Op.READ, position, lambda e: {"epoch": e, "position": position})
     metrics.read(len(raw))
     return log.decode(raw)
 
 
 def write(log: LogState, position: int, stored: bytes) -> None:
-    call_at(log, "write", position, lambda e: wire.write(e, position, stored))
+    call_at(log, Op.WRITE, position, lambda e: {"epoch": e, "position": position, "data": stored})
 
 
 def fill(log: LogState, position: int, reason: int = wire.FILL_JUNK) -> None:
-    call_at(log, "fill", position, lambda e: wire.fill(e, position, reason))
+    call_at(log, Op.FILL, position, lambda e: {"epoch": e, "position": position, "reason": reason})
+
+
+def fill_hole(log: LogState, position: int) -> bool:
+    """Fill a hole whose wait is over, recording it as lost; False if someone
+    else wrote, filled or trimmed it first (read it again)."""
+    try:
+        fill(log, position, wire.FILL_LOST)
+    except (Filled, Trimmed, ReadOnly):
+        return False
+    metrics.HOLES_FILLED.inc()
+    return True
 
 
 def trim(log: LogState, position: int) -> None:
-    call_at(log, "trim", position, lambda e: wire.epoch_position(e, position))
+    call_at(log, Op.TRIM, position, lambda e: {"epoch": e, "position": position})
 
 
 def trim_to(log: LogState, position: int) -> None:
@@ -69,14 +80,14 @@ def trim_to(log: LogState, position: int) -> None:
     while True:
         meta = log.meta
         oids = [oid for v in meta.views if v.start <= position for oid in view_objects(log.name, v)]
-        futs = [(oid, log.data.call_async(oid, "trim_to", wire.epoch_position(meta.epoch, position)))
-                for oid in oids]
-        results = [(oid, f.result()[0]) for oid, f in futs]
-        if not any(r == -errno.ESTALE for _, r in results):
+        results = log.conn.calls([(log.data, oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position})
+                                  for oid in oids])
+        if not any(code == -errno.ESTALE for code, _ in results):
             break
         stale(meta.epoch)
-    for oid, ret in results:
-        check(ret, "trim_to", oid)
+    for oid, (code, _) in zip(oids, results):
+        if code < 0:
+            raise log.conn.error(code, f"trim_to {position} on {oid}", pool=log.data, oid=oid, op=Op.TRIM_TO)
     if stored_top is None or position > stored_top:
         find_tail(log)
 
@@ -84,4 +95,4 @@ def trim_to(log: LogState, position: int) -> None:
 def first_position(log: LogState) -> int:
     """The first position not trimmed by trim_to (0 if none was)."""
     oids = [oid for v in log.views for oid in view_objects(log.name, v)]
-    return max((st.trim_below for st in stat_objects(log.data, oids)), default=0)
+    return max((st.trim_below for st in stat_objects(log, oids)), default=0)

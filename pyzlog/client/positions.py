@@ -48,7 +48,7 @@ def max_position(log: LogState) -> int | None:
     while True:
         meta = log.meta
         try:
-            return highest_position(log.data, view_objects(log.name, meta.views[-1]), meta.epoch)
+            return highest_position(log, view_objects(log.name, meta.views[-1]), meta.epoch)
         except StaleEpoch:
             stale(meta.epoch)
 
@@ -86,6 +86,13 @@ class Positions:
         """Is the sequencer worth asking now (known, and not found down or
         unable to serve within the last SEQUENCER_RECHECK_SECONDS)?"""
         self.follow()
+        return (self.sequencer is not None and not self._down
+                and (time.monotonic() if now is None else now) >= self._recheck_at)
+
+    def usable_now(self, now: float | None = None) -> bool:
+        """sequencer_usable without looking at the metadata again: for the
+        async append path, which calls follow() whenever the metadata it
+        holds changes."""
         return (self.sequencer is not None and not self._down
                 and (time.monotonic() if now is None else now) >= self._recheck_at)
 

@@ -17,6 +17,7 @@ from .errors import PermissionDenied
 #: cls_zlog methods registered CLS_METHOD_RD | CLS_METHOD_WR (cls_zlog.cc)
 WRITE_METHODS = frozenset({"write", "write_many", "fill", "trim", "trim_to", "seal", "close",
                            "meta_create", "meta_new_epoch", "meta_propose_view"})
+WRITE_METHODS = WRITE_METHODS | {m + "2" for m in WRITE_METHODS}  # protocol 2's names
 #: a read-only method with no side effects, for probing class-read
 PROBE_METHOD = "stat"
 #: the caps a full pyzlog client needs on its pool
@@ -50,20 +51,24 @@ def missing_caps(ioctx: rados.Ioctx, oid: str, method: str) -> list[str]:
     return missing or ["r", "w", "class-read", "class-write"]  # refused, yet each probe passed
 
 
-def denial(ioctx: rados.Ioctx, oid: str, method: str, client: str) -> PermissionDenied:
-    """The PermissionDenied for an EPERM answer to zlog.`method` on `oid`."""
+def denial(cluster: rados.Rados, pool: str, namespace: str, oid: str, method: str, client: str,
+           errno: int = errno.EPERM) -> PermissionDenied:
+    """The PermissionDenied for an EPERM answer to zlog.`method` on `oid`,
+    naming the caps the client lacks (probed through `cluster`)."""
+    where = f"pool {pool!r}" + (f" namespace {namespace!r}" if namespace else "")
     try:
-        namespace = ioctx.get_namespace()
-    except (AttributeError, rados.Error):
-        namespace = ""
-    where = f"pool {ioctx.name!r}" + (f" namespace {namespace!r}" if namespace else "")
-    try:
-        missing = missing_caps(ioctx, oid, method)
+        ioctx = cluster.open_ioctx(pool)
+        try:
+            if namespace:
+                ioctx.set_namespace(namespace)
+            missing = missing_caps(ioctx, oid, method)
+        finally:
+            ioctx.close()
     except rados.Error:
         missing = ["r", "w", "class-read", "class-write"]
     need = "' and '".join(missing)
     return PermissionDenied(
         f"cephx refused {client} the class call zlog.{method} on {oid} in {where}: its osd caps lack "
-        f"'{need}' there (a pyzlog client needs {CLIENT_CAPS.format(pool=ioctx.name)}), or the OSD "
+        f"'{need}' there (a pyzlog client needs {CLIENT_CAPS.format(pool=pool)}), or the OSD "
         "refuses the class itself ('osd class load list' / 'osd class default list' without zlog); "
-        "see docs/deploy.md")
+        "see docs/deploy.md", errno=errno)

@@ -5,10 +5,12 @@ import errno
 import math
 import os
 from pathlib import Path
-
-import rados
+from typing import TYPE_CHECKING, Any
 
 from .errors import ClusterUnavailable, PermissionDenied, PoolNotFound, ZlogError
+
+if TYPE_CHECKING:
+    import rados
 
 DEFAULT_CONF = "/etc/ceph/ceph.conf"
 #: seconds to reach the monitors (connect, pool lookups)
@@ -17,12 +19,22 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_OP_TIMEOUT = 30.0
 
 
-class Cluster(rados.Rados):  # type: ignore[misc]  # python-rados has no types
-    """A rados.Rados that remembers its client name (python-rados does not
-    say), so pyzlog can open a second connection as the same client (the C++
-    path of async appends)."""
+_cluster_class: Any = None
 
-    client_name = "client.admin"
+
+def _cluster_type() -> Any:
+    """rados.Rados with the client name it connected as (python-rados does
+    not say), so the data plane can connect as the same client. Made on first
+    use: python-rados is imported only by what talks to a cluster."""
+    global _cluster_class
+    if _cluster_class is None:
+        import rados
+
+        class Cluster(rados.Rados):  # type: ignore[misc]  # python-rados has no types
+            client_name = "client.admin"
+
+        _cluster_class = Cluster
+    return _cluster_class
 
 
 #: settings a second connection copies from a connected rados.Rados
@@ -32,7 +44,7 @@ _COPIED_SETTINGS = ("mon_host", "keyring", "key", "keyfile", "auth_client_requir
 
 def connection_settings(cluster: rados.Rados) -> tuple[str, str, list[tuple[str, str]]]:
     """(client name, ceph.conf path or "", options) to connect again as `cluster` did."""
-    if isinstance(cluster, Cluster):
+    if _cluster_class is not None and isinstance(cluster, _cluster_class):
         name = cluster.client_name
     else:
         name = f"client.{cluster.rados_id}" if cluster.rados_id else "client.admin"
@@ -69,8 +81,10 @@ def connect(conf: str | os.PathLike[str] | None = None, *, keyring: str | None =
     }
     if keyring:
         opts["keyring"] = str(keyring)
+    import rados
+
     try:
-        cluster = Cluster(conffile=path, name=client, conf=opts)
+        cluster = _cluster_type()(conffile=path, name=client, conf=opts)
     except rados.Error as e:
         raise ClusterUnavailable(f"bad client configuration ({path}): {e}") from None
     cluster.client_name = client
@@ -94,6 +108,8 @@ def connect(conf: str | os.PathLike[str] | None = None, *, keyring: str | None =
 
 def open_ioctx(cluster: rados.Rados, pool: str, namespace: str | None = None) -> rados.Ioctx:
     """An I/O context on `pool` (PoolNotFound if it does not exist)."""
+    import rados
+
     try:
         ioctx = cluster.open_ioctx(pool)
     except rados.ObjectNotFound:

@@ -1,4 +1,10 @@
-"""Typed errors. Every outcome of an object class call maps to one class here."""
+"""Typed errors, and the one table from an errno to the error it means.
+
+Every path that gets a code back from the storage (the native data plane,
+the metadata calls, the append pipeline) turns it into an exception with
+`error_for`; nothing else maps errno values. Every error carries the errno it
+came from (`.errno`, None for errors no errno caused).
+"""
 from __future__ import annotations
 
 import errno as _errno
@@ -7,9 +13,21 @@ import errno as _errno
 class ZlogError(Exception):
     """Base of every error pyzlog raises."""
 
+    #: the errno this error came from, if one did
+    errno: int | None = None
+
+    def __init__(self, message: str = "", *, errno: int | None = None) -> None:
+        super().__init__(message)
+        if errno is not None:
+            self.errno = errno
+
 
 class ClusterUnavailable(ZlogError):
     """The Ceph cluster could not be reached or did not answer in time."""
+
+
+class Timeout(ClusterUnavailable, TimeoutError):
+    """An operation did not finish in time (a TimeoutError too)."""
 
 
 class PermissionDenied(ZlogError):
@@ -20,6 +38,15 @@ class PoolNotFound(ZlogError):
     """The RADOS pool does not exist."""
 
 
+class PoolFull(ZlogError):
+    """The pool is at its quota, or the cluster at its full ratio: nothing
+    more can be stored until space returns."""
+
+    def __init__(self, message: str = "", *, errno: int | None = None, pool: str | None = None) -> None:
+        super().__init__(message, errno=errno)
+        self.pool = pool
+
+
 class LogNotFound(ZlogError):
     """No log of that name in the pool."""
 
@@ -28,16 +55,34 @@ class LogExists(ZlogError):
     """create() of a log name that is already taken."""
 
 
-class InvalidRequest(ZlogError):
-    """The object class refused a malformed request (EINVAL), or bad arguments."""
+class InvalidRequest(ZlogError, ValueError):
+    """Bad arguments, or a request the object class refused as malformed (EINVAL)."""
 
 
-class EntryTooLarge(ZlogError):
+class EntryTooLarge(InvalidRequest):
     """An entry over the size limit (the object class's EFBIG)."""
 
 
 class ClassNotLoaded(ZlogError):
     """The OSDs do not have cls_zlog loaded (EOPNOTSUPP)."""
+
+
+class ProtocolMismatch(ZlogError):
+    """The object class or the client is too old for the other (EPROTONOSUPPORT),
+    or a reply did not parse (EBADMSG)."""
+
+
+class Corrupt(ZlogError):
+    """Stored data is damaged (the object class's EIO): an object whose
+    header is lost next to its entries, or an entry that does not parse. The
+    object class refuses every call on such an object until an operator
+    repairs it (zlog check --deep)."""
+
+    def __init__(self, message: str = "", *, errno: int | None = None, oid: str | None = None,
+                 position: int | None = None) -> None:
+        super().__init__(message, errno=errno)
+        self.oid = oid
+        self.position = position
 
 
 class StaleEpoch(ZlogError):
@@ -51,9 +96,9 @@ class EpochChanged(ZlogError):
 class PositionError(ZlogError):
     """An outcome that concerns one position of the log."""
 
-    def __init__(self, position: int, message: str | None = None) -> None:
+    def __init__(self, position: int, message: str | None = None, *, errno: int | None = None) -> None:
         self.position = position
-        super().__init__(message or f"position {position}: {self.__doc__}")
+        super().__init__(message or f"position {position}: {self.__doc__}", errno=errno)
 
 
 class ReadOnly(PositionError):
@@ -72,38 +117,58 @@ class NotWritten(PositionError):
     """not written yet"""
 
 
-# errno values returned by cls_zlog (see cls_zlog/cls_zlog.cc).
+class SequencerUnavailable(ZlogError):
+    """No sequencer answered (not running, unreachable, or timed out)."""
+
+
+#: cls_zlog's answers about one position (cls_zlog/ops.h, ZLOG_ERR_*)
 _POSITION_ERRORS: dict[int, type[PositionError]] = {
     _errno.EROFS: ReadOnly,
     _errno.ENOMSG: Filled,
     _errno.EIDRM: Trimmed,
     _errno.ENODATA: NotWritten,
 }
+#: every other errno with a meaning of its own: (error, what it says)
+_ERRORS: dict[int, tuple[type[ZlogError], str]] = {
+    _errno.ESTALE: (StaleEpoch, "stale epoch"),
+    _errno.ECANCELED: (EpochChanged, "the log's epoch changed concurrently"),
+    _errno.EINVAL: (InvalidRequest, "invalid request"),
+    _errno.EFBIG: (EntryTooLarge, "entry over the size limit"),
+    _errno.EOPNOTSUPP: (ClassNotLoaded, "cls_zlog is not loaded in the OSDs (see docs/deploy.md)"),
+    _errno.EPROTONOSUPPORT: (ProtocolMismatch, "the object class does not speak this request's version"),
+    _errno.EBADMSG: (ProtocolMismatch, "malformed reply from the object class"),
+    _errno.EIO: (Corrupt, "stored data is damaged (see zlog check --deep)"),
+    _errno.ETIMEDOUT: (Timeout, "the cluster did not answer in time"),
+    _errno.ESHUTDOWN: (ClusterUnavailable, "the connection to the cluster is closed"),
+    _errno.ENOTCONN: (ClusterUnavailable, "not connected to the cluster"),
+    _errno.EDQUOT: (PoolFull, "the pool is at its quota"),
+    _errno.ENOSPC: (PoolFull, "the pool or the cluster is full"),
+    _errno.EACCES: (PermissionDenied, "permission denied by cephx"),
+    _errno.EPERM: (PermissionDenied, "permission denied by cephx"),
+}
 
 
-def from_errno(err: int, what: str, position: int | None = None) -> ZlogError:
-    """The typed error for a negative (or positive) errno from a class call."""
-    err = abs(err)
+def error_for(code: int, what: str, *, position: int | None = None, oid: str | None = None,
+              pool: str | None = None) -> ZlogError:
+    """The typed error for an errno (negative or positive) from `what`.
+
+    `position`: the call concerned one position (NotWritten for a read of an
+    object never created, ReadOnly/Filled/Trimmed/NotWritten for the class's
+    answers about it). `oid` and `pool` go into the errors that name them."""
+    err = abs(code)
     if position is not None and err in _POSITION_ERRORS:
-        return _POSITION_ERRORS[err](position)
-    if err == _errno.ESTALE:
-        return StaleEpoch(f"{what}: stale epoch")
-    if err == _errno.ECANCELED:
-        return EpochChanged(f"{what}: the log's epoch changed concurrently")
-    if err == _errno.EINVAL:
-        return InvalidRequest(f"{what}: invalid request")
-    if err == _errno.EFBIG:
-        return EntryTooLarge(f"{what}: entry over the size limit")
-    if err == _errno.EOPNOTSUPP:
-        return ClassNotLoaded(f"{what}: cls_zlog is not loaded in the OSDs")
-    if err in (_errno.ETIMEDOUT, _errno.ESHUTDOWN, _errno.ENOTCONN):
-        return ClusterUnavailable(f"{what}: cluster did not answer ({_errno.errorcode.get(err, err)})")
-    if err in (_errno.EACCES, _errno.EPERM):
-        return PermissionDenied(f"{what}: permission denied by cephx: this client's osd caps on the pool "
-                                "lack what cls_zlog needs ('r', 'w', 'class-read' and 'class-write', "
-                                "e.g. osd 'allow rwx pool=POOL'; see docs/deploy.md)")
-    return ZlogError(f"{what}: {_errno.errorcode.get(err, 'errno')} ({err})")
-
-
-class SequencerUnavailable(ZlogError):
-    """No sequencer answered (not running, unreachable, or timed out)."""
+        return _POSITION_ERRORS[err](position, errno=err)
+    if position is not None and err == _errno.ENOENT:
+        return NotWritten(position, errno=err)  # the object was never created
+    kind, says = _ERRORS.get(err, (ZlogError, f"{_errno.errorcode.get(err, 'errno')} ({err})"))
+    where = f" ({oid})" if oid and kind in (Corrupt, PermissionDenied) else ""
+    message = f"{what}{where}: {says}"
+    if kind is PermissionDenied:
+        message += (": this client's osd caps on the pool lack what cls_zlog needs ('r', 'w', 'class-read' "
+                    "and 'class-write', e.g. osd 'allow rwx pool=POOL'; see docs/deploy.md)")
+    if kind is PoolFull:
+        return PoolFull(f"{message}{f' (pool {pool!r})' if pool else ''}: appends resume once space returns",
+                        errno=err, pool=pool)
+    if kind is Corrupt:
+        return Corrupt(message, errno=err, oid=oid, position=position)
+    return kind(message, errno=err)

@@ -1,56 +1,65 @@
 """A log's metadata object: its epoch and view history, changed only by
-compare-and-swap on the epoch inside the object class."""
+compare-and-swap on the epoch inside the object class. Its calls go through
+the native data plane like every other cls_zlog call."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import errno
 import json
 import logging
 from typing import Any
 
-import rados
 
 from . import wire
-from .errors import InvalidRequest, LogExists, LogNotFound, from_errno
-from .objects import ClassIO
+from .errors import InvalidRequest, LogExists, LogNotFound
+from .native import Connection, Op, Pool
+
+if TYPE_CHECKING:
+    import rados
 
 logger = logging.getLogger("pyzlog")
 
 
 class MetaStore:
-    def __init__(self, meta_io: ClassIO, name: str) -> None:
-        self.io = meta_io
+    def __init__(self, conn: Connection, pool: Pool, name: str) -> None:
+        self.conn = conn
+        self.pool = pool  # the pool's META_NAMESPACE
         self.name = name
 
     def create(self, width: int, config: dict[str, Any]) -> None:
         blob = json.dumps(config, sort_keys=True).encode()
-        ret, _ = self.io.call_raw(self.name, "meta_create", wire.meta_create(width, blob))
-        if ret == -errno.EEXIST:
-            raise LogExists(f"log {self.name!r} already exists")
-        if ret < 0:
-            raise from_errno(ret, f"create log {self.name!r}")
+        code, _ = self.conn.call_raw(self.pool, self.name, Op.META_CREATE, width=width, data=blob)
+        if code == -errno.EEXIST:
+            raise LogExists(f"log {self.name!r} already exists", errno=errno.EEXIST)
+        if code < 0:
+            raise self.conn.error(code, f"create log {self.name!r}", pool=self.pool, oid=self.name,
+                                  op=Op.META_CREATE)
 
     def get(self) -> wire.Meta:
-        ret, out = self.io.call_raw(self.name, "meta_get", b"", 1 << 20)
-        if ret == -errno.ENOENT:
-            raise LogNotFound(f"log {self.name!r} does not exist")
-        if ret < 0:
-            raise from_errno(ret, f"read metadata of log {self.name!r}")
-        return wire.parse_meta(out)
+        code, raw = self.conn.call_raw(self.pool, self.name, Op.META_GET)
+        if code == -errno.ENOENT:
+            raise LogNotFound(f"log {self.name!r} does not exist", errno=errno.ENOENT)
+        if code < 0:
+            raise self.conn.error(code, f"read metadata of log {self.name!r}", pool=self.pool, oid=self.name,
+                                  op=Op.META_GET)
+        return wire.parse_meta(raw)
 
     def new_epoch(self, expected: int, new_epoch: int, sequencer: str | None = None) -> None:
         """EpochChanged if the stored epoch is no longer `expected`. With
         `sequencer`, record it as the log's sequencer from `new_epoch` on;
         without, the recorded sequencer stays."""
-        self._cas("meta_new_epoch", lambda s: wire.meta_new_epoch(expected, new_epoch, s), sequencer)
+        self._cas(Op.META_NEW_EPOCH, sequencer, expected=expected, next_epoch=new_epoch)
 
     def propose_view(self, expected: int, new_epoch: int, start: int, width: int,
                      sequencer: str | None = None) -> None:
-        self._cas("meta_propose_view", lambda s: wire.meta_propose_view(expected, new_epoch, start, width, s),
-                  sequencer)
+        self._cas(Op.META_PROPOSE_VIEW, sequencer, expected=expected, next_epoch=new_epoch, start=start,
+                  width=width)
 
-    def _cas(self, method: str, payload: Any, sequencer: str | None) -> None:
+    def _cas(self, op: Op, sequencer: str | None, **fields: Any) -> None:
         try:
-            self.io.call(self.name, method, payload(sequencer))
+            self.conn.call(self.pool, self.name, op, what=f"{op.name.lower()} of log {self.name!r}",
+                           seqr=sequencer, **fields)
         except InvalidRequest:
             if sequencer is None:
                 raise
@@ -60,7 +69,7 @@ class MetaStore:
             logger.warning("log %r: the OSD's cls_zlog does not record sequencers (older than this "
                            "client): installing the epoch without %s; upgrade the class on every OSD",
                            self.name, sequencer)
-            self.io.call(self.name, method, payload(None))
+            self.conn.call(self.pool, self.name, op, what=f"{op.name.lower()} of log {self.name!r}", **fields)
 
     @staticmethod
     def list_names(meta_ioctx: rados.Ioctx) -> list[str]:

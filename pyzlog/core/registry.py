@@ -17,17 +17,21 @@ says which daemons exist and whether they are alive:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hashlib
 import json
 import socket
 import time
 from dataclasses import asdict, dataclass
 
-import rados
 
 from .cluster import open_ioctx
 from .errors import InvalidRequest, SequencerUnavailable, ZlogError
 from .sequencer import SequencerClient, parse_address
+
+if TYPE_CHECKING:
+    import rados
 
 REGISTRY_NAMESPACE = "zlog.seqr"
 #: daemons of one group stand by for each other; clients look in the default one
@@ -75,6 +79,8 @@ def registry_ioctx(cluster: rados.Rados, pool: str, group: str = DEFAULT_GROUP) 
 
 def read_records(ioctx: rados.Ioctx, addresses: list[str] | None = None) -> list[DaemonRecord]:
     """The records of `addresses` (all in the registry if None) that exist."""
+    import rados
+
     if addresses is None:
         addresses = sorted(obj.key for obj in ioctx.list_objects())
     out = []

@@ -10,7 +10,7 @@ import threading
 
 from .. import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .errors import InvalidRequest, SequencerUnavailable
-from .objects import native_call
+from .native import native_call
 
 DEFAULT_ADDRESS = "127.0.0.1:5678"
 DEFAULT_TIMEOUT = 2.0

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
-
-import rados
+from typing import TYPE_CHECKING, Any
 
 from . import wire
-from .cluster import open_ioctx
 from .codec import Codec, codec_for
 from .layout import META_NAMESPACE, check_name, oid_of
 from .metadata import MetaStore
-from .objects import ClassIO
+from .native import Connection
+
+if TYPE_CHECKING:
+    import rados
 
 
 class LogState:
@@ -30,8 +30,10 @@ class LogState:
         self.cluster = cluster
         self.pool = pool
         self.name = check_name(name)
-        self.data = ClassIO(open_ioctx(cluster, pool), cluster)
-        self.meta_store = MetaStore(ClassIO(open_ioctx(cluster, pool, META_NAMESPACE), cluster), name)
+        #: the data plane every call of this log goes through, and its pools
+        self.conn = Connection.of(cluster)
+        self.data = self.conn.pool(pool)
+        self.meta_store = MetaStore(self.conn, self.conn.pool(pool, META_NAMESPACE), name)
         self._meta: wire.Meta | None = None
         self._meta_lock = threading.Lock()
         #: one epoch-change repair at a time per client (see tailfind.repair)
@@ -39,6 +41,8 @@ class LogState:
         self.encode: Codec
         self.decode: Codec
         self.encode, self.decode = codec_for({})
+        #: entries are stored as given (no compression): nothing to encode
+        self.plain = True
 
     def refresh(self) -> wire.Meta:
         """Read the metadata again; LogNotFound if the log is gone."""
@@ -47,7 +51,9 @@ class LogState:
             current = self._meta
             if current is None or fetched.epoch >= current.epoch:
                 if current is None or fetched.config != current.config:
-                    self.encode, self.decode = codec_for(json.loads(fetched.config) if fetched.config else {})
+                    config = json.loads(fetched.config) if fetched.config else {}
+                    self.encode, self.decode = codec_for(config)
+                    self.plain = config.get("compression", "none") == "none"
                 self._meta = current = fetched
             return current
 

@@ -8,66 +8,71 @@ import errno
 import logging
 import random
 import time
+from typing import Any
 
 from . import wire
 from .errors import EpochChanged, StaleEpoch, ZlogError
 from .layout import view_objects
-from .objects import ClassIO, check
+from .native import Op
 from .state import LogState
 
 logger = logging.getLogger("pyzlog")
 
 
-def stat_objects(data: ClassIO, oids: list[str]) -> list[wire.ObjectStat]:
+def _each(log: LogState, op: Op, oids: list[str], **fields: Any) -> list[tuple[str, int, Any]]:
+    """`op` on every object at once: [(oid, code, value)]."""
+    results = log.conn.calls([(log.data, oid, op, fields) for oid in oids])
+    return [(oid, code, value) for oid, (code, value) in zip(oids, results)]
+
+
+def _check(log: LogState, op: Op, oid: str, code: int) -> None:
+    if code < 0:
+        raise log.conn.error(code, f"{op.name.lower()} on {oid}", pool=log.data, oid=oid, op=op)
+
+
+def stat_objects(log: LogState, oids: list[str]) -> list[wire.ObjectStat]:
     """The stat of each object that exists, all asked concurrently."""
-    futs = [(oid, data.call_async(oid, "stat", b"", 64)) for oid in oids]
     stats = []
-    for oid, fut in futs:
-        ret, out = fut.result()
-        if ret == -errno.ENOENT:
+    for oid, code, value in _each(log, Op.STAT, oids):
+        if code == -errno.ENOENT:
             continue
-        check(ret, "stat", oid)
-        stats.append(wire.parse_stat(out))
+        _check(log, Op.STAT, oid, code)
+        stats.append(value)
     return stats
 
 
-def highest_sealed(data: ClassIO, oids: list[str]) -> int:
+def highest_sealed(log: LogState, oids: list[str]) -> int:
     """The highest epoch sealed on any of `oids` (0 for objects not created yet)."""
-    return max((st.sealed_epoch for st in stat_objects(data, oids)), default=0)
+    return max((st.sealed_epoch for st in stat_objects(log, oids)), default=0)
 
 
-def highest_position(data: ClassIO, oids: list[str], epoch: int) -> int | None:
+def highest_position(log: LogState, oids: list[str], epoch: int) -> int | None:
     """The highest position written or filled in any of `oids` (None if all
     are empty or missing), all asked concurrently at `epoch`. Raises
     StaleEpoch if an object is sealed above `epoch`."""
-    futs = [(oid, data.call_async(oid, "max_position", wire.epoch_only(epoch), 64)) for oid in oids]
     top: int | None = None
-    for oid, fut in futs:
-        ret, out = fut.result()
-        if ret == -errno.ENOENT:
+    for oid, code, pos in _each(log, Op.MAX_POSITION, oids, epoch=epoch):
+        if code == -errno.ENOENT:
             continue
-        check(ret, "max_position", oid)
-        pos = wire.parse_max_position(out)
+        _check(log, Op.MAX_POSITION, oid, code)
         if pos is not None and (top is None or pos > top):
             top = pos
     return top
 
 
-def seal_objects(data: ClassIO, oids: list[str], epoch: int) -> None:
+def seal_objects(log: LogState, oids: list[str], epoch: int) -> None:
     """Seal every object at `epoch`. Raises StaleEpoch if some object is
     already sealed at `epoch` or above (someone else is sealing)."""
-    seals = [(oid, data.call_async(oid, "seal", wire.epoch_only(epoch))) for oid in oids]
-    for oid, fut in seals:
-        check(fut.result()[0], "seal", oid)
+    for oid, code, _ in _each(log, Op.SEAL, oids, epoch=epoch):
+        _check(log, Op.SEAL, oid, code)
 
 
-def close_objects(data: ClassIO, oids: list[str], epoch: int, end: int) -> None:
+def close_objects(log: LogState, oids: list[str], epoch: int, end: int) -> None:
     """Record on every object (sealed at `epoch` by us) that its view ends at
     `end`: from then on they refuse positions >= end, whatever a client's
     epoch. StaleEpoch if someone sealed one higher meanwhile."""
-    closes = [(oid, data.call_async(oid, "close", wire.epoch_position(epoch, end))) for oid in oids]
-    for oid, fut in closes:
-        check(fut.result()[0], "close", oid)
+    for oid, code, _ in _each(log, Op.CLOSE, oids, epoch=epoch, position=end):
+        _check(log, Op.CLOSE, oid, code)
 
 
 def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int = 50,
@@ -93,16 +98,16 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
         meta = log.refresh()
         view = meta.views[-1]
         oids = view_objects(log.name, view)
-        epoch = max(meta.epoch, above, highest_sealed(log.data, oids)) + 1
+        epoch = max(meta.epoch, above, highest_sealed(log, oids)) + 1
         try:
-            seal_objects(log.data, oids, epoch)
-            stats = stat_objects(log.data, oids)
+            seal_objects(log, oids, epoch)
+            stats = stat_objects(log, oids)
             if any(st.sealed_epoch != epoch for st in stats):
                 raise StaleEpoch("sealed higher by someone else")
             ends = {st.view_end for st in stats if st.view_end is not None}
             if ends:
                 nxt = max(ends)  # only one proposer can close at one epoch: one end
-                close_objects(log.data, oids, epoch, nxt)
+                close_objects(log, oids, epoch, nxt)
                 log.meta_store.propose_view(meta.epoch, epoch, nxt, width or view.width, sequencer)
             else:
                 tops = [st.max_position for st in stats if st.max_position is not None]
@@ -110,7 +115,7 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
                 if width is None:
                     log.meta_store.new_epoch(meta.epoch, epoch, sequencer)
                 else:
-                    close_objects(log.data, oids, epoch, nxt)
+                    close_objects(log, oids, epoch, nxt)
                     log.meta_store.propose_view(meta.epoch, epoch, nxt, width, sequencer)
         except (StaleEpoch, EpochChanged):
             time.sleep(delay * random.uniform(0.5, 1.5))

@@ -37,7 +37,7 @@ from ..core.cluster import open_ioctx
 from ..core.errors import ZlogError
 from ..core.layout import META_NAMESPACE
 from ..core.metadata import MetaStore
-from ..core.objects import ClassIO
+from ..core.native import Connection, Op
 from ..core.registry import (DEFAULT_GROUP, DaemonRecord, answers, preference, read_records,
                        refuses_connections, registry_ioctx)
 
@@ -84,7 +84,9 @@ class Watch:
         self.tick = min(0.25, lease / 4)
         self._request_recovery = request_recovery
         self._registry = {p: registry_ioctx(cluster, p, group) for p in self.pools}
-        self._meta_io = {p: ClassIO(open_ioctx(cluster, p, META_NAMESPACE), cluster) for p in self.pools}
+        self._conn = Connection.of(cluster)
+        self._meta_pool = {p: self._conn.pool(p, META_NAMESPACE) for p in self.pools}
+        self._meta_list = {p: open_ioctx(cluster, p, META_NAMESPACE) for p in self.pools}
         self._peers: dict[str, dict[str, Peer]] = {p: {} for p in self.pools}
         self._known: dict[str, list[str]] = {p: [] for p in self.pools}
         self._listed_at = 0.0
@@ -212,12 +214,10 @@ class Watch:
 
     def _scan_logs_of(self, pool: str, dead: str, now: float) -> None:
         """Queue every log of `pool` whose recorded sequencer is `dead`."""
-        io = self._meta_io[pool]
-        names = MetaStore.list_names(io.ioctx)
-        futs = [(n, io.call_async(n, "meta_get", b"", 1 << 20)) for n in names]
-        for name, fut in futs:
-            ret, out = fut.result()
-            if ret == 0 and wire.parse_meta(out).sequencer == dead:
+        names = MetaStore.list_names(self._meta_list[pool])
+        metas = self._conn.calls([(self._meta_pool[pool], n, Op.META_GET, {}) for n in names])
+        for name, (code, raw) in zip(names, metas):
+            if code == 0 and wire.parse_meta(raw).sequencer == dead:
                 self._pending.setdefault((pool, name), (dead, now, 0.0))
 
     def _take_over_pending(self, now: float) -> None:
@@ -234,8 +234,8 @@ class Watch:
             order = preference(f"{pool}/{name}", live + [self.me])
             if now - since < order.index(self.me) * self.lease or now - asked_at < self.lease:
                 continue  # a daemon this log prefers gets the first chance; or asked recently
-            ret, out = self._meta_io[pool].call_raw(name, "meta_get", b"", 1 << 20)
-            owner = wire.parse_meta(out).sequencer if ret == 0 else None
+            code, raw = self._conn.call_raw(self._meta_pool[pool], name, Op.META_GET)
+            owner = wire.parse_meta(raw).sequencer if code == 0 else None
             if owner != dead:
                 if owner and not self.owner_alive(pool, owner):
                     self._pending[key] = (owner, now, 0.0)  # taken over by one that died too
@@ -249,10 +249,10 @@ class Watch:
     def _verify_served(self) -> None:
         """Forget every served log whose metadata names another sequencer."""
         for info in self.server.logs():
-            if info["state"] != "ready" or info["pool"] not in self._meta_io:
+            if info["state"] != "ready" or info["pool"] not in self._meta_pool:
                 continue
-            ret, out = self._meta_io[info["pool"]].call_raw(info["log"], "meta_get", b"", 1 << 20)
-            owner = wire.parse_meta(out).sequencer if ret == 0 else None
+            code, raw = self._conn.call_raw(self._meta_pool[info["pool"]], info["log"], Op.META_GET)
+            owner = wire.parse_meta(raw).sequencer if code == 0 else None
             if owner != self.me:
                 self.server.forget(info["pool"], info["log"])
                 log.warning("log %s/%s: now served by %s; stepped down", info["pool"], info["log"],

@@ -1,0 +1,131 @@
+// The append pipeline of one data-plane connection, in C++ (Kafka's
+// RecordAccumulator + Sender): append() queues an entry of some log; one
+// sender thread takes positions for everything queued of a log with one
+// sequencer request (requests to one sequencer are pipelined across logs),
+// and sends one cls_zlog "write_many" per data object (or one "write" per
+// entry with coalesce off) through the data plane (dp_submit_cb). Each
+// entry's outcome is posted, as (ticket, code, position), into the
+// connection's completion queue, which Python drains on one thread.
+//
+// The pipeline decides nothing: an entry it cannot append plainly (no view
+// yet, the sequencer down or answering other than OK, a position below the
+// view) is posted back with code HANDED_BACK, unsent, and a refused write with
+// the class's code. Python refreshes, retries and falls back (pyzlog.client.
+// pipeline, the one rule of appending.judge). A write_many refused because
+// one of its positions was taken is split into single writes first, so no
+// other position of the batch is left as a hole.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "dataplane.h"
+
+namespace seqr {
+class Client;
+}
+
+namespace zlog_native {
+
+// The code of an entry handed back unsent; positive so it cannot be an errno.
+constexpr int HANDED_BACK = 1;
+
+struct Stats {
+  uint64_t sequencer_requests = 0;
+  uint64_t class_calls = 0;   // write and write_many calls sent
+  uint64_t entries_sent = 0;  // entries in them (retries of a split batch included)
+  uint64_t split_batches = 0; // write_many refused for a taken position, retried one by one
+  uint64_t handed_back = 0;   // entries given back to Python unsent
+};
+
+struct Options {
+  size_t window_entries = 1 << 16;     // queued + in flight, the whole connection
+  size_t window_bytes = 256u << 20;
+  uint32_t max_batch = 4096;           // entries per sequencer request
+  uint32_t max_batches_in_flight = 2;  // per log: more entries wait and ride the next batch
+  uint32_t linger_us = 0;              // wait this long for more entries when some are in flight
+};
+
+class Pipeline {
+ public:
+  // Outcomes go to `results` (a queue of `cluster`; the pipeline does not own either).
+  Pipeline(dp_cluster* cluster, dp_queue* results, Options options);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // A log to append to, on `pool` (named pool_name for the sequencer); returns its id.
+  uint32_t add_log(dp_pool* pool, const std::string& pool_name, const std::string& name, bool coalesce);
+  // Entries of the log go to this sequencer (host "" = none: hand back).
+  void set_sequencer(uint32_t log, const std::string& host, uint16_t port, double timeout_s);
+  // The newest view: positions >= start go to oid_prefix + (position % width),
+  // tagged with epoch. Until the first call, entries are handed back.
+  void set_view(uint32_t log, uint64_t epoch, const std::string& oid_prefix, uint32_t width, uint64_t start);
+  // Forget a log once nothing of it is queued or in flight (later outcomes are
+  // still posted).
+  void remove_log(uint32_t log);
+
+  // Queues one entry; its outcome is posted under `ticket`. False without
+  // queueing if the window is full (the caller waits with wait_room()).
+  bool try_append(uint32_t log, uint64_t ticket, const char* data, uint32_t len);
+  // Waits up to timeout_s for room in the window; false on timeout or close.
+  bool wait_room(double timeout_s);
+
+  // Stops taking entries, waits up to timeout_s for what is queued and in
+  // flight. False if some remained (their memory is kept for late callbacks).
+  bool close(double timeout_s);
+
+  uint64_t in_flight();
+  Stats stats();
+
+ private:
+  struct Entry {
+    uint64_t ticket;
+    uint64_t position;  // set once the sequencer hands it out
+    std::string data;
+  };
+  struct Log;
+  struct Batch;
+  struct Sequencer;
+  struct WriteOp;
+  void run();
+  void send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& round);
+  void write(Log* log, uint64_t epoch, const std::string& prefix, uint32_t width, uint64_t first,
+             std::vector<Entry>& batch, Batch* owner);
+  void submit(const std::string& oid, dp_pool* pool, uint64_t epoch, std::vector<Entry> entries, Batch* owner,
+              uint32_t log_id);
+  static void on_written(void* arg, int code);
+  void written(WriteOp* op, int code);
+  void post(const std::vector<uint64_t>& tickets, const std::vector<int32_t>& codes,
+            const std::vector<uint64_t>& positions);
+  void hand_back(std::vector<Entry>& batch);
+  void entries_done(size_t n, size_t bytes);
+
+  dp_cluster* const cluster_;
+  dp_queue* const results_;
+  const Options opt_;
+
+  std::mutex mu_;
+  std::condition_variable work_;  // entries queued, or closing
+  std::condition_variable room_;  // the window has room, or closing
+  std::condition_variable idle_;  // nothing queued or in flight
+  std::map<uint32_t, std::unique_ptr<Log>> logs_;
+  uint32_t next_log_ = 1;
+  size_t queued_ = 0;            // entries queued, all logs
+  size_t entries_ = 0, bytes_ = 0;  // queued + in flight (the window)
+  Stats stats_;
+  bool closing_ = false, closed_ = false;
+  // sender thread only
+  std::map<std::string, std::unique_ptr<Sequencer>> sequencers_;
+  std::thread sender_;
+};
+
+}  // namespace zlog_native

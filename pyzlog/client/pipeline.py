@@ -1,0 +1,442 @@
+"""Async appends and reads (Log.append_async, Log.read_async) on the native
+data plane.
+
+One `AsyncPipeline` per data-plane connection, shared by every log of it:
+the C++ append pipeline (pyzlog._appender: positions from the sequencer,
+write_many per object), the handler of the outcomes it posts to the
+connection's completion thread, and one retry thread for what must wait
+(a refreshed view, slow tail finding). One `LogAsync` per log: its bound on
+operations in flight and its futures. So a process holds one cluster
+connection for data and a fixed number of threads, however many logs it
+opens.
+
+Every outcome is judged as every append's is (appending.judge): stored, the
+future resolves with the position; taken (written, filled, trimmed first),
+the entry takes a new position; a stale epoch, the retry thread refreshes
+(StaleWait) and takes new positions; handed back by the C++ pipeline (no
+view yet, the sequencer down or not serving), the retry thread takes
+positions itself (the sequencer, or slow tail finding) and writes them. An
+entry not stored within APPEND_DEADLINE_SECONDS fails.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import _base as _futures
+from typing import Any
+
+from ..core.errors import NotWritten, Timeout, ZlogError
+from ..core.layout import data_oid_prefix
+from ..core.native import Connection, Op, native_call
+from ..core.state import LogState
+from . import metrics
+from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge
+from .positions import Positions
+from .stale import StaleWait
+
+logger = logging.getLogger("pyzlog")
+
+DEFAULT_MAX_IN_FLIGHT = 128
+#: the C++ pipeline's code for an entry it gave back unsent (native/appender.h)
+HANDED_BACK = 1
+
+#: (owner, future, stored bytes, monotonic time of the append)
+Item = tuple["LogAsync", "Future[int]", bytes, float]
+
+_make_condition = threading.Lock()
+_DONE = (_futures.CANCELLED, _futures.CANCELLED_AND_NOTIFIED, _futures.FINISHED)
+
+
+class _Future(Future):  # type: ignore[type-arg]
+    """A concurrent.futures.Future whose Condition is made on first use.
+
+    A Future's Condition costs more than the rest of an async append in
+    Python; most appends' futures are never waited on before they are
+    settled. Making it lazily, under one lock that settling a future nobody
+    has looked at takes too, keeps Future's semantics: whoever makes the
+    Condition (result(), done(), add_done_callback(), concurrent.futures.wait)
+    then sees the settled state under it, and a future someone waits on is
+    settled the ordinary way, with the notification."""
+
+    def __init__(self) -> None:  # no super().__init__(): it would make the Condition
+        self._state = _futures.PENDING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
+        self._cond: threading.Condition | None = None
+
+    @property  # type: ignore[override]
+    def _condition(self) -> threading.Condition:
+        cond = self._cond
+        if cond is None:
+            with _make_condition:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
+    def _settle_unwatched(self, result: Any, exception: BaseException | None) -> bool:
+        """Settle without a Condition if nobody has made one (so nobody waits
+        and no callback is attached); False if somebody has."""
+        if self._cond is not None:
+            return False
+        with _make_condition:
+            if self._cond is not None:
+                return False
+            if self._state in _DONE:
+                raise InvalidStateError(f"{self._state}: {self!r}")
+            self._result, self._exception = result, exception
+            self._state = _futures.FINISHED
+            return True
+
+    def set_result(self, result: Any) -> None:
+        if not self._settle_unwatched(result, None):
+            super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        if not self._settle_unwatched(None, exception):
+            super().set_exception(exception)
+
+
+class AsyncPipeline:
+    """The async machinery of one data-plane connection. Obtain with of()."""
+
+    _lock = threading.Lock()
+    _of: dict[int, AsyncPipeline] = {}
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.native = conn.pipeline()
+        if self.native is None:
+            raise ZlogError("the C++ append pipeline is unavailable")
+        self.items: dict[int, Item] = {}
+        self.tags = itertools.count(1)
+        self._work: deque[Callable[[], None]] = deque()
+        self._work_ready = threading.Condition(threading.Lock())
+        self._worker: threading.Thread | None = None
+        conn.on_posted(self._posted)
+        metrics.NATIVE.track(self)
+
+    @classmethod
+    def of(cls, conn: Connection) -> AsyncPipeline:
+        with cls._lock:
+            p = cls._of.get(id(conn))
+            if p is None or p.conn is not conn:
+                p = cls._of[id(conn)] = cls(conn)
+            return p
+
+    def _posted(self, tags: list[int], codes: list[int], positions: list[int]) -> None:
+        """The C++ pipeline's outcomes, on the completion thread: the stored
+        ones settled per log in one go, the rest one by one."""
+        pop = self.items.pop
+        stored: dict[LogAsync, list[tuple[Future[int], int]]] = {}
+        for tag, code, position in zip(tags, codes, positions):
+            item = pop(tag, None)
+            if item is None:
+                continue
+            if code == 0:
+                done = stored.get(item[0])
+                if done is None:
+                    done = stored[item[0]] = []
+                done.append((item[1], position))
+            else:
+                item[0].outcome(item, code, position)
+        for owner, done in stored.items():
+            owner.stored(done)
+
+    def later(self, job: Callable[[], None]) -> None:
+        """Run `job` on the retry thread (jobs that block: refreshes, slow tail finding)."""
+        with self._work_ready:
+            self._work.append(job)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._retry, name="pyzlog-retry", daemon=True)
+                self._worker.start()
+            self._work_ready.notify()
+
+    def _retry(self) -> None:
+        while True:
+            with self._work_ready:
+                while not self._work:
+                    self._work_ready.wait()
+                job = self._work.popleft()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - this thread must outlive one bad job
+                logger.exception("an async retry failed")
+
+    def stats(self) -> dict[str, int]:
+        """sequencer_requests, class_calls, entries_sent, split_batches, handed_back."""
+        return dict(self.native.stats())
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return [t for t in (self._worker,) if t is not None and t.is_alive()]
+
+
+class LogAsync:
+    """Async appends and reads of one log, at most max_in_flight at once.
+
+    Per-op cost matters here (it bounds appends/s per client), so the hot
+    path takes one plain lock for the in-flight count, waits on a Condition
+    only when max_in_flight is reached, and touches the C++ pipeline's view
+    and sequencer only when they changed."""
+
+    def __init__(self, log: LogState, positions: Positions, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 coalesce: bool = True) -> None:
+        if not isinstance(max_in_flight, int) or max_in_flight < 1:
+            from ..core.errors import InvalidRequest
+
+            raise InvalidRequest(f"max_in_flight must be an integer of at least 1, not {max_in_flight!r}")
+        self.log = log
+        self.positions = positions
+        self.max_in_flight = max_in_flight
+        self.coalesce = coalesce
+        self._lock = threading.Lock()  # guards _in_flight, _waiting, _closed
+        self._room = threading.Condition(self._lock)  # _in_flight went below max_in_flight
+        self._waiting = 0
+        self._idle = threading.Event()  # set while nothing is in flight
+        self._idle.set()
+        self._in_flight = 0
+        self._closed = False
+        self._stale = StaleWait(log, "async append")
+        self._refused_epoch = 0
+        self._retries: list[Item] = []
+        self._retry_stale = False
+        self._retry_scheduled = False
+        self._retry_lock = threading.Lock()
+        self._pipe: AsyncPipeline | None = None
+        self._id = 0  # the log's id in the C++ pipeline
+        self._meta: Any = None  # the metadata snapshot the C++ pipeline has
+        self._generation = -1  # the positions.generation it has
+        metrics.ASYNC.track(self)
+
+    def _pipeline(self) -> AsyncPipeline:
+        pipe = self._pipe
+        if pipe is None:
+            with self._lock:
+                if self._pipe is None:
+                    with native_call():
+                        pipe = AsyncPipeline.of(self.log.conn)
+                        self._id = pipe.native.add_log(self.log.data.address, self.log.pool, self.log.name,
+                                                       self.coalesce)
+                    self._pipe = pipe
+                pipe = self._pipe
+        return pipe
+
+    def _begin(self) -> None:
+        with self._lock:
+            while self._in_flight >= self.max_in_flight and not self._closed:
+                self._waiting += 1
+                self._room.wait()
+                self._waiting -= 1
+            if self._closed:
+                raise ZlogError("log is closed")
+            if not self._in_flight:
+                self._idle.clear()
+            self._in_flight += 1
+
+    def _finish(self, fut: Future[Any], result: object = None, error: BaseException | None = None) -> None:
+        # free the slot first: a done-callback that submits again must not block
+        with self._lock:
+            self._in_flight -= 1
+            if self._waiting:
+                self._room.notify()
+            if not self._in_flight:
+                self._idle.set()
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    # --------------------------------------------------------------- appends
+    def append(self, stored: bytes) -> Future[int]:
+        """`stored` is already encoded and size-checked."""
+        lock = self._lock  # _begin's common case inlined: this is the hot path
+        lock.acquire()
+        if 0 < self._in_flight < self.max_in_flight and not self._closed:
+            self._in_flight += 1
+            lock.release()
+        else:
+            lock.release()
+            self._begin()
+        fut: Future[int] = _Future()
+        now = time.monotonic()
+        self._send((self, fut, stored, now), now)
+        return fut
+
+    def _send(self, item: Item, now: float | None = None) -> None:
+        """Through the C++ pipeline while the sequencer serves; else the retry path."""
+        pipe = self._pipe or self._pipeline()
+        positions = self.positions
+        meta = self.log.meta
+        if meta is not self._meta or positions.generation != self._generation:
+            self._tell(pipe, meta)
+        if positions.usable_now(now):
+            tag = next(pipe.tags)
+            pipe.items[tag] = item
+            try:
+                pipe.native.append(self._id, tag, item[2])
+                return
+            except (RuntimeError, ValueError):  # the pipeline is closed (exiting)
+                pipe.items.pop(tag, None)
+                self._finish(item[1], error=ZlogError("the connection is closed: append not stored"))
+                return
+        self._retry(item, stale=False)
+
+    def _tell(self, pipe: AsyncPipeline, meta: Any) -> None:
+        """Give the C++ pipeline the newest view and the sequencer to ask."""
+        self.positions.follow()
+        view = meta.views[-1]
+        pipe.native.set_view(self._id, meta.epoch, data_oid_prefix(self.log.name, view), view.width, view.start)
+        seqr = self.positions.sequencer
+        if seqr is None:
+            pipe.native.set_sequencer(self._id, "", 0, 1.0)
+        else:
+            pipe.native.set_sequencer(self._id, seqr.host, seqr.port, seqr.timeout)
+        self._meta, self._generation = meta, self.positions.generation
+
+    def stored(self, done: list[tuple[Future[int], int]]) -> None:
+        """Entries stored at their positions: settle their futures."""
+        metrics.APPENDS.inc(len(done))
+        self._stale.reset()
+        with self._lock:
+            self._in_flight -= len(done)
+            if self._waiting:
+                self._room.notify(len(done))
+            if not self._in_flight:
+                self._idle.set()
+        for fut, position in done:
+            fut.set_result(position)
+
+    def outcome(self, item: Item, code: int, position: int) -> None:
+        """An entry's outcome (the completion thread, or a retry's write)."""
+        if code == 0:
+            metrics.APPENDS.inc()
+            self._stale.reset()
+            self._finish(item[1], result=position)
+            return
+        if time.monotonic() - item[3] > APPEND_DEADLINE_SECONDS:
+            self._finish(item[1], error=ZlogError(
+                f"append to {self.log.name!r} not stored in {APPEND_DEADLINE_SECONDS:.0f}s (last: errno {-code})"))
+            return
+        if code == HANDED_BACK:
+            self._retry(item, stale=False)
+            return
+        try:
+            outcome = judge(code, self.log.name, position)
+        except ZlogError as e:
+            self._finish(item[1], error=e)
+            return
+        if outcome is Outcome.TAKEN:
+            self._send(item)  # a new position, next batch
+        else:
+            self._refused_epoch = self.log.epoch
+            self._retry(item, stale=True)
+
+    def _retry(self, item: Item, stale: bool) -> None:
+        with self._retry_lock:
+            self._retries.append(item)
+            self._retry_stale = self._retry_stale or stale
+            if self._retry_scheduled:
+                return
+            self._retry_scheduled = True
+        (self._pipe or self._pipeline()).later(self._run_retries)
+
+    def _run_retries(self) -> None:
+        """On the retry thread: everything waiting, with one set of positions."""
+        with self._retry_lock:
+            batch, self._retries = self._retries, []
+            stale, self._retry_stale = self._retry_stale, False
+            self._retry_scheduled = False
+        now = time.monotonic()
+        todo = []
+        for item in batch:
+            if now - item[3] > APPEND_DEADLINE_SECONDS:
+                self._finish(item[1], error=ZlogError(
+                    f"append to {self.log.name!r} not stored in {APPEND_DEADLINE_SECONDS:.0f}s"))
+            else:
+                todo.append(item)
+        if not todo:
+            return
+        try:
+            if stale:
+                self._stale(self._refused_epoch)  # refresh; back off, repair or give up if stuck
+            first = self.positions.take(len(todo))
+        except ZlogError as e:
+            for item in todo:
+                self._finish(item[1], error=e)
+            return
+        conn, pool = self.log.conn, self.log.data
+        for k, item in enumerate(todo):
+            pos = first + k
+            epoch, oid = self.log.locate(pos)
+            try:
+                conn.submit(pool, oid, Op.WRITE, lambda code, _v, item=item, pos=pos: self.outcome(item, code, pos),
+                            epoch=epoch, position=pos, data=item[2])
+            except ZlogError as e:
+                self._finish(item[1], error=e)
+
+    # ----------------------------------------------------------------- reads
+    def read(self, position: int) -> Future[bytes]:
+        self._begin()
+        fut: Future[bytes] = _Future()
+        try:
+            self._read(position, fut, None)
+        except BaseException as e:
+            self._finish(fut, error=e)
+        return fut
+
+    def _read(self, position: int, fut: Future[bytes], stale: StaleWait | None) -> None:
+        epoch, oid = self.log.locate(position)
+        log = self.log
+
+        def done(code: int, value: Any) -> None:
+            if code == 0:
+                metrics.read(len(value))
+                try:
+                    self._finish(fut, result=log.decode(value))
+                except Exception as e:  # noqa: BLE001 - a corrupt payload fails this read only
+                    self._finish(fut, error=ZlogError(f"position {position}: cannot decode entry: {e}"))
+            elif code == -errno.ENOENT:
+                self._finish(fut, error=NotWritten(position, errno=errno.ENOENT))
+            elif code == -errno.ESTALE:
+                # refresh off the completion thread, then try again
+                (self._pipe or self._pipeline()).later(lambda: self._reread(position, fut, stale, epoch))
+            else:
+                self._finish(fut, error=log.conn.error(code, f"read at {position} of {log.name!r}", pool=log.data,
+                                                      oid=oid, position=position, op=Op.READ))
+
+        log.conn.submit(log.data, oid, Op.READ, done, epoch=epoch, position=position)
+
+    def _reread(self, position: int, fut: Future[bytes], stale: StaleWait | None, epoch: int) -> None:
+        stale = stale or StaleWait(self.log, f"read_async at {position}")
+        try:
+            stale(epoch)
+            self._read(position, fut, stale)
+        except ZlogError as e:
+            self._finish(fut, error=e)
+
+    # ----------------------------------------------------------------- admin
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until nothing is in flight (Timeout after `timeout` seconds)."""
+        if not self._idle.wait(timeout):
+            raise Timeout(f"{self._in_flight} operations of {self.log.name!r} still in flight after {timeout}s",
+                          errno=errno.ETIMEDOUT)
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            self._closed = True
+            self._room.notify_all()
+        if self._pipe is not None:
+            try:
+                self._pipe.native.remove_log(self._id)
+            except (RuntimeError, ValueError):
+                pass

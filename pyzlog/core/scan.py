@@ -1,0 +1,444 @@
+"""Range reads walked into Arrow batches: windows, batches and view scans.
+
+A read_range reply arrives as a `RangeWindow`, an index over the reply's
+bytes built in C (native/dataplane.c). `RangeWindow.record_batch()` and
+`build_batch()` write its entries into Arrow column buffers in C, with no
+Python object per entry, and wrap them as a `pyarrow.RecordBatch`
+(`batch_schema`). `ViewScan` reads the positions of one view from its
+objects, ahead of the reader, on a queue of the reader's own (the reader's
+thread waits on it: no thread per reader).
+
+ViewScan talks to its queue only through submit/wait/tags/close and the
+queue's connection (op_timeout, error), so the unit tier drives it with a
+fake queue and windows made by RangeWindow.parse.
+"""
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import wire
+from .errors import Timeout, ZlogError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .native import Pool, Queue
+
+from .._dataplane import ffi, lib  # the cffi extension (untyped)
+
+#: why build_batch stopped
+STOP_END, STOP_FULL, STOP_NEED, STOP_MISSING = lib.DP_STOP_END, lib.DP_STOP_FULL, lib.DP_STOP_NEED, lib.DP_STOP_MISSING
+#: row kinds of a batch's "kind" column, in code order (pyzlog.client.reader.RecordKind values)
+KIND_NAMES = ("data", "filled", "trimmed", "lost")
+
+
+_READ_RANGE = int(lib.ZLOG_OP_READ_RANGE)
+
+
+def _oid(oid: str | bytes) -> bytes:
+    return oid.encode() if type(oid) is str else oid  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------- windows
+class RangeWindow:
+    """One read_range reply of one object, indexed in C (no Python object per
+    entry). Every position of the object in [first, next) that is not listed
+    and not below trim_below is unwritten."""
+
+    __slots__ = ("_w",)
+
+    def __init__(self, handle: Any) -> None:
+        self._w = ffi.gc(handle, lib.dp_window_free)
+
+    @classmethod
+    def parse(cls, reply: bytes, first: int = 0, protocol: int = wire.PROTOCOL) -> RangeWindow:
+        """A window over a reply that came another way (copied); ValueError if malformed."""
+        w = lib.dp_window_parse(reply, len(reply), first, protocol)
+        if w == ffi.NULL:
+            raise ValueError("malformed read_range reply")
+        return cls(w)
+
+    @property
+    def first(self) -> int:
+        return int(self._w.first)
+
+    @property
+    def next(self) -> int:
+        return int(self._w.next)
+
+    @property
+    def trim_below(self) -> int:
+        return int(self._w.trim_below)
+
+    @property
+    def max_position(self) -> int | None:
+        return int(self._w.max_position) if self._w.has_max else None
+
+    @property
+    def count(self) -> int:
+        return int(self._w.count)
+
+    @property
+    def remaining(self) -> int:
+        """Entries build_batch has not consumed yet."""
+        return int(self._w.count - self._w.head)
+
+    @property
+    def data_bytes(self) -> int:
+        return int(self._w.data_bytes)
+
+    def entries(self) -> Iterator[wire.RangeEntry]:
+        """The entries as wire.RangeEntry objects (the slow, per-entry view)."""
+        pos, state, epoch = ffi.new("uint64_t *"), ffi.new("uint8_t *"), ffi.new("uint64_t *")
+        data, length = ffi.new("char **"), ffi.new("uint32_t *")
+        for i in range(self._w.count):
+            lib.dp_window_entry(self._w, i, pos, state, epoch, data, length)
+            yield wire.RangeEntry(int(pos[0]), wire.EntryState(state[0]), int(epoch[0]),
+                                  ffi.unpack(data[0], length[0]))
+
+    def record_batch(self, *, signed: bool = False) -> pa.RecordBatch:
+        """Every entry not consumed yet, in order, as one Arrow record batch."""
+        b = lib.dp_window_batch(self._w)
+        if b == ffi.NULL:
+            raise MemoryError("dp_window_batch")
+        return _record_batch(ffi.gc(b, lib.dp_batch_free), signed)
+
+    def __repr__(self) -> str:
+        return f"<RangeWindow [{self.first}, {self.next}) {self.count} entries, trim_below {self.trim_below}>"
+
+
+# ------------------------------------------------------------------- batches
+_schemas: dict[bool, Any] = {}
+
+
+def batch_schema(signed: bool = False) -> pa.Schema:
+    """position, data (null unless DATA), kind (dictionary of KIND_NAMES), epoch.
+    signed: position and epoch as int64 (Spark's long) instead of uint64."""
+    schema = _schemas.get(signed)
+    if schema is None:
+        import pyarrow as pa
+
+        num = pa.int64() if signed else pa.uint64()
+        schema = _schemas[signed] = pa.schema([
+            pa.field("position", num, nullable=False),
+            pa.field("data", pa.binary()),
+            pa.field("kind", pa.dictionary(pa.int8(), pa.string()), nullable=False),
+            pa.field("epoch", num, nullable=False),
+        ])
+    return schema
+
+
+_kind_dictionary: Any = None
+
+
+def _record_batch(b: Any, signed: bool) -> pa.RecordBatch:
+    """Arrow arrays over a dp_batch's columns, without copying; the buffers
+    keep `b` (and so its memory) alive."""
+    import pyarrow as pa
+
+    global _kind_dictionary
+    if _kind_dictionary is None:
+        _kind_dictionary = pa.array(KIND_NAMES, pa.string())
+    n = int(b.rows)
+    foreign: Any = pa.foreign_buffer  # untyped in pyarrow's stubs
+
+    def addr(p: Any) -> int:
+        return int(ffi.cast("uintptr_t", p))
+
+    schema = batch_schema(signed)
+    num = schema.field("position").type
+    positions = pa.Array.from_buffers(num, n, [None, foreign(addr(b.positions), 8 * n, base=b)])
+    epochs = pa.Array.from_buffers(num, n, [None, foreign(addr(b.epochs), 8 * n, base=b)])
+    codes = pa.Array.from_buffers(pa.int8(), n, [None, foreign(addr(b.kinds), n, base=b)])
+    kinds = pa.DictionaryArray.from_arrays(codes, _kind_dictionary)
+    data = pa.Array.from_buffers(pa.binary(), n, [
+        foreign(addr(b.validity), (n + 7) // 8, base=b),
+        foreign(addr(b.offsets), 4 * (n + 1), base=b),
+        foreign(addr(b.data), int(b.data_len), base=b),
+    ], null_count=int(b.null_count))
+    return pa.RecordBatch.from_arrays([positions, data, kinds, epochs], schema=schema)
+
+
+def batch_of(positions: Sequence[int], kinds: Sequence[str], epochs: Sequence[int],
+             data: Sequence[bytes | None], *, signed: bool = False) -> pa.RecordBatch:
+    """A batch of BATCH_SCHEMA from Python values: for the few rows a reader
+    makes itself (a hole it filled as lost), so every batch has one schema."""
+    import pyarrow as pa
+
+    schema = batch_schema(signed)
+    num = schema.field("position").type
+    codes = pa.array([KIND_NAMES.index(k) for k in kinds], pa.int8())
+    kind_dict: Any = pa.DictionaryArray.from_arrays(codes, pa.array(KIND_NAMES, pa.string()))
+    return pa.RecordBatch.from_arrays([pa.array(positions, num), pa.array(data, pa.binary()), kind_dict,
+                                       pa.array(epochs, num)], schema=schema)
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """What build_batch produced and where it stopped."""
+
+    batch: pa.RecordBatch
+    stop: int            # STOP_END, STOP_FULL, STOP_NEED or STOP_MISSING
+    stop_position: int   # the first position not in the batch
+    stop_object: int     # STOP_NEED: the object (index in the view) whose window ran out
+
+
+def build_batch(windows: Sequence[RangeWindow | None], start: int, end: int, *, step: int = 1,
+                max_rows: int = 65536, max_bytes: int = 64 << 20, signed: bool = False) -> Built:
+    """Rows for positions start, start + step, ... (< end) of a view striped
+    over len(windows) objects, position p coming from windows[p % width]:
+    a listed entry as a row of its kind, a position below its window's
+    trim_below as TRIMMED (epoch 0). Stops at the first unwritten position
+    (STOP_MISSING: the caller's gap rules decide: hole, tail, or wait), at a
+    position its object's window does not cover (STOP_NEED: fetch the next
+    window of stop_object), at `end`, or when full. Consumes the entries it
+    passes, so the next call goes on from stop_position."""
+    width = len(windows)
+    arr = ffi.new("dp_window *[]", [ffi.NULL if w is None else w._w for w in windows])
+    b = lib.dp_build(arr, width, start, end, step, max_rows, max_bytes)
+    if b == ffi.NULL:
+        raise MemoryError("dp_build") if width and step else ValueError("width and step must be positive")
+    b = ffi.gc(b, lib.dp_batch_free)
+    return Built(_record_batch(b, signed), int(b.stop), int(b.stop_position), int(b.stop_object))
+
+
+# ---------------------------------------------------------------- view scans
+def empty_window(first: int, next_position: int) -> RangeWindow:
+    """A window with no entries covering [first, next_position): what a
+    read_range of an object that does not exist yet stands for."""
+    w = lib.dp_window_empty(first, next_position)
+    if w == ffi.NULL:
+        raise MemoryError("dp_window_empty")
+    return RangeWindow(w)
+
+
+class _Segment:
+    """One read_range of one object: the positions [first, last] asked for."""
+
+    __slots__ = ("first", "last", "tag", "window")
+
+    def __init__(self, first: int, last: int, tag: int) -> None:
+        self.first, self.last, self.tag = first, last, tag
+        self.window: RangeWindow | None = None
+
+
+class ViewScan:
+    """The positions [start, end) of one view, read with read_range from the
+    view's objects (`oids`, index = position % width) and fetched `ahead`
+    calls ahead per object, walked in position order into Arrow batches.
+
+    This is the mechanical half of a streaming reader: next_batch() returns a
+    Built that stops at STOP_END, STOP_FULL, or STOP_MISSING at an unwritten
+    position; what that position is (a hole to wait on and fill, or the tail)
+    is the caller's to decide, after which it calls forget_from() to read it
+    again or skip() past it. `step` = width reads one object only (positions
+    start, start + width, ...). An object that does not exist reads as empty.
+    A failed call raises its typed error (StaleEpoch on -ESTALE: set `epoch`
+    and call again; the scan re-reads from where it stopped)."""
+
+    def __init__(self, queue: Queue, pool: Pool, oids: Sequence[str | bytes], epoch: int, start: int,
+                 end: int, *, per_call: int = 1024, call_bytes: int = 4 << 20, ahead: int = 2, step: int = 1,
+                 max_rows: int = 65536, signed: bool = False) -> None:
+        if not 1 <= per_call <= wire.MAX_RANGE_ENTRIES or not 1 <= call_bytes <= wire.MAX_RANGE_BYTES:
+            raise ValueError("per_call or call_bytes outside the class's limits")
+        self.queue, self.pool, self.epoch = queue, pool, epoch
+        self.oids = [_oid(o) for o in oids]
+        self.width = len(self.oids)
+        if step not in (1, self.width):
+            raise ValueError("step must be 1 or the view's width")
+        self.position, self.end, self.step = start, end, step
+        self.per_call, self.call_bytes, self.ahead = per_call, call_bytes, max(1, ahead)
+        self.max_rows, self.signed = max_rows, signed
+        self._segments: list[list[_Segment]] = [[] for _ in range(self.width)]
+        self._by_tag: dict[int, tuple[int, _Segment]] = {}
+        self._tags = queue.tags
+        self._max_position: int | None = None
+        self._fetched = [False] * self.width  # a reply of each object since the last forget_from
+        self._probing: set[int] = set()  # objects asked only for their max (refresh_max)
+        self._deadline_s = queue.conn.op_timeout + 5.0
+
+    # ------------------------------------------------------------- fetching
+    def _objects(self) -> range:
+        if self.step == 1:
+            return range(self.width)
+        i = self.position % self.width
+        return range(i, i + 1)
+
+    def _first_of(self, obj: int, position: int) -> int:
+        """The first position of object `obj` at or after `position`."""
+        return position + (obj - position) % self.width
+
+    def _send(self, obj: int, first: int, last: int, max_entries: int) -> _Segment:
+        """One read_range call on object `obj`, its reply known by the segment's tag."""
+        seg = _Segment(first, last, next(self._tags))
+        self._by_tag[seg.tag] = (obj, seg)
+        self.queue.submit(self.pool, self.oids[obj], _READ_RANGE, seg.tag, epoch=self.epoch, position=first,
+                          last=last, max_entries=max_entries, max_bytes=self.call_bytes)
+        return seg
+
+    def _issue(self, obj: int, first: int, index: int | None = None) -> None:
+        """Ask for the positions of object `obj` from `first` (about per_call of them)."""
+        first = self._first_of(obj, first)
+        if first >= self.end:
+            return
+        last = min(self.end - 1, first + self.width * (self.per_call - 1))
+        segs = self._segments[obj]
+        segs.insert(len(segs) if index is None else index, self._send(obj, first, last, self.per_call))
+
+    def _top_up(self, obj: int) -> None:
+        segs = self._segments[obj]
+        while len(segs) < self.ahead:
+            nxt = segs[-1].last + 1 if segs else self.position
+            if nxt >= self.end:
+                return
+            self._issue(obj, nxt)
+
+    def start(self) -> None:
+        """Send the first calls (done by next_batch if not called)."""
+        for obj in self._objects():
+            self._top_up(obj)
+
+    def _collect(self, timeout: float) -> None:
+        """Take every reply that is ready (waiting up to `timeout` for one)."""
+        for tag, code, value in self.queue.wait(timeout):
+            entry = self._by_tag.pop(tag, None)
+            if entry is None:
+                continue  # a call forget_from() gave up on
+            obj, seg = entry
+            self._probing.discard(obj)
+            if code == -errno.ENOENT:
+                value = empty_window(seg.first, seg.last + 1)
+            elif code < 0:
+                self.forget_from(self.position)
+                raise self.queue.conn.error(code, f"read_range on {self.oids[obj].decode()}", pool=self.pool,
+                                            oid=self.oids[obj])
+            if value.next <= seg.first:
+                self.forget_from(self.position)
+                raise ZlogError(f"read_range on {self.oids[obj].decode()}: the reply made no progress")
+            seg.window = value
+            self._fetched[obj] = True
+            top = value.max_position
+            if top is not None and (self._max_position is None or top > self._max_position):
+                self._max_position = top
+            if value.next <= seg.last:  # cut short by call_bytes: ask for the rest next
+                segs = self._segments[obj]
+                self._issue(obj, value.next, segs.index(seg) + 1)
+
+    def _ready(self, obj: int, position: int) -> bool:
+        """Make the head window of `obj` the one covering `position`; False
+        while it is still on its way."""
+        position = self._first_of(obj, position)
+        segs = self._segments[obj]
+        while segs and (segs[0].window is not None and segs[0].window.next <= position
+                        or segs[0].last < position):
+            dropped = segs.pop(0)
+            self._by_tag.pop(dropped.tag, None)
+        if position >= self.end:
+            return True  # nothing of this object is left to read
+        if not segs or segs[0].first > position:
+            self._issue(obj, position, 0)  # nothing asked covers it (a forget, or a cut-short reply)
+        self._top_up(obj)
+        return segs[0].window is not None
+
+    def _wait_ready(self, objs: list[int], position: int) -> None:
+        deadline = None
+        while True:
+            waiting = [o for o in objs if not self._ready(o, position)]
+            if not waiting:
+                return
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self._deadline_s
+            elif now > deadline:
+                raise Timeout(f"read_range on {self.oids[waiting[0]].decode()}: no reply in time")
+            self._collect(min(1.0, deadline - now))
+
+    # -------------------------------------------------------------- walking
+    def next_batch(self) -> Built:
+        """The next batch from `position` on (may be empty at STOP_MISSING/END)."""
+        while True:
+            if self.position >= self.end:
+                return build_batch([None] * self.width, self.position, self.end, step=self.step,
+                                   signed=self.signed)
+            # the windows the next positions need (every object's at once, so
+            # a batch does not end at each object's window boundary in turn)
+            self._wait_ready(list(self._objects()), self.position)
+            start = self.position
+            built = build_batch([s[0].window if s else None for s in self._segments], start, self.end,
+                                step=self.step, max_rows=self.max_rows, signed=self.signed)
+            self.position = built.stop_position
+            if built.stop == STOP_NEED and built.batch.num_rows == 0:
+                continue  # a window ended exactly here: the loop fetches on
+            try:
+                for obj in self._objects():
+                    self._ready(obj, self.position)  # swap in what has arrived, read ahead
+                self._collect(0)
+            except BaseException:
+                # a reply that came with the read-ahead failed (a stale epoch, say):
+                # this batch is not handed out, so its positions must be read again
+                self.forget_from(start)
+                raise
+            return built
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Every batch up to `end` or the first unwritten position."""
+        while True:
+            built = self.next_batch()
+            if built.batch.num_rows:
+                yield built.batch
+            if built.stop in (STOP_END, STOP_MISSING):
+                return
+
+    # ------------------------------------------------------------ gap rules
+    def max_position(self) -> int | None:
+        """The highest position written or filled on any object, as of the
+        replies so far (refresh_max() makes it current)."""
+        return self._max_position
+
+    def refresh_max(self) -> None:
+        """At least one reply from every object of the view since the last
+        forget_from: "is a later position written" is a question about the
+        whole view, also when this scan reads one object (step = width) or
+        `end` leaves an object nothing to read (it is then asked about the
+        position after `end`, only for its max)."""
+        need = [o for o in range(self.width) if not self._fetched[o]]
+        if not need:
+            return
+        scanned = [o for o in self._objects() if o in need and self._first_of(o, self.position) < self.end]
+        if scanned:
+            self._wait_ready(scanned, self.position)
+        for o in need:
+            if o not in scanned and o not in self._probing:
+                first = self._first_of(o, self.position)
+                if first > wire.MAX_POSITION:
+                    self._fetched[o] = True  # no position there at all
+                    continue
+                self._send(o, first, first, 1)
+                self._probing.add(o)
+        deadline = time.monotonic() + self._deadline_s
+        while not all(self._fetched[o] for o in need):
+            if time.monotonic() > deadline:
+                raise Timeout(f"read_range on {self.oids[need[0]].decode()}: no reply in time")
+            self._collect(1.0)
+
+    def skip(self) -> None:
+        """Go past the position next_batch stopped at (the caller reported it)."""
+        self.position += self.step
+
+    def forget_from(self, position: int) -> None:
+        """Drop what is known from `position` on (and calls in flight), so it
+        is read again: after waiting on a hole, or to follow a growing tail."""
+        self.position = min(self.position, position)
+        for obj in range(self.width):
+            self._segments[obj] = []
+        self._by_tag.clear()
+        self._fetched = [False] * self.width
+        self._probing.clear()
+        self._max_position = None
+
+    def close(self) -> None:
+        self.queue.close()
