@@ -133,3 +133,8 @@ class Obj:
                           sequencer: str | None = None) -> int:
         return self.op(Op.META_PROPOSE_VIEW, expected=expected, next_epoch=new_epoch, start=start, width=width,
                        seqr=sequencer)[0]
+
+
+def log_obj(log: Any, oid: str, protocol: int = wire.PROTOCOL) -> Obj:
+    """Raw access to one object of a pyzlog.Log, through its data plane."""
+    return Obj(Raw(log.state.conn, log.state.data, protocol), oid)

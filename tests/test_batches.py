@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+import oracle
+
 from pyzlog import InvalidRequest, Log, RecordKind
-from pyzlog.client.reader import Stream
 
 
 def rows(batches: Any) -> list[tuple[int, str, bytes | None]]:
@@ -56,8 +57,7 @@ def gappy(rados_cluster, ceph, name: str, compression: str = "none") -> Log:  # 
 def test_batches_match_stream(rados_cluster, ceph, log_name, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     lg = gappy(rados_cluster, ceph, log_name)
     got = rows(Log.open(rados_cluster, ceph.pool, log_name).stream_batches(0, hole_wait=0.2))
-    monkeypatch.setenv("PYZLOG_NATIVE_READS", "0")  # stream() on python-rados: the reference walk
-    want = records(Log.open(rados_cluster, ceph.pool, log_name).stream(0, hole_wait=0.2))
+    want = records(oracle.stream(Log.open(rados_cluster, ceph.pool, log_name), 0, hole_wait=0.2))
     assert got == want
     assert [p for p, _, _ in got] == list(range(len(got)))
     kinds = {k for _, k, _ in got}
@@ -120,26 +120,22 @@ def test_a_hole_is_lost_for_every_later_reader(rados_cluster, ceph, log_name) ->
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_stream_is_the_same_on_both_paths(rados_cluster, ceph, log_name, monkeypatch,  # type: ignore[no-untyped-def]
-                                          compression) -> None:
-    """stream() reads through fastread by default and through python-rados
-    with PYZLOG_NATIVE_READS=0: the same records, epochs and metrics either
-    way, whole and as stride partitions planned at another width."""
+def test_stream_is_the_oracles(rados_cluster, ceph, log_name, compression) -> None:  # type: ignore[no-untyped-def]
+    """stream() gives the oracle's records (round 2's stream() on
+    python-rados), epochs and read counts, whole and as stride partitions
+    planned at another width."""
     from pyzlog.client import metrics
 
     gappy(rados_cluster, ceph, log_name, compression)
     full = lambda r: [(x.position, x.kind, x.data, x.epoch) for x in r]  # noqa: E731
-    monkeypatch.setenv("PYZLOG_NATIVE_READS", "0")
     lg = Log.open(rados_cluster, ceph.pool, log_name)
     before = metrics.READS.value
-    want = full(lg.stream(0, hole_wait=0.2))  # fills the holes: both paths then read the same log
+    want = full(oracle.stream(lg, 0, hole_wait=0.2))  # fills the holes: both then read the same log
     counted = metrics.READS.value - before
     end = want[-1][0] + 1
-    want_parts = [full(lg.stream(0, end, stride_index=i, stride=3)) for i in range(3)]
-    monkeypatch.setenv("PYZLOG_NATIVE_READS", "1")
+    want_parts = [full(oracle.stream(lg, 0, end, stride_index=i, stride=3)) for i in range(3)]
     lg = Log.open(rados_cluster, ceph.pool, log_name)
     stream = lg.stream(0, hole_wait=0.2)
-    assert not isinstance(stream, Stream)
     before = metrics.READS.value
     assert full(stream) == want
     assert metrics.READS.value - before == counted == sum(1 for w in want if w[1] is RecordKind.DATA)
@@ -174,7 +170,7 @@ def test_a_native_stream_goes_on_after_an_error(rados_cluster, ceph, log_name, m
     again gets the following positions, none twice and none skipped, as on
     python-rados (a generator would be finished after raising)."""
     from pyzlog import ClusterUnavailable
-    from pyzlog.core import fastread as fr
+    from pyzlog.core import scan as fr
     from pyzlog.client import log as log_mod
 
     monkeypatch.setattr(log_mod, "STREAM_BATCH_ROWS", 16)
@@ -202,7 +198,7 @@ def test_an_error_with_the_read_ahead_loses_no_batch(rados_cluster, ceph, log_na
     (Found by the nemesis: a follow reader jumped 129 positions after a
     stale epoch arrived with the read-ahead.)"""
     from pyzlog import ClusterUnavailable, StaleEpoch
-    from pyzlog.core import fastread as fr
+    from pyzlog.core import scan as fr
     from pyzlog.client import log as log_mod
 
     monkeypatch.setattr(log_mod, "STREAM_BATCH_ROWS", 16)
@@ -240,12 +236,13 @@ def test_scans_sharing_a_queue_never_take_each_others_replies(rados_cluster, cep
     change, with the old scan's calls still in flight: their late replies
     must not be taken for the new scan's (they were, when each scan counted
     its tags from 0: "the reply made no progress", or another call's rows)."""
-    from pyzlog.core import fastread as fr
+    from pyzlog.core import scan as fr
     from pyzlog.core.layout import view_objects
+    from pyzlog.core.native import Connection
 
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     lg.append_many([b"e%d" % i for i in range(2000)])
-    native = fr.Native.of(lg.state.cluster)
+    native = Connection.of(lg.state.cluster)
     pool, queue = native.pool(ceph.pool), native.queue()
     oids = view_objects(log_name, lg.views[-1])
     try:

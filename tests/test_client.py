@@ -9,6 +9,8 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+
+from clsobj import log_obj
 from seqr_proc import SeqrProcess
 
 import pyzlog
@@ -55,12 +57,10 @@ def test_append_many_moves_past_taken_positions(rados_cluster, ceph, log_name, m
     assert all(log.read(p) == b"x%d" % i for i, p in enumerate(positions))
 
 
-@pytest.mark.parametrize("path", ["c++", "python-rados"])
-def test_async_hundreds_in_flight(rados_cluster, ceph, log_name, seqr, path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    if path == "python-rados":
-        monkeypatch.setenv("PYZLOG_NATIVE_APPENDS", "0")
+def test_async_hundreds_in_flight(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
     log = Log.create(rados_cluster, ceph.pool, log_name, width=4, sequencer=seqr.address, max_in_flight=256)
     assert log.append(b"warm-up") == 0  # the sequencer has recovered the log: no "initialising" answers
+    before = log._async.stats()
     futs = [log.append_async(b"a%d" % i) for i in range(2000)]
     positions = [f.result(timeout=60) for f in futs]
     assert sorted(positions) == list(range(1, 2001))
@@ -69,22 +69,19 @@ def test_async_hundreds_in_flight(rados_cluster, ceph, log_name, seqr, path, mon
     with pytest.raises(pyzlog.NotWritten):
         log.read_async(5000).result(timeout=10)
     log.flush(timeout=10)
-    native = log._async._native
-    if path == "c++":
-        # every entry went through C++ (the Python dispatcher never started),
-        # and entries queued together shared class calls
-        assert native is not None and log._async._thread is None
-        st = native.stats()
-        assert st["entries_sent"] == 2000 and st["handed_back"] == 0
-        assert st["class_calls"] < 2000 and st["sequencer_requests"] < 2000
-    else:
-        assert native is None
+    # every entry went through the C++ pipeline (none took the retry path),
+    # and entries queued together shared class calls and sequencer requests
+    st = {k: v - before[k] for k, v in log._async.stats().items()}
+    assert log._async.retried == 0
+    assert st["entries_sent"] == 2000 and st["handed_back"] == 0
+    assert st["class_calls"] < 2000 and st["sequencer_requests"] < 2000
     log.close()
 
 
-def test_async_c_path_connects_like_the_callers_rados(ceph, log_name, seqr, caplog) -> None:  # type: ignore[no-untyped-def]
-    """The C++ path opens its own connection with the settings of the caller's
-    rados.Rados (a plain one too); if it cannot, appends still go through."""
+def test_data_plane_connects_like_the_callers_rados(ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """The data plane opens its connection with the settings of the caller's
+    rados.Rados (a plain one too); if cephx refuses it, opening the log says
+    so, naming the client."""
     import rados
 
     plain = rados.Rados(conffile=ceph.conf, rados_id="admin")
@@ -95,7 +92,7 @@ def test_async_c_path_connects_like_the_callers_rados(ceph, log_name, seqr, capl
         positions = [f.result(timeout=30) for f in [log.append_async(b"p%d" % i) for i in range(50)]]
         assert sorted(positions) == list(range(1, 51))
         assert [log.read(p) for p in positions] == [b"p%d" % i for i in range(50)]
-        assert log._async._native is not None and log._async._native.stats()["entries_sent"] == 50
+        assert log._async.retried == 0  # all through the C++ pipeline
         log.close()
     finally:
         plain.shutdown()
@@ -103,13 +100,8 @@ def test_async_c_path_connects_like_the_callers_rados(ceph, log_name, seqr, capl
     cluster = pyzlog.connect(ceph.conf)
     cluster.client_name = "client.nosuch"  # cephx will refuse the second connection
     try:
-        log = Log.open(cluster, ceph.pool, log_name, sequencer=seqr.address)
-        with caplog.at_level("WARNING", logger="pyzlog"):
-            positions = [f.result(timeout=60) for f in [log.append_async(b"q%d" % i) for i in range(50)]]
-        assert "C++ path is unavailable" in caplog.text
-        assert log._async._native is None
-        assert [log.read(p) for p in positions] == [b"q%d" % i for i in range(50)]
-        log.close()
+        with pytest.raises(pyzlog.ZlogError, match="client.nosuch"):
+            Log.open(cluster, ceph.pool, log_name, sequencer=seqr.address)
     finally:
         cluster.shutdown()
 
@@ -121,13 +113,14 @@ def test_async_coalesced_batch_moves_past_a_filled_position(rados_cluster, ceph,
     assert log.append(b"first") == 0
     for p in (3, 40, 41, 200):
         log.fill(p)
+    before = log._async.stats()
     futs = [log.append_async(b"e%d" % i) for i in range(400)]
     positions = [f.result(timeout=60) for f in futs]
     assert len(set(positions)) == 400 and not {3, 40, 41, 200} & set(positions)
     assert [log.read(p) for p in positions] == [b"e%d" % i for i in range(400)]
     kinds = {r.position: r.kind for r in log.stream(0, max(positions) + 1, hole_wait=0.2)}
     assert [p for p, k in kinds.items() if k != RecordKind.DATA] == [3, 40, 41, 200]  # filled, no holes
-    st = log._async._native.stats()
+    st = {k: v - before[k] for k, v in log._async.stats().items()}
     assert st["split_batches"] >= 1 and st["class_calls"] < st["entries_sent"]
     log.close()
 
@@ -141,6 +134,7 @@ def test_async_reconfigure_and_sequencer_restart_while_appending(rados_cluster, 
         log = Log.open(rados_cluster, ceph.pool, log_name, sequencer=s.address, max_in_flight=64)
         acked: dict[int, bytes] = {}
         futs: list[tuple[bytes, Future[int]]] = []
+        before = log._async.stats()
         stop = threading.Event()
 
         def appender() -> None:
@@ -172,13 +166,13 @@ def test_async_reconfigure_and_sequencer_restart_while_appending(rados_cluster, 
             acked[pos] = data
         assert len(acked) > 500
         assert log.positions.sequencer_usable()
-        st = log._async._native.stats()
-        assert st["handed_back"] > 0  # the C++ path met the epoch changes and handed entries back
+        assert log._async.retried > 0  # the C++ path met the epoch changes and the sequencer's death
+        after = log._async.stats()["entries_sent"]
+        assert after > before["entries_sent"]
         tail_entries = [log.append_async(b"after-%d" % i) for i in range(200)]
-        after = st["entries_sent"]
         for f in tail_entries:
             f.result(timeout=60)
-        assert log._async._native.stats()["entries_sent"] >= after + 200  # back on the C++ path
+        assert log._async.stats()["entries_sent"] >= after + 200  # back on the C++ path
         reader = Log.open(rados_cluster, ceph.pool, log_name)
         assert [v.width for v in reader.views][-1] == 1
         streamed = {r.position: r.data for r in reader.stream(0, max(acked) + 1, hole_wait=0.2)
@@ -318,7 +312,8 @@ def test_zstd_compression(rados_cluster, ceph, log_name) -> None:  # type: ignor
     payload = b"compressible " * 500
     pos = log.append(payload)
     assert log.read(pos) == payload
-    stored = log.state.data.call(log.oid_of(pos), "read", wire.epoch_position(log.epoch, pos), 1 << 20)
+    ret, stored = log_obj(log, log.oid_of(pos)).read(log.epoch, pos)
+    assert ret == 0
     assert len(stored) < len(payload) // 10
     # a reader that was not told about compression decodes by itself
     other = Log.open(rados_cluster, ceph.pool, log_name)
@@ -438,19 +433,15 @@ print("exiting", flush=True)
     assert "ceph_assert" not in out.stderr and "Fatal Python error" not in out.stderr
 
 
-@pytest.mark.parametrize("path", ["native", "python-rados"])
-def test_read_async_outcomes(rados_cluster, ceph, log_name, path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """read_async on the cffi path (the default) and on python-rados: data,
-    every gap as its typed error, and positions across a reconfiguration
-    another client made (the stale epoch is handled inside)."""
-    monkeypatch.setenv("PYZLOG_NATIVE_READS", "1" if path == "native" else "0")
+def test_read_async_outcomes(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """read_async: data, every gap as its typed error, and positions across a
+    reconfiguration another client made (the stale epoch is handled inside)."""
     writer = Log.create(rados_cluster, ceph.pool, log_name, width=3)
     writer.append_many([b"d%d" % i for i in range(6)])
     writer.fill(6)
     writer.trim(1)
     log = Log.open(rados_cluster, ceph.pool, log_name)
     assert [log.read_async(p).result(timeout=30) for p in (0, 2, 5)] == [b"d0", b"d2", b"d5"]
-    assert (log._async._reads is not None) == (path == "native")
     for pos, error in ((1, pyzlog.Trimmed), (6, pyzlog.Filled), (7, pyzlog.NotWritten), (10**6, pyzlog.NotWritten)):
         with pytest.raises(error):
             log.read_async(pos).result(timeout=30)

@@ -13,7 +13,9 @@ import pytest
 import pyzlog
 from pyzlog import Log
 from pyzlog.core import wire
-from pyzlog.core.objects import ClassIO
+from pyzlog.core.native import Connection
+
+from clsobj import log_obj
 
 
 @pytest.fixture
@@ -112,10 +114,10 @@ def test_slow_tail_finding(log: Log) -> None:
     assert log.epoch == 3
     # every object of the view is sealed at the new epoch: old-epoch writes are refused
     for i in range(3):
-        obj_stat = log.state.data.call(f"zlog.{log.name}.1.{i}", "stat", b"", 64)
-        assert wire.parse_stat(obj_stat).sealed_epoch == 3
-    stale = log.state.data.call_raw(log.oid_of(40), "write", wire.write(2, 40, b"old"))[0]
-    assert isinstance(pyzlog.core.errors.from_errno(stale, "write"), pyzlog.StaleEpoch)
+        ret, st = log_obj(log, f"zlog.{log.name}.1.{i}").stat()
+        assert ret == 0 and st is not None and st.sealed_epoch == 3
+    stale = log_obj(log, log.oid_of(40)).write(2, 40, b"old")
+    assert isinstance(pyzlog.core.errors.error_for(stale, "write"), pyzlog.StaleEpoch)
     # a client holding the old epoch refreshes by itself and succeeds
     other = Log.open(log.cluster, log.pool, log.name)
     other.state._meta = wire.Meta(2, other.meta.config, other.views)
@@ -123,28 +125,23 @@ def test_slow_tail_finding(log: Log) -> None:
     assert other.epoch == 3 and log.read(41) == b"fresh"
 
 
-def test_tail_finding_uses_aio_only(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Objects are contacted concurrently: no blocking per-object call."""
-    def blocking(*a, **k):  # type: ignore[no-untyped-def]
-        raise AssertionError("slow tail finding made a blocking per-object call")
-
+def test_tail_finding_contacts_objects_together(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects are contacted concurrently: one batch of calls per step, never
+    one call after another."""
     log.write(3, b"x")
-    real_call_raw = ClassIO.call_raw
-    monkeypatch.setattr(ClassIO, "call_raw", blocking)
-    seen: list[str] = []
-    real_async = ClassIO.call_async
+    batches: list[list[str]] = []
+    real_calls = Connection.calls
 
-    def counting(self, oid, method, payload=b"", out_len=256):  # type: ignore[no-untyped-def]
-        seen.append(method)
-        return real_async(self, oid, method, payload, out_len)
+    def recording(self, items):  # type: ignore[no-untyped-def]
+        batches.append([op.name for _pool, _oid, op, _fields in items])
+        return real_calls(self, items)
 
-    monkeypatch.setattr(ClassIO, "call_async", counting)
-    # the metadata object itself is still read with a plain call
-    monkeypatch.setattr(log.state.meta_store.io, "call_raw", real_call_raw.__get__(log.state.meta_store.io), raising=False)
+    monkeypatch.setattr(Connection, "calls", recording)
     _epoch, nxt = log.seal_and_find_tail()
     assert nxt == 4
+    data = [b for b in batches if b[0] in ("SEAL", "STAT")]
     # stat (pick the epoch), seal, stat again (the max, and any view end): each on all 3 at once
-    assert seen.count("seal") == 3 and seen.count("stat") == 6
+    assert data == [["STAT"] * 3, ["SEAL"] * 3, ["STAT"] * 3], batches
 
 
 def test_concurrent_tail_finders(log: Log) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from clsobj import log_obj
 from seqr_proc import SeqrProcess
 
 import pyzlog
@@ -57,7 +59,7 @@ def seal_raw(lg: Log, epoch: int, indices: list[int] | None = None) -> None:
     died before installing the epoch in the metadata."""
     oids = view_objects(lg.name, lg.views[-1])
     for i in (range(len(oids)) if indices is None else indices):
-        lg.state.data.call(oids[i], "seal", wire.epoch_only(epoch))
+        assert log_obj(lg, oids[i]).seal(epoch) == 0
 
 
 def kinds(records: Any) -> list[RecordKind]:
@@ -127,11 +129,11 @@ def test_a_reconfiguration_cut_in_half_is_finished_at_its_recorded_end(rados_clu
     epoch = lg.epoch + 1
     seal_raw(lg, epoch)
     oids = view_objects(lg.name, lg.views[-1])
-    lg.state.data.call(oids[0], "close", wire.epoch_position(epoch, 5))
+    assert log_obj(lg, oids[0]).close(epoch, 5) == 0
     p = within(BOUND, lambda: lg.append(b"after"))
     assert p == 5 and lg.views[-1].start == 5 and lg.epoch > epoch
     # the old view's objects keep refusing positions of the new one
-    assert lg.state.data.call_raw(oids[2], "write", wire.write(lg.epoch, 8, b"z"))[0] == -errno.ESTALE
+    assert log_obj(lg, oids[2]).write(lg.epoch, 8, b"z") == -errno.ESTALE
     assert [r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream(0)] == \
         [b"x%d" % i for i in range(5)] + [b"after"]
 

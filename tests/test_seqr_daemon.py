@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from clsobj import log_obj
 from seqr_proc import SeqrProcess
 
 import pyzlog
@@ -45,7 +47,7 @@ def test_recovery_seals_and_seeds_counter(rados_cluster, ceph, log_name, seqr) -
     assert (status, epoch, pos, n) == (sq.OK, 2, 10, 5)  # max + 1
     # every data object is sealed at the new epoch
     for i in range(3):
-        st = wire.parse_stat(log.state.data.call(f"zlog.{log_name}.1.{i}", "stat", b"", 64))
+        st = log_obj(log, f"zlog.{log_name}.1.{i}").stat()[1]
         assert st.sealed_epoch == 2
     assert client.tail(ceph.pool, log_name, 2)[2] == 15  # TAIL takes nothing
 

@@ -166,7 +166,7 @@ def test_the_checkout_itself_imports_the_compiled_parts() -> None:
     import sys
 
     root = PKG.parent
-    code = ("import pyzlog._seqr, pyzlog._appender, pyzlog._fastread, pyzlog, vstart.vstart as v; "
+    code = ("import pyzlog._seqr, pyzlog._appender, pyzlog._dataplane, pyzlog, vstart.vstart as v; "
             "print(pyzlog.__file__); print(v._find_cls_lib())")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}  # a plain `python`
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,

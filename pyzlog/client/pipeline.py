@@ -208,6 +208,8 @@ class LogAsync:
         self._stale = StaleWait(log, "async append")
         self._refused_epoch = 0
         self._retries: list[Item] = []
+        #: entries that went the retry path (refused, handed back, or no sequencer)
+        self.retried = 0
         self._retry_stale = False
         self._retry_scheduled = False
         self._retry_lock = threading.Lock()
@@ -340,8 +342,13 @@ class LogAsync:
             self._refused_epoch = self.log.epoch
             self._retry(item, stale=True)
 
+    def stats(self) -> dict[str, int]:
+        """The connection's append pipeline counters (shared by its logs)."""
+        return (self._pipe or self._pipeline()).stats()
+
     def _retry(self, item: Item, stale: bool) -> None:
         with self._retry_lock:
+            self.retried += 1
             self._retries.append(item)
             self._retry_stale = self._retry_stale or stale
             if self._retry_scheduled:

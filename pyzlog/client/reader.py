@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 

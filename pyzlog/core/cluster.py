@@ -20,6 +20,8 @@ DEFAULT_OP_TIMEOUT = 30.0
 
 
 _cluster_class: Any = None
+#: called with a pyzlog connection as it shuts down (the data plane closes its own first)
+on_shutdown: list[Any] = []
 
 
 def _cluster_type() -> Any:
@@ -32,6 +34,11 @@ def _cluster_type() -> Any:
 
         class Cluster(rados.Rados):  # type: ignore[misc]  # python-rados has no types
             client_name = "client.admin"
+
+            def shutdown(self) -> None:
+                for hook in on_shutdown:
+                    hook(self)
+                super().shutdown()
 
         _cluster_class = Cluster
     return _cluster_class

@@ -39,7 +39,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from . import wire
-from .cluster import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, connection_settings
+from .cluster import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, connection_settings, on_shutdown
 from .errors import ClusterUnavailable, PermissionDenied, PoolNotFound, Timeout, ZlogError, error_for
 
 if TYPE_CHECKING:
@@ -688,6 +688,8 @@ class Connection:
             lib.dp_queue_wake(self._async.handle)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+            if not self._thread.is_alive() and self._async is not None:
+                self._async.close()
         for q in queues:
             q.close()
         return left
@@ -695,6 +697,17 @@ class Connection:
 
 _conns: dict[int, tuple[Any, Connection]] = {}
 _conns_lock = threading.Lock()
+
+
+def _cluster_shutdown(cluster: Any) -> None:
+    """A pyzlog connection shuts down: its data plane goes first."""
+    with _conns_lock:
+        entry = _conns.get(id(cluster))
+    if entry is not None and entry[0] is cluster:
+        entry[1].close()
+
+
+on_shutdown.append(_cluster_shutdown)
 _clusters: weakref.WeakSet[Any] = weakref.WeakSet()
 
 

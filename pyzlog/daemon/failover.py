@@ -21,7 +21,6 @@ displaced, and two daemons cannot take a log from each other in turn.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket

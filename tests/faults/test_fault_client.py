@@ -15,6 +15,7 @@ from pyzlog import Log, RecordKind
 
 from pyzlog.core import wire
 
+from clsobj import log_obj
 from faultlib import Workload, append_recorded, final_scan, hold_position, wait_until
 from history import APPEND, FAIL, OK, STREAM_READ, UNKNOWN, History, payload
 
@@ -67,7 +68,7 @@ def _stale_writes(h: History, stale: Log, epoch: int, positions: range, writer: 
     for k, pos in enumerate(positions):
         data = payload(writer, k)
         op = h.invoke(APPEND, writer, data=data)
-        ret, _ = stale.state.data.call_raw(stale.oid_of(pos), "write", wire.write(epoch, pos, data))
+        ret = log_obj(stale, stale.oid_of(pos)).write(epoch, pos, data)
         if ret == 0:
             h.complete(op, OK, position=pos)  # the checker then sees what happened to it
         else:

@@ -1,8 +1,8 @@
-"""The native read path (pyzlog.core.fastread on pyzlog._fastread, cffi over
-librados' C API) against the real cluster: every class call it makes gives
-what the python-rados path gives, range replies decode into Arrow as the
-stream reads them, errors are typed, a stopped OSD times out, and dropping
-or exiting with reads in flight neither leaks nor crashes."""
+"""The native data plane (pyzlog.core.native, native/dataplane.c) on a real
+cluster: every kind of call and its result, range windows walked into Arrow
+batches, view scans, async callbacks on the completion thread, typed errors,
+and lifetimes (queues dropped or a process exiting with calls in flight, a
+stopped OSD)."""
 from __future__ import annotations
 
 import errno
@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,28 +29,44 @@ from pyzlog.core.errors import (
     PoolNotFound,
     StaleEpoch,
     Trimmed,
+    error_for,
 )
-from pyzlog.core.fastread import (
-    MAX_CALLS_PER_OP,
+from pyzlog.core.layout import META_NAMESPACE, view_objects
+from pyzlog.core.native import Connection, Op
+from pyzlog.core.scan import (
     STOP_END,
     STOP_FULL,
     STOP_MISSING,
     STOP_NEED,
-    Native,
     RangeWindow,
-    Reads,
     ViewScan,
     batch_of,
     batch_schema,
     build_batch,
-    error,
 )
-from pyzlog.core.layout import META_NAMESPACE, view_objects
+from pyzlog._dataplane import lib
+
+from clsobj import log_obj
+
+MAX_CALLS_PER_OP = lib.DP_MAX_CALLS_PER_OP
+
+
+def error(code: int, what: str, position: int | None = None) -> pyzlog.ZlogError:
+    return error_for(code, what, position=position)
+
+
+def read(q, pool, oid, epoch: int, pos: int, tag: int) -> None:  # type: ignore[no-untyped-def]
+    q.submit(pool, oid, Op.READ, tag, epoch=epoch, position=pos)
+
+
+def read_range(q, pool, oid, epoch: int, first: int, last: int, n: int, nbytes: int,  # type: ignore[no-untyped-def]
+               tag: int) -> None:
+    q.submit(pool, oid, Op.READ_RANGE, tag, epoch=epoch, position=first, last=last, max_entries=n, max_bytes=nbytes)
 
 
 @pytest.fixture(scope="module")
 def native(rados_cluster):  # type: ignore[no-untyped-def]
-    return Native.of(rados_cluster)
+    return Connection.of(rados_cluster)
 
 
 @pytest.fixture
@@ -100,7 +117,7 @@ def test_single_reads_match_the_python_path(native, queue, gappy_log: Log) -> No
     log = gappy_log
     pool = native.pool(log.pool)
     for p in range(45):
-        queue.read(pool, log.oid_of(p), log.epoch, p, p)
+        read(queue, pool, log.oid_of(p), log.epoch, p, p)
     got = wait_all(queue)
     assert sorted(got) == list(range(45))
     for p, (code, value) in got.items():
@@ -119,7 +136,7 @@ def test_single_reads_match_the_python_path(native, queue, gappy_log: Log) -> No
 
 def test_read_of_an_object_never_created_is_not_written(native, queue, log_name, rados_cluster, ceph) -> None:  # type: ignore[no-untyped-def]
     log = Log.create(rados_cluster, ceph.pool, log_name, width=4)
-    queue.read(native.pool(ceph.pool), log.oid_of(7), log.epoch, 7, 1)
+    read(queue, native.pool(ceph.pool), log.oid_of(7), log.epoch, 7, 1)
     ((code, value),) = wait_all(queue).values()
     assert code == -errno.ENOENT and value is None
     assert isinstance(error(code, "read at 7", 7), NotWritten)
@@ -147,22 +164,21 @@ def test_read_many_over_the_op_limit_is_split(native, queue, rados_cluster, ceph
     assert got == {i: (0, b"v%d" % i) for i in range(n)}
 
 
-def test_stat_max_position_and_exec(native, queue, gappy_log: Log, data_io) -> None:  # type: ignore[no-untyped-def]
+def test_stat_max_position_and_meta(native, queue, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
     log = gappy_log
     pool = native.pool(log.pool)
     oids = view_objects(log.name, log.views[-1])
     for i, oid in enumerate(oids):
-        queue.stat(pool, oid, 100 + i)
-        queue.max_position(pool, oid, log.epoch, 200 + i)
-    queue.stat(pool, "no-such-object", 300)
-    queue.max_position(pool, "no-such-object", log.epoch, 301)
+        queue.submit(pool, oid, Op.STAT, 100 + i)
+        queue.submit(pool, oid, Op.MAX_POSITION, 200 + i, epoch=log.epoch)
+    queue.submit(pool, "no-such-object", Op.STAT, 300)
+    queue.submit(pool, "no-such-object", Op.MAX_POSITION, 301, epoch=log.epoch)
     meta = native.pool(log.pool, META_NAMESPACE)
-    queue.exec(meta, log.name, "meta_get", b"", 400)
+    queue.submit(meta, log.name, Op.META_GET, 400)
     got = wait_all(queue)
     for i, oid in enumerate(oids):
-        assert got[100 + i] == (0, wire.parse_stat(data_io.call(oid, "stat", b"", 64)))
-        assert got[200 + i] == (0, wire.parse_max_position(
-            data_io.call(oid, "max_position", wire.epoch_only(log.epoch), 64)))
+        assert got[100 + i] == log_obj(log, oid, 1).stat()  # what protocol 1 says
+        assert got[200 + i] == log_obj(log, oid, 1).max_position(log.epoch)
     assert got[200][1] == 40 and got[101][1].trim_below == 2  # type: ignore[union-attr]
     assert got[300] == (-errno.ENOENT, None)
     assert got[301] == (-errno.ENOENT, None)  # the OSD answers for a missing object
@@ -170,32 +186,32 @@ def test_stat_max_position_and_exec(native, queue, gappy_log: Log, data_io) -> N
     assert code == 0 and wire.parse_meta(raw) == log.refresh()  # type: ignore[arg-type]
 
 
-def test_stale_epoch_comes_back_as_a_code(native, queue, gappy_log: Log, data_io) -> None:  # type: ignore[no-untyped-def]
+def test_stale_epoch_comes_back_as_a_code(native, queue, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
     log = gappy_log
     oid = log.oid_of(5)
-    assert data_io.call_raw(oid, "seal", wire.epoch_only(log.epoch + 5))[0] == 0
+    assert log_obj(log, oid).seal(log.epoch + 5) == 0
     pool = native.pool(log.pool)
-    queue.read(pool, oid, log.epoch, 5, 1)
-    queue.read_range(pool, oid, log.epoch, 0, 100, 16, 1 << 20, 2)
-    queue.read(pool, oid, log.epoch + 5, 5, 3)
+    read(queue, pool, oid, log.epoch, 5, 1)
+    read_range(queue, pool, oid, log.epoch, 0, 100, 16, 1 << 20, 2)
+    read(queue, pool, oid, log.epoch + 5, 5, 3)
     got = wait_all(queue)
     assert got[1] == (-errno.ESTALE, None) and got[2] == (-errno.ESTALE, None)
     assert got[3] == (0, b"d5")
     assert isinstance(error(-errno.ESTALE, "read"), StaleEpoch)
 
 
-def test_read_range_window_is_the_reply(native, queue, gappy_log: Log, data_io) -> None:  # type: ignore[no-untyped-def]
+def test_read_range_window_is_the_reply(native, queue, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
     log = gappy_log
     pool = native.pool(log.pool)
     oids = view_objects(log.name, log.views[-1])
     for i, oid in enumerate(oids):
-        queue.read_range(pool, oid, log.epoch, 0, 1000, 512, 1 << 20, i)
+        read_range(queue, pool, oid, log.epoch, 0, 1000, 512, 1 << 20, i)
     got = wait_all(queue)
     for i, oid in enumerate(oids):
         code, window = got[i]
         assert code == 0 and isinstance(window, RangeWindow)
-        py = wire.parse_range_reply(data_io.call(oid, "read_range", wire.read_range(log.epoch, 0, 1000, 512, 1 << 20),
-                                                 wire.range_reply_size(512, 1 << 20)))
+        ret, py = log_obj(log, oid, 1).read_range(log.epoch, 0, 1000, 512, 1 << 20)  # protocol 1's reply
+        assert ret == 0 and py is not None
         assert list(window.entries()) == py.entries
         assert (window.first, window.next, window.trim_below, window.max_position) == \
             (0, py.next, py.trim_below, py.max_position)
@@ -206,7 +222,7 @@ def test_read_range_window_is_the_reply(native, queue, gappy_log: Log, data_io) 
 # ----------------------------------------------------------------- Arrow
 def test_window_record_batch_columns(native, queue, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
     log = gappy_log
-    queue.read_range(native.pool(log.pool), log.oid_of(1), log.epoch, 0, 1000, 512, 1 << 20, 0)
+    read_range(queue, native.pool(log.pool), log.oid_of(1), log.epoch, 0, 1000, 512, 1 << 20, 0)
     ((code, window),) = wait_all(queue).values()
     assert code == 0
     batch = window.record_batch()  # type: ignore[union-attr]
@@ -226,7 +242,7 @@ def test_window_record_batch_columns(native, queue, gappy_log: Log) -> None:  # 
 
 def test_batches_made_in_python_share_the_schema(native, queue, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
     log = gappy_log
-    queue.read_range(native.pool(log.pool), log.oid_of(1), log.epoch, 0, 1000, 512, 1 << 20, 0)
+    read_range(queue, native.pool(log.pool), log.oid_of(1), log.epoch, 0, 1000, 512, 1 << 20, 0)
     ((_, window),) = wait_all(queue).values()
     lost = batch_of([25], ["lost"], [log.epoch], [None])
     assert lost.schema == batch_schema() == window.record_batch().schema  # type: ignore[union-attr]
@@ -240,7 +256,7 @@ def windows_of(native, queue, log: Log, first: int = 0, last: int = 1000, per_ca
     pool = native.pool(log.pool)
     oids = view_objects(log.name, log.views[-1])
     for i, oid in enumerate(oids):
-        queue.read_range(pool, oid, log.epoch, first + ((i - first) % len(oids)), last, per_call, call_bytes, i)
+        read_range(queue, pool, oid, log.epoch, first + ((i - first) % len(oids)), last, per_call, call_bytes, i)
     got = wait_all(queue)
     return [got[i][1] for i in range(len(oids))]  # type: ignore[misc]
 
@@ -344,53 +360,66 @@ def test_arrow_decoding_of_many_entries(native, rados_cluster, ceph, log_name) -
     assert set(table.column("kind").to_pylist()) == {"data"}
 
 
-# ----------------------------------------------------------------- futures
-def test_reads_resolve_futures_in_batches(native, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
+# ----------------------------------------------------------------- async
+def test_async_calls_complete_on_one_thread(native, gappy_log: Log) -> None:  # type: ignore[no-untyped-def]
+    """submit(): callbacks run on the connection's one completion thread, with
+    the same values and codes as a queue's results."""
     log = gappy_log
-    reads = Reads(native)
     pool = native.pool(log.pool)
-    futs = {p: reads.read(pool, log.oid_of(p), log.epoch, p) for p in range(45)}
-    seen: list[tuple[int, object]] = []
-    reads.submit(pool, log.oid_of(3), log.epoch, 3, lambda code, value: seen.append((code, value)))
-    assert futs[3].result(30) == (0, b"d3") and futs[25].result(30) == (-errno.ENODATA, None)
-    assert all(f.result(30)[0] in (0, -errno.ENODATA, -errno.ENOMSG, -errno.EIDRM, -errno.ENOENT)
-               for f in futs.values())
-    reads.close()
-    assert seen == [(0, b"d3")]
-    with pytest.raises(pyzlog.ZlogError, match="closed"):
-        reads.read(pool, log.oid_of(3), log.epoch, 3)
+    got: dict[int, tuple[int, object]] = {}
+    threads: set[str] = set()
+    done = threading.Event()
+
+    def callback(p: int):  # type: ignore[no-untyped-def]
+        def cb(code: int, value: object) -> None:
+            got[p] = (code, value)
+            threads.add(threading.current_thread().name)
+            if len(got) == 45:
+                done.set()
+        return cb
+
+    for p in range(45):
+        native.submit(pool, log.oid_of(p), Op.READ, callback(p), epoch=log.epoch, position=p)
+    assert done.wait(30)
+    assert threads == {"pyzlog-complete"}
+    assert got[3] == (0, b"d3") and got[25] == (-errno.ENODATA, None) and got[13] == (-errno.ENOMSG, None)
+    assert all(code in (0, -errno.ENODATA, -errno.ENOMSG, -errno.EIDRM, -errno.ENOENT) for code, _ in got.values())
 
 
 # ----------------------------------------------------------------- errors
 def test_connection_is_shared_and_errors_are_typed(native, rados_cluster, ceph) -> None:  # type: ignore[no-untyped-def]
-    assert Native.of(rados_cluster) is native
+    assert Connection.of(rados_cluster) is native
     assert native.pool(ceph.pool) is native.pool(ceph.pool)
     with pytest.raises(PoolNotFound):
         native.pool("no-such-pool")
     with pytest.raises(ValueError, match="malformed"):
         RangeWindow.parse(b"short")
     with pytest.raises(ValueError, match="malformed"):  # n says one entry, none follows
-        RangeWindow.parse(wire._RANGE_HEAD.pack(0, 0, 0, 5, 1))
+        RangeWindow.parse(bytes(25) + (1).to_bytes(4, "little"), protocol=1)
     assert isinstance(error(-errno.ETIMEDOUT, "read"), ClusterUnavailable)
     q = native.queue()
     assert q.wait(5.0) == [] and q.pending == 0  # nothing in flight: no waiting
     assert q.drain(0.1)
     q.close()
     with pytest.raises(pyzlog.ZlogError, match="closed"):
-        q.read(native.pool(ceph.pool), "x", 1, 0, 0)
+        read(q, native.pool(ceph.pool), "x", 1, 0, 0)
     assert q.pending == 0
+    assert isinstance(error(-errno.EIO, "read"), pyzlog.Corrupt)
+    assert isinstance(error(-errno.EDQUOT, "write"), pyzlog.PoolFull)
+    assert isinstance(error(-errno.ETIMEDOUT, "read"), TimeoutError)  # and a ZlogError
+    assert error(-errno.ESTALE, "read").errno == errno.ESTALE
 
 
 def test_closed_connection_refuses_reads(ceph) -> None:  # type: ignore[no-untyped-def]
     cluster = pyzlog.connect(ceph.conf)
     try:
-        native = Native.of(cluster)
+        native = Connection.of(cluster)
         pool = native.pool(ceph.pool)
         q = native.queue()
         assert native.close() == 0
         with pytest.raises(ClusterUnavailable, match="closed"):
-            q.read(pool, "x", 1, 0, 0)
-        assert Native.of(cluster) is not native  # a new one on demand
+            read(q, pool, "x", 1, 0, 0)
+        assert Connection.of(cluster) is not native  # a new one on demand
         q.close()
     finally:
         cluster.shutdown()
@@ -409,25 +438,28 @@ def _crashed(out: subprocess.CompletedProcess[str]) -> bool:
 
 
 def test_dropped_queues_free_every_completion(ceph, log_name, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Queues, scans and Reads dropped with hundreds of calls in flight: every
+    """Queues, scans and async calls dropped with hundreds of calls in flight: every
     op, completion, window and queue is freed once librados is done."""
     out = _run(f"""
 import gc, time
 import pyzlog
 from pyzlog import Log
-from pyzlog.core.fastread import Native, Reads, ViewScan, lib
+from pyzlog.core.native import Connection, Op
+from pyzlog.core.scan import ViewScan
+from pyzlog._dataplane import lib
 from pyzlog.core.layout import view_objects
 c = pyzlog.connect({ceph.conf!r})
 log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=4)
 log.append_many([b"x" * 200] * 4000)
-native = Native.of(c)
+native = Connection.of(c)
 pool = native.pool({ceph.pool!r})
 oids = view_objects(log.name, log.views[-1])
 for k in range(20):
     q = native.queue()
     for i in range(100):
-        q.read(pool, log.oid_of(i), log.epoch, i, i)
-        q.read_range(pool, oids[i % 4], log.epoch, 0, 4000, 512, 1 << 20, 1000 + i)
+        q.submit(pool, log.oid_of(i), Op.READ, i, epoch=log.epoch, position=i)
+        q.submit(pool, oids[i % 4], Op.READ_RANGE, 1000 + i, epoch=log.epoch, position=0, last=4000,
+                 max_entries=512, max_bytes=1 << 20)
     q.read_many(pool, oids[0], log.epoch, list(range(0, 400, 4)), list(range(100)))
     if k % 2:
         q.wait(1.0)  # some delivered (their windows live on in `res`), the rest dropped
@@ -435,43 +467,46 @@ for k in range(20):
     scan = ViewScan(native.queue(), pool, oids, log.epoch, 0, 4000, per_call=64, ahead=4)
     next(scan.batches())
     del scan
-    reads = Reads(native)
-    futs = [reads.read(pool, log.oid_of(i), log.epoch, i) for i in range(50)]
-    reads.close()
-    del reads
+    for i in range(50):
+        native.submit(pool, log.oid_of(i), Op.READ, lambda code, value: None, epoch=log.epoch, position=i)
+log.close()
+c.shutdown()  # the connection's own queues (completions, sync calls) go with it
 gc.collect()
 names = ("ops", "completions", "queues", "windows", "batches")
 deadline = time.monotonic() + 60
-while any(lib.fr_live(i) for i in range(5)) and time.monotonic() < deadline:
+while any(lib.dp_live(i) for i in range(5)) and time.monotonic() < deadline:
     time.sleep(0.05)
     gc.collect()
-print({{n: lib.fr_live(i) for i, n in enumerate(names)}})
+print({{n: lib.dp_live(i) for i, n in enumerate(names)}})
 """, tmp_path)
     assert not _crashed(out), out.stderr[-3000:]
     assert out.stdout.strip() == str({"ops": 0, "completions": 0, "queues": 0, "windows": 0, "batches": 0})
 
 
 def test_exit_with_reads_in_flight(ceph, log_name, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A program that ends with native reads, a scan and Reads futures in
+    """A program that ends with native reads, a scan, async reads and appends in
     flight exits 0, promptly, without a crash."""
     out = _run(f"""
 import pyzlog
 from pyzlog import Log
-from pyzlog.core.fastread import Native, Reads, ViewScan
+from pyzlog.core.native import Connection, Op
+from pyzlog.core.scan import ViewScan
 from pyzlog.core.layout import view_objects
 c = pyzlog.connect({ceph.conf!r})
 log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=8)
 log.append_many([b"y" * 500] * 5000)
-native = Native.of(c)
+native = Connection.of(c)
 pool = native.pool({ceph.pool!r})
 oids = view_objects(log.name, log.views[-1])
 q = native.queue()
 for i in range(300):
-    q.read_range(pool, oids[i % 8], log.epoch, 0, 5000, 512, 4 << 20, i)
+    q.submit(pool, oids[i % 8], Op.READ_RANGE, i, epoch=log.epoch, position=0, last=5000, max_entries=512,
+             max_bytes=4 << 20)
 scan = ViewScan(native.queue(), pool, oids, log.epoch, 0, 5000, per_call=128, ahead=4)
 first = next(scan.batches())
-reads = Reads(native)
-futs = [reads.read(pool, log.oid_of(i), log.epoch, i) for i in range(500)]
+for i in range(500):
+    native.submit(pool, log.oid_of(i), Op.READ, lambda code, value: None, epoch=log.epoch, position=i)
+futs = [log.read_async(i) for i in range(500)] + [log.append_async(b"z") for _ in range(500)]
 print("exiting", first.num_rows > 0)
 """, tmp_path)
     assert not _crashed(out), out.stderr[-3000:]
@@ -506,26 +541,22 @@ def test_reads_of_a_stopped_cluster_time_out(ceph, log_name, paused_osd) -> None
     try:
         log = Log.create(cluster, ceph.pool, log_name, width=2)
         log.append_many([b"z"] * 10)
-        native = Native.of(cluster)
+        native = Connection.of(cluster)
         assert native.op_timeout == 2
         pool = native.pool(ceph.pool)
         q = native.queue()
         scan = ViewScan(native.queue(), pool, native_oids(log), log.epoch, 0, 1000)
         paused_osd()
-        t0 = time.monotonic()
         for p in range(10):
-            q.read(pool, log.oid_of(p), log.epoch, p, p)
-        q.read_range(pool, log.oid_of(0), log.epoch, 0, 100, 10, 1 << 20, 100)
-        got = wait_all(q, timeout=30)
-        elapsed = time.monotonic() - t0
+            read(q, pool, log.oid_of(p), log.epoch, p, p)
+        read_range(q, pool, log.oid_of(0), log.epoch, 0, 100, 10, 1 << 20, 100)
+        got = wait_all(q, timeout=60)  # every call ends with a code: none hangs
         assert {code for code, _ in got.values()} == {-errno.ETIMEDOUT}
-        assert 1.5 < elapsed < 15, elapsed
         with pytest.raises(ClusterUnavailable):
             list(scan.batches())
         scan.close()
         q.close()
     finally:
-        Native.of(cluster).close(5)
         cluster.shutdown()
 
 
@@ -534,17 +565,17 @@ def test_exit_while_reads_hang_on_a_stopped_osd(ceph, log_name, paused_osd, tmp_
 import sys
 import pyzlog
 from pyzlog import Log
-from pyzlog.core.fastread import Native
+from pyzlog.core.native import Connection, Op
 c = pyzlog.connect({ceph.conf!r}, op_timeout=60)
 log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=2)
 log.append_many([b"z"] * 10)
-native = Native.of(c)
+native = Connection.of(c)
 pool = native.pool({ceph.pool!r})
 q = native.queue()
 print("ready", flush=True)
 sys.stdin.readline()  # the OSD is stopped now
 for p in range(100):
-    q.read(pool, log.oid_of(p), log.epoch, p, p)
+    q.submit(pool, log.oid_of(p), Op.READ, p, epoch=log.epoch, position=p)
 print("exiting", q.pending, flush=True)
 """
     path = tmp_path / "hang.py"
@@ -555,13 +586,12 @@ print("exiting", q.pending, flush=True)
         assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline().strip() == "ready"
         paused_osd()
-        t0 = time.monotonic()
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        out, err = proc.communicate(timeout=60)
+        # the exit waits briefly for the calls in flight, not for their 60 s op timeout
+        out, err = proc.communicate(timeout=45)
         assert proc.returncode == 0, err[-3000:]
         assert out.strip() == "exiting 100"
-        assert time.monotonic() - t0 < 20  # a bounded wait, not the 60 s op timeout
     finally:
         if proc.poll() is None:
             proc.kill()
