@@ -25,7 +25,7 @@ from pyzlog.client.reader import HOLE_WAIT_SECONDS, MAX_POLL_SECONDS, HoleClock,
 from pyzlog.client.stale import StaleWait
 from pyzlog.core import wire
 from pyzlog.core.errors import InvalidRequest, error_for
-from pyzlog.core.layout import data_oid, view_end, view_of
+from pyzlog.core.layout import data_oid, first_in_stride, view_end, view_of
 from pyzlog.core.state import LogState
 
 #: entries asked of one object per read_range call
@@ -218,7 +218,7 @@ class Stream:
             self._cursors.append(ObjectCursor(self.log, data_oid(self.log.name, view, i), self.position,
                                               last, view.width, self.per_call))
         if self.stride_index is not None and self.stride is not None:
-            self.position += (self.stride_index - self.position) % self.stride
+            self.position = first_in_stride(self.position, self.stride_index, self.stride)
         else:
             for c in self._cursors:
                 c.start()

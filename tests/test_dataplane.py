@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -596,3 +597,49 @@ print("exiting", q.pending, flush=True)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
+    from seqr_proc import SeqrProcess
+
+    p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
+    yield p
+    p.kill()
+
+
+def test_ten_logs_share_one_connection_and_a_fixed_set_of_threads(ceph, seqr, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A process appending asynchronously to 10 logs holds one data-plane
+    connection (one librados handle) and as many threads as with one log:
+    the logs share the completion thread, the retry thread and the C++
+    sender, and nothing starts a thread per log or per call."""
+    out = _run(f"""
+import os, threading, uuid
+import pyzlog
+from pyzlog._dataplane import lib
+c = pyzlog.connect({ceph.conf!r})
+
+def appending(n):
+    logs = [pyzlog.Log.create(c, {ceph.pool!r}, "threads-" + uuid.uuid4().hex[:8], sequencer={seqr.address!r})
+            for _ in range(n)]
+    futs = [lg.append_async(b"x") for _ in range(300) for lg in logs]
+    futs += [lg.read_async(0) for lg in logs]
+    for f in futs:
+        f.result(60)
+    return logs
+
+def census():
+    return (lib.dp_live(5), len(os.listdir("/proc/self/task")), sorted(t.name for t in threading.enumerate()))
+
+one = appending(1)
+first = census()
+ten = appending(10)
+after = census()
+import json
+print(json.dumps({{"first": first, "after": after}}))
+""", tmp_path)
+    assert not _crashed(out), out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["after"] == got["first"], got  # no new connection, no new thread at all
+    connections, _, names = got["first"]
+    assert connections == 1 and "pyzlog-complete" in names

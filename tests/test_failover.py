@@ -119,8 +119,9 @@ def test_clients_find_the_sequencer_in_the_metadata(rados_cluster, ceph, log_nam
 
 def test_a_new_log_gets_a_sequencer_from_the_registry(rados_cluster, ceph, log_name, daemons) -> None:  # type: ignore[no-untyped-def]
     a, b = daemons(), daemons()
-    addresses = {r.address for r in read_records(registry_ioctx(rados_cluster, ceph.pool))}
-    assert {a.address, b.address} <= addresses
+    # a daemon answers on its port a moment before its first registry record lands
+    wait_until(lambda: {a.address, b.address} <= {r.address for r in read_records(
+        registry_ioctx(rados_cluster, ceph.pool))}, 30, "both daemons in the registry")
     lg = Log.create(rados_cluster, ceph.pool, log_name)
     lg.append(b"x")
     picked = owner(lg)

@@ -782,7 +782,7 @@ def test_spark_bench_reports_rates_and_where_the_cpu_went(ceph, tmp_path: Path) 
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["entries"] == 20000 and "| Spark `local[2]` |" in p.stdout
-    readers = ("client_stream", "client_stream_rados", "spark_local1", "spark_local2")
+    readers = ("client_stream", "spark_local1", "spark_local2")
     for case in readers:
         cpu = r[case]["cpu"]
         assert r[case]["rows_per_s"] > 0 and 0 < cpu["machine_busy"] <= 1

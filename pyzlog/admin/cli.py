@@ -492,6 +492,27 @@ def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, 
                  out=_bench_out("read", out))
 
 
+@bench.command(name="compare", context_settings=CONTEXT)
+@click.option("--baseline", required=True, metavar="DIR",
+              help="a directory holding another build's pyzlog package (pip install --no-deps --target DIR ...)")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="seconds per case and round")
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True)
+@click.option("--size", type=click.IntRange(0, 1 << 20), default=1024, show_default=True)
+@click.option("--entries", type=click.IntRange(1, 10_000_000), default=20000, show_default=True,
+              help="entries of the log the read cases read")
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-before-after.json]")
+@pass_env
+def bench_compare(env: Env, baseline: str, duration: float, rounds: int, size: int, entries: int,
+                  out: str | None) -> None:
+    """This build of the client against another one, same cluster, one sitting."""
+    from ..bench.compare import bench_compare as run
+    from ..core.cluster import resolve_conf
+
+    run(resolve_conf(env.conf), env.pool, baseline, seqr=env.seqr or "", duration=duration, rounds=rounds,
+        size=size, entries=entries, out=out or "results/bench-before-after.json")
+
+
 @bench.command(name="failover", context_settings=CONTEXT)
 @click.option("--kills", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="rounds that kill -9 the active sequencer")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 
 from . import metrics
@@ -45,9 +45,11 @@ class Outcome(Enum):
 _TAKEN_CODES = frozenset((-errno.EROFS, -errno.ENOMSG, -errno.EIDRM))
 
 
-def judge(ret: int, log_name: str, position: int) -> Outcome:
+def judge(ret: int, log_name: str, position: int,
+          error: Callable[[int, str, int], ZlogError] | None = None) -> Outcome:
     """What a write's return code means for an append; raises for a failure
-    no new position can cure."""
+    no new position can cure (made by `error(code, what, position)`, default
+    errors.error_for; the data plane's names the cephx caps a refusal lacks)."""
     if ret == 0:
         metrics.APPENDS.inc()
         return Outcome.STORED
@@ -57,7 +59,8 @@ def judge(ret: int, log_name: str, position: int) -> Outcome:
     if ret in _TAKEN_CODES:
         metrics.RETRIES_TAKEN.inc()
         return Outcome.TAKEN
-    raise error_for(ret, f"append to {log_name!r}", position=position)
+    what = f"append to {log_name!r}"
+    raise error(ret, what, position) if error is not None else error_for(ret, what, position=position)
 
 
 def stored_form(log: LogState, data: bytes) -> bytes:
@@ -95,7 +98,7 @@ def store(log: LogState, positions: Positions, entries: list[bytes], what: str,
         refused: list[tuple[int, bytes]] = []
         was_stale = False
         for pos, item, ret in _write(log, meta, first, todo):
-            outcome = judge(ret, log.name, pos)
+            outcome = judge(ret, log.name, pos, write_error(log, meta))
             if outcome is Outcome.STORED:
                 placed[item[0]] = pos
             else:
@@ -105,6 +108,15 @@ def store(log: LogState, positions: Positions, entries: list[bytes], what: str,
             stale(meta.epoch)
         todo = refused
     return placed
+
+
+def write_error(log: LogState, meta: wire.Meta) -> Callable[[int, str, int], ZlogError]:
+    """The error for a refused write at a position (the data plane's, which
+    names the cephx caps an EPERM lacks)."""
+    def error(code: int, what: str, position: int) -> ZlogError:
+        return log.conn.error(code, what, pool=log.data, oid=oid_of(log.name, meta.views, position),
+                              op=Op.WRITE)
+    return error
 
 
 def _write(log: LogState, meta: wire.Meta, first: int,

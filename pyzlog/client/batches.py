@@ -19,7 +19,7 @@ from . import metrics
 from ..core import wire
 from ..core.errors import StaleEpoch, ZlogError
 from ..core.native import Queue
-from ..core.layout import view_end, view_objects, view_of
+from ..core.layout import first_in_stride, view_end, view_objects, view_of
 from .ops import fill_hole
 from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind
 from .stale import StaleWait
@@ -71,7 +71,7 @@ class BatchStream:
         if self.stride is not None and view.width == self.stride:
             step = view.width  # one object of the view holds exactly the positions asked for
             self._filter = False
-            self.position += (self.stride_index - self.position) % self.stride  # type: ignore[operator]
+            self.position = first_in_stride(self.position, self.stride_index, self.stride)  # type: ignore[arg-type]
         scan = ViewScan(self._queue, self._pool, view_objects(self.log.name, view), meta.epoch,
                            self.position, last, per_call=PER_CALL, step=step, max_rows=self.max_rows,
                            signed=self.signed)

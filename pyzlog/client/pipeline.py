@@ -36,7 +36,7 @@ from ..core.layout import data_oid_prefix
 from ..core.native import Connection, Op, native_call
 from ..core.state import LogState
 from . import metrics
-from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge
+from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge, write_error
 from .positions import Positions
 from .stale import StaleWait
 
@@ -332,7 +332,7 @@ class LogAsync:
             self._retry(item, stale=False)
             return
         try:
-            outcome = judge(code, self.log.name, position)
+            outcome = judge(code, self.log.name, position, write_error(self.log, self.log.meta))
         except ZlogError as e:
             self._finish(item[1], error=e)
             return

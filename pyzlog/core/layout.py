@@ -41,6 +41,17 @@ def view_objects(log: str, view: View) -> list[str]:
     return [data_oid(log, view, i) for i in range(view.width)]
 
 
+def first_in_stride(position: int, index: int, stride: int) -> int:
+    """The first position p >= `position` with p % stride == index: where an
+    object of a view of width `stride` (or a reader's partition) goes on."""
+    return position + (index - position) % stride
+
+
+def stride_positions(index: int, stride: int, start: int, end: int) -> range:
+    """The positions p in [start, end) with p % stride == index."""
+    return range(first_in_stride(start, index, stride), end, stride)
+
+
 def view_of(views: tuple[View, ...], position: int) -> View:
     """The view covering `position`: the last one whose start is <= position."""
     if position >= views[-1].start:

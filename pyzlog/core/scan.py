@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import wire
-from .errors import Timeout, ZlogError
+from .errors import InvalidRequest, Timeout, ZlogError
+from .layout import first_in_stride
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from .native import Pool, Queue
 
 from .._dataplane import ffi, lib  # the cffi extension (untyped)
 
@@ -238,18 +237,22 @@ class ViewScan:
     again or skip() past it. `step` = width reads one object only (positions
     start, start + width, ...). An object that does not exist reads as empty.
     A failed call raises its typed error (StaleEpoch on -ESTALE: set `epoch`
-    and call again; the scan re-reads from where it stopped)."""
+    and call again; the scan re-reads from where it stopped).
 
-    def __init__(self, queue: Queue, pool: Pool, oids: Sequence[str | bytes], epoch: int, start: int,
+    `queue` is a native.Queue (or anything with its submit, wait, tags,
+    close and conn), `pool` a native.Pool: scan sits below native, which
+    hands its windows out."""
+
+    def __init__(self, queue: Any, pool: Any, oids: Sequence[str | bytes], epoch: int, start: int,
                  end: int, *, per_call: int = 1024, call_bytes: int = 4 << 20, ahead: int = 2, step: int = 1,
                  max_rows: int = 65536, signed: bool = False) -> None:
         if not 1 <= per_call <= wire.MAX_RANGE_ENTRIES or not 1 <= call_bytes <= wire.MAX_RANGE_BYTES:
-            raise ValueError("per_call or call_bytes outside the class's limits")
+            raise InvalidRequest("per_call or call_bytes outside the class's limits")
         self.queue, self.pool, self.epoch = queue, pool, epoch
         self.oids = [_oid(o) for o in oids]
         self.width = len(self.oids)
         if step not in (1, self.width):
-            raise ValueError("step must be 1 or the view's width")
+            raise InvalidRequest("step must be 1 or the view's width")
         self.position, self.end, self.step = start, end, step
         self.per_call, self.call_bytes, self.ahead = per_call, call_bytes, max(1, ahead)
         self.max_rows, self.signed = max_rows, signed
@@ -270,7 +273,7 @@ class ViewScan:
 
     def _first_of(self, obj: int, position: int) -> int:
         """The first position of object `obj` at or after `position`."""
-        return position + (obj - position) % self.width
+        return first_in_stride(position, obj, self.width)
 
     def _send(self, obj: int, first: int, last: int, max_entries: int) -> _Segment:
         """One read_range call on object `obj`, its reply known by the segment's tag."""

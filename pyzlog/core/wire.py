@@ -8,6 +8,7 @@ The metadata object's bytes are decoded by the same C code (parse_meta).
 """
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -87,7 +88,9 @@ def parse_meta(buf: bytes) -> Meta:
     m = ffi.new("zlog_meta *")
     ret = lib.dp_decode_meta(buf, len(buf), m)
     if ret < 0:
-        raise ValueError("malformed log metadata")
+        from .errors import error_for
+
+        raise error_for(-errno.EBADMSG, "log metadata")
     try:
         views = tuple(View(int(m.views[i].epoch), int(m.views[i].start), int(m.views[i].width))
                       for i in range(m.nviews))

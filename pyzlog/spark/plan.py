@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from ..core.layout import view_end
+from ..core.layout import first_in_stride, stride_positions, view_end
 from ..core.wire import View
 from .options import EARLIEST, LATEST, Position
 
@@ -40,7 +40,7 @@ class ZlogPartition(InputPartition):
 
     def positions(self) -> range:
         """The positions this partition delivers, in order."""
-        return range(self.start + (self.index - self.start) % self.width, self.end, self.width)
+        return stride_positions(self.index, self.width, self.start, self.end)
 
     def __repr__(self) -> str:
         return (f"ZlogPartition(epoch={self.epoch}, object={self.index}/{self.width}, "
@@ -68,7 +68,7 @@ def _split(epoch: int, width: int, index: int, start: int, end: int, tail: int,
     pieces = max(1, min(pieces, n))
     if pieces == 1:
         return [whole]
-    first = start + (index - start) % width
+    first = first_in_stride(start, index, width)
     out = []
     for j in range(pieces):
         a, b = j * n // pieces, (j + 1) * n // pieces  # this piece's entries of the object
@@ -87,7 +87,7 @@ def plan_partitions(views: tuple[View, ...], start: int, end: int, known_tail: i
         if s < e:
             segments.append((v, s, e))
     base = [(v, i, s, e) for v, s, e in segments for i in range(v.width)
-            if s + (i - s) % v.width < e]
+            if first_in_stride(s, i, v.width) < e]
     pieces = math.ceil(min_partitions / len(base)) if base and min_partitions > len(base) else 1
     tail = min(known_tail, end)
     return [p for v, i, s, e in base for p in _split(v.epoch, v.width, i, s, e, tail, pieces)]

@@ -1,0 +1,157 @@
+"""The client's pure logic, with no cluster: where positions live, the gap
+rule, the append rule, partition planning, option parsing."""
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+import pyzlog
+from pyzlog.client import reader
+from pyzlog.client.appending import Outcome, judge, stored_form
+from pyzlog.client.reader import HoleClock, check_stream_args
+from pyzlog.core import wire
+from pyzlog.core.layout import (check_name, check_position, data_oid, first_in_stride, oid_of, stride_positions,
+                                view_end, view_of)
+from pyzlog.core.wire import View
+
+
+# ------------------------------------------------------------------ layout
+VIEWS = (View(1, 0, 4), View(3, 10, 2), View(5, 30, 3))
+
+
+def test_positions_map_to_the_object_of_their_view() -> None:
+    assert view_of(VIEWS, 9) == VIEWS[0] and view_of(VIEWS, 10) == VIEWS[1] and view_of(VIEWS, 10**9) == VIEWS[2]
+    assert oid_of("lg", VIEWS, 9) == "zlog.lg.1.1" and oid_of("lg", VIEWS, 11) == "zlog.lg.3.1"
+    assert oid_of("lg", VIEWS, 31) == data_oid("lg", VIEWS[2], 1)
+    assert [view_end(VIEWS, v) for v in VIEWS] == [10, 30, None]
+
+
+@pytest.mark.parametrize("start,end,stride", [(0, 40, 4), (7, 100, 3), (5, 6, 8), (9, 9, 2), (0, 1, 1)])
+def test_stride_arithmetic(start: int, end: int, stride: int) -> None:
+    for index in range(stride):
+        want = [p for p in range(start, end) if p % stride == index]
+        assert list(stride_positions(index, stride, start, end)) == want
+        first = first_in_stride(start, index, stride)
+        assert first >= start and first % stride == index and first - start < stride
+
+
+@pytest.mark.parametrize("bad", ["", "-x", "a/b", "x" * 201, 3, None])
+def test_bad_names(bad: object) -> None:
+    with pytest.raises(pyzlog.InvalidRequest):
+        check_name(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [-1, wire.MAX_POSITION + 1, 1.0, "3", True])
+def test_bad_positions(bad: object) -> None:
+    with pytest.raises(pyzlog.InvalidRequest):
+        check_position(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kw", [{"stride": 0, "stride_index": 0}, {"stride": 2}, {"stride": 2, "stride_index": 2},
+                                {"stride": 2.0, "stride_index": 0}, {"start": 5, "end": 4}, {"start": -1}])
+def test_bad_stream_arguments(kw: dict) -> None:  # type: ignore[type-arg]
+    args = {"start": 0, "end": None, "stride_index": None, "stride": None} | kw
+    with pytest.raises(pyzlog.InvalidRequest):
+        check_stream_args(args["start"], args["end"], args["stride_index"], args["stride"])
+
+
+# ---------------------------------------------------------------- gap rule
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_hole_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(reader.time, "monotonic", clock)
+    holes = HoleClock(2.0)
+    assert holes.since(5, None, lambda: None) is None  # nothing later is stored: the tail
+    assert holes.since(5, None, lambda: 4) is None  # only lower positions are
+    first = holes.since(5, None, lambda: 9)  # 9 is stored: 5 is a hole from now
+    assert first == 100.0 and holes.wait_for(first) > 0
+    clock.now += 1.0
+    assert holes.since(6, None, lambda: 9) == 100.0  # holes found together wait together
+    clock.now += 1.5
+    assert holes.wait_for(first) == 0  # its wait is over: fill it
+    assert holes.since(12, 12, lambda: None) is None  # a view end is a bound for positions below it only
+    assert holes.since(11, 12, lambda: None) == clock.now
+    known = HoleClock(2.0, known_tail=50)  # a partitioned reader that knows the tail
+    assert known.since(40, None, lambda: None) == clock.now and known.since(60, None, lambda: None) is None
+
+
+# ------------------------------------------------------------- append rule
+def test_judge() -> None:
+    assert judge(0, "lg", 5) is Outcome.STORED
+    assert judge(-errno.ESTALE, "lg", 5) is Outcome.STALE
+    for taken in (errno.EROFS, errno.ENOMSG, errno.EIDRM):
+        assert judge(-taken, "lg", 5) is Outcome.TAKEN
+    for code, kind in ((errno.EFBIG, pyzlog.EntryTooLarge), (errno.EIO, pyzlog.Corrupt),
+                       (errno.EDQUOT, pyzlog.PoolFull), (errno.ETIMEDOUT, pyzlog.Timeout)):
+        with pytest.raises(kind):
+            judge(-code, "lg", 5)
+
+
+class FakeLog:
+    def __init__(self, plain: bool) -> None:
+        self.plain = plain
+
+    def encode(self, data: bytes) -> bytes:
+        return b"Z" + data
+
+
+def test_stored_form() -> None:
+    assert stored_form(FakeLog(True), b"abc") == b"abc"  # type: ignore[arg-type]
+    assert stored_form(FakeLog(True), bytearray(b"abc")) == b"abc"  # type: ignore[arg-type]
+    assert stored_form(FakeLog(False), b"abc") == b"Zabc"  # type: ignore[arg-type]
+    with pytest.raises(pyzlog.InvalidRequest):
+        stored_form(FakeLog(True), "text")  # type: ignore[arg-type]
+    with pytest.raises(pyzlog.EntryTooLarge):
+        stored_form(FakeLog(True), b"x" * (wire.MAX_ENTRY_BYTES + 1))  # type: ignore[arg-type]
+    with pytest.raises(pyzlog.EntryTooLarge):  # within the limit, but not once encoded
+        stored_form(FakeLog(False), b"x" * wire.MAX_ENTRY_BYTES)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- Spark
+def test_partition_planning() -> None:
+    pytest.importorskip("pyspark")
+    from pyzlog.spark.plan import plan_partitions
+
+    parts = plan_partitions(VIEWS, 5, 40, known_tail=38)
+    covered = sorted(p for part in parts for p in part.positions())
+    assert covered == list(range(5, 40))  # exactly the range, each position once
+    assert all(part.known_tail == 38 for part in parts)
+    assert {(p.epoch, p.width) for p in parts} == {(1, 4), (3, 2), (5, 3)}
+    split = plan_partitions(VIEWS[:1], 0, 100, known_tail=100, min_partitions=10)
+    assert len(split) >= 10 and sorted(p for part in split for p in part.positions()) == list(range(100))
+
+
+def test_spark_options(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("pyspark")
+    from pyzlog.spark.options import parse_options
+
+    conf = tmp_path / "ceph.conf"
+    conf.write_text("[global]\n")
+    opts = parse_options({"log": "events", "conf": str(conf), "startingOffsets": "12", "failOnDataLoss": "false",
+                          "minPartitions": "3"})
+    assert (opts.log, opts.starting, opts.on_data_loss, opts.min_partitions) == ("events", 12, "skip", 3)
+    for bad in ({"conf": str(conf)}, {"log": "x", "conf": str(conf), "holeWait": "-1"},
+                {"log": "x", "conf": str(conf), "subscribe": "t"}, {"log": "x", "conf": str(conf), "lgo": "y"},
+                {"log": "x", "conf": str(tmp_path / "missing.conf")}):
+        with pytest.raises(ValueError):
+            parse_options(bad)
+
+
+def test_command_line_usage_errors() -> None:
+    from click.testing import CliRunner
+
+    from pyzlog.admin.cli import cli
+
+    runner = CliRunner()
+    assert runner.invoke(cli, ["--help"]).exit_code == 0
+    bad = runner.invoke(cli, ["create", "x", "--width", "0"])
+    assert bad.exit_code == 2 and "width" in bad.output
+    assert runner.invoke(cli, ["no-such-command"]).exit_code == 2

@@ -1,0 +1,145 @@
+"""scan.ViewScan against a fake completion queue: the walk of one view's
+objects into Arrow batches, with replies that arrive out of order, are cut
+short, fail, or are abandoned. The windows are real (RangeWindow.parse of
+protocol 1 replies built here), so only the cluster is missing."""
+from __future__ import annotations
+
+import errno
+import itertools
+import struct
+from typing import Any
+
+import pytest
+
+import pyzlog
+from pyzlog.core.errors import error_for
+from pyzlog.core.native import Op
+from pyzlog.core.scan import STOP_END, STOP_MISSING, RangeWindow, ViewScan
+
+WRITTEN, FILLED, TRIMMED = 1, 2, 3
+
+
+class FakeConn:
+    op_timeout = 1.0
+
+    def error(self, code: int, what: str, **kw: Any) -> pyzlog.ZlogError:
+        return error_for(code, what)
+
+
+class FakeQueue:
+    """Answers read_range from objects kept here, in the order `wait` picks."""
+
+    def __init__(self, objects: dict[bytes, dict[int, tuple[int, bytes]]], trim_below: int = 0,
+                 reverse: bool = False) -> None:
+        self.objects = objects
+        self.trim_below = trim_below
+        self.reverse = reverse  # hand results back newest first
+        self.conn = FakeConn()
+        self.tags = itertools.count()
+        self.pending: list[tuple[int, int, Any]] = []
+        self.calls: list[tuple[bytes, int, int]] = []
+        self.fail: dict[int, int] = {}  # call number -> code
+
+    def submit(self, pool: Any, oid: bytes, op: int, tag: int, **f: Any) -> None:
+        assert op == Op.READ_RANGE
+        n = len(self.calls)
+        self.calls.append((oid, f["position"], f["last"]))
+        if n in self.fail:
+            self.pending.append((tag, self.fail[n], None))
+            return
+        self.pending.append((tag, 0, self.reply(oid, f["epoch"], f["position"], f["last"], f["max_entries"],
+                                                f["max_bytes"])))
+
+    def reply(self, oid: bytes, epoch: int, first: int, last: int, n: int, nbytes: int) -> RangeWindow:
+        entries = self.objects.get(oid, {})
+        rows, size, nxt = [], 0, last + 1
+        for p in sorted(x for x in entries if max(first, self.trim_below) <= x <= last):
+            state, data = entries[p]
+            if rows and size + len(data) > nbytes:
+                nxt = p
+                break
+            rows.append(struct.pack("<QBQI", p, state, epoch, len(data)) + data)
+            size += len(data)
+            if len(rows) == n:
+                nxt = p + 1
+                break
+        top = max(entries, default=None)
+        head = struct.pack("<QBQQI", self.trim_below, top is not None, top or 0, nxt, len(rows))
+        return RangeWindow.parse(head + b"".join(rows), first, 1)
+
+    def wait(self, timeout: float | None = None, max_results: int | None = None) -> list[tuple[int, int, Any]]:
+        out = list(reversed(self.pending)) if self.reverse else list(self.pending)
+        self.pending.clear()
+        return out
+
+    def close(self) -> None:
+        self.pending.clear()
+
+
+def striped(width: int, entries: dict[int, tuple[int, bytes]]) -> dict[bytes, dict[int, tuple[int, bytes]]]:
+    objs: dict[bytes, dict[int, tuple[int, bytes]]] = {b"o%d" % i: {} for i in range(width)}
+    for p, e in entries.items():
+        objs[b"o%d" % (p % width)][p] = e
+    return objs
+
+
+def rows(scan: ViewScan) -> list[tuple[int, str, bytes | None]]:
+    return [(r["position"], r["kind"], r["data"]) for b in scan.batches() for r in b.to_pylist()]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("per_call,call_bytes", [(1024, 1 << 20), (2, 1 << 20), (1024, 3)])
+def test_walks_a_view_in_order_whatever_the_replies(reverse: bool, per_call: int, call_bytes: int) -> None:
+    log = {p: (WRITTEN, b"d%d" % p) for p in range(40)}
+    log[7] = (FILLED, b"")
+    log[9] = (FILLED, b"\x01")  # a hole a reader filled as lost
+    log[11] = (TRIMMED, b"")
+    del log[30]  # a hole: the scan stops there; what it is is its caller's call
+    q = FakeQueue(striped(4, log), trim_below=2, reverse=reverse)
+    scan = ViewScan(q, None, [b"o0", b"o1", b"o2", b"o3"], 1, 0, 100, per_call=per_call,  # type: ignore[arg-type]
+                    call_bytes=call_bytes)
+    got = rows(scan)
+    assert [p for p, _, _ in got] == list(range(30)) and scan.position == 30
+    assert got[0] == (0, "trimmed", None) and got[2] == (2, "data", b"d2")
+    assert (got[7][1], got[9][1], got[11][1]) == ("filled", "lost", "trimmed")
+    scan.refresh_max()
+    assert scan.max_position() == 39  # a later position is stored: 30 is below the tail
+    scan.skip()
+    assert [p for p, _, _ in rows(scan)] == list(range(31, 40))
+
+
+def test_one_object_of_a_view_and_a_bounded_range() -> None:
+    log = {p: (WRITTEN, b"x") for p in range(100)}
+    q = FakeQueue(striped(4, log))
+    scan = ViewScan(q, None, [b"o0", b"o1", b"o2", b"o3"], 1, 5, 60, step=4)  # type: ignore[arg-type]
+    assert [p for p, _, _ in rows(scan)] == list(range(5, 60, 4))
+    assert {oid for oid, _, _ in q.calls} == {b"o1"}  # only the object asked for is read
+    assert scan.next_batch().stop == STOP_END
+
+
+def test_a_failed_reply_raises_its_error_and_the_walk_goes_on_where_it_stopped() -> None:
+    log = {p: (WRITTEN, b"x%d" % p) for p in range(50)}
+    q = FakeQueue(striped(2, log))
+    q.fail[3] = -errno.ESTALE  # a read-ahead call is refused
+    scan = ViewScan(q, None, [b"o0", b"o1"], 1, 0, 50, per_call=8)  # type: ignore[arg-type]
+    seen: list[int] = []
+    with pytest.raises(pyzlog.StaleEpoch):
+        for b in scan.batches():
+            seen += b.column(0).to_pylist()
+    scan.epoch = 2  # the caller refreshed its view
+    seen += [p for p, _, _ in rows(scan)]
+    assert seen == list(range(50))  # nothing lost, nothing twice
+
+
+def test_forget_from_reads_again_and_late_replies_are_ignored() -> None:
+    objs = striped(2, {0: (WRITTEN, b"a"), 1: (WRITTEN, b"b")})
+    q = FakeQueue(objs)
+    scan = ViewScan(q, None, [b"o0", b"o1"], 1, 0, 1000)  # type: ignore[arg-type]
+    assert [d for _, _, d in rows(scan)] == [b"a", b"b"]
+    objs[b"o0"][2] = (WRITTEN, b"c")
+    objs[b"o1"][3] = (WRITTEN, b"d")
+    built = scan.next_batch()
+    assert built.batch.num_rows == 0 and built.stop == STOP_MISSING  # the windows it holds say 2 is unwritten
+    scan.forget_from(2)
+    q.pending.insert(0, (10**6, 0, q.reply(b"o0", 1, 0, 9, 16, 1 << 20)))  # a reply to nothing asked: ignored
+    assert [d for _, _, d in rows(scan)] == [b"c", b"d"]

@@ -1,0 +1,113 @@
+"""cls_zlog's requests and replies, as the data plane encodes and decodes
+them (cls_zlog/ops.h), against bytes built here by hand: protocol 1 is
+round 2's fixed layout, protocol 2 the same fields in an envelope."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+import pyzlog
+from pyzlog.core import native, wire
+from pyzlog.core.native import Op
+from pyzlog.core.scan import RangeWindow
+
+
+def env(body: bytes, v: int = 1, compat: int = 1) -> bytes:
+    return struct.pack("<BBI", v, compat, len(body)) + body
+
+
+SEQR_NONE = struct.pack("<I", 0)
+CASES = [
+    (Op.WRITE, {"epoch": 3, "position": 9, "data": b"hello"}, struct.pack("<QQI", 3, 9, 5) + b"hello"),
+    (Op.WRITE_MANY, {"epoch": 3, "entries": [(9, b"a"), (10, b"")]},
+     struct.pack("<QIQI", 3, 2, 9, 1) + b"a" + struct.pack("<QI", 10, 0)),
+    (Op.READ, {"epoch": 3, "position": 9}, struct.pack("<QQ", 3, 9)),
+    (Op.READ_RANGE, {"epoch": 3, "position": 0, "last": 99, "max_entries": 16, "max_bytes": 4096},
+     struct.pack("<QQQII", 3, 0, 99, 16, 4096)),
+    (Op.FILL, {"epoch": 3, "position": 9, "reason": 1}, struct.pack("<QQB", 3, 9, 1)),
+    (Op.TRIM, {"epoch": 3, "position": 9}, struct.pack("<QQ", 3, 9)),
+    (Op.TRIM_TO, {"epoch": 3, "position": 9}, struct.pack("<QQ", 3, 9)),
+    (Op.SEAL, {"epoch": 4}, struct.pack("<Q", 4)),
+    (Op.CLOSE, {"epoch": 4, "position": 100}, struct.pack("<QQ", 4, 100)),
+    (Op.MAX_POSITION, {"epoch": 4}, struct.pack("<Q", 4)),
+    (Op.STAT, {}, b""),
+    (Op.META_CREATE, {"width": 4, "data": b"{}"}, struct.pack("<II", 4, 2) + b"{}"),
+    (Op.META_GET, {}, b""),
+    (Op.META_NEW_EPOCH, {"expected": 1, "next_epoch": 2}, struct.pack("<QQ", 1, 2)),
+    (Op.META_PROPOSE_VIEW, {"expected": 1, "next_epoch": 2, "start": 50, "width": 8},
+     struct.pack("<QQQI", 1, 2, 50, 8)),
+]
+
+
+@pytest.mark.parametrize("op,fields,legacy", CASES, ids=[c[0].name for c in CASES])
+def test_requests_in_both_protocols(op: Op, fields: dict, legacy: bytes) -> None:  # type: ignore[type-arg]
+    assert native.encode(op, 1, **fields) == legacy
+    body = legacy + (SEQR_NONE if op in (Op.META_NEW_EPOCH, Op.META_PROPOSE_VIEW) else b"")
+    assert native.encode(op, 2, **fields) == env(body)
+    for proto in (1, 2):
+        back = native.decode(op, native.encode(op, proto, **fields), proto)
+        for key, value in fields.items():
+            if key != "entries":
+                assert back[key] == value, (op, proto, key)
+    assert native.method(op, 1) == op.name.lower() and native.method(op, 2) == op.name.lower() + "2"
+
+
+def test_the_sequencer_field() -> None:
+    legacy = native.encode(Op.META_NEW_EPOCH, 1, expected=1, next_epoch=2, seqr="10.0.0.1:5678")
+    assert legacy == struct.pack("<QQI", 1, 2, 13) + b"10.0.0.1:5678"
+    assert native.decode(Op.META_NEW_EPOCH, legacy, 1)["seqr"] == "10.0.0.1:5678"
+    assert native.decode(Op.META_NEW_EPOCH, native.encode(Op.META_NEW_EPOCH, 2, expected=1, next_epoch=2), 2)["seqr"] \
+        is None
+
+
+def test_envelopes_read_what_they_know_and_refuse_what_they_cannot() -> None:
+    body = struct.pack("<QQ", 3, 9)
+    assert native.decode(Op.READ, env(body + b"a newer field", v=2), 2)["position"] == 9  # skipped
+    with pytest.raises(pyzlog.ProtocolMismatch):
+        native.decode(Op.READ, env(body, v=2, compat=2), 2)  # needs a newer decoder
+    for bad in (env(body)[:-1], env(body) + b"x", env(body, v=1, compat=2), env(body[:-1]), b""):
+        with pytest.raises(pyzlog.InvalidRequest):
+            native.decode(Op.READ, bad, 2)
+    with pytest.raises(pyzlog.InvalidRequest):
+        native.decode(Op.READ, body + b"x", 1)  # protocol 1 is exact
+
+
+def test_replies() -> None:
+    stat = struct.pack("<QBQQBQ", 7, 1, 41, 3, 1, 100)
+    assert native.decode_reply(Op.STAT, stat, 1) == wire.ObjectStat(7, 41, 3, 100)
+    assert native.decode_reply(Op.STAT, env(stat), 2) == wire.ObjectStat(7, 41, 3, 100)
+    assert native.decode_reply(Op.MAX_POSITION, struct.pack("<BQ", 0, 0), 1) is None
+    assert native.decode_reply(Op.MAX_POSITION, env(struct.pack("<BQ", 1, 5)), 2) == 5
+    assert native.decode_reply(Op.READ, b"raw entry", 1) == b"raw entry"
+    assert native.decode_reply(Op.READ, env(struct.pack("<I", 5) + b"entry"), 2) == b"entry"
+    assert native.decode_reply(Op.VERSION, env(struct.pack("<IIB", 2, 0, 2))) == (2, 0, 2)
+    with pytest.raises(pyzlog.ProtocolMismatch):
+        native.decode_reply(Op.STAT, stat[:-1], 1)
+
+
+def test_range_replies_of_both_protocols_make_the_same_window() -> None:
+    entries = [(5, wire.EntryState.WRITTEN, 2, b"five"), (9, wire.EntryState.FILLED, 2, wire.LOST_MARK),
+               (13, wire.EntryState.TRIMMED, 3, b"")]
+    head = struct.pack("<QBQQI", 1, 1, 13, 20, len(entries))
+    v1 = head + b"".join(struct.pack("<QBQI", p, s, e, len(d)) + d for p, s, e, d in entries)
+    v2 = env(head + b"".join(struct.pack("<QQIB", p, e, len(d), s) for p, s, e, d in entries)
+             + b"".join(d for *_, d in entries))
+    for raw, proto in ((v1, 1), (v2, 2)):
+        w = RangeWindow.parse(raw, 4, proto)
+        assert (w.first, w.next, w.trim_below, w.max_position, w.count) == (4, 20, 1, 13, 3)
+        assert [(e.position, e.state, e.epoch, e.data) for e in w.entries()] == entries
+        assert w.record_batch().column("kind").to_pylist() == ["data", "lost", "trimmed"]
+    for bad in (v1[:-1], v1 + b"x", v2[:-1], head):
+        with pytest.raises(ValueError):
+            RangeWindow.parse(bad, 0, 1 if bad is not v2[:-1] else 2)
+
+
+def test_metadata_round_trip() -> None:
+    meta = wire.Meta(7, b'{"compression": "zstd"}', (wire.View(1, 0, 4), wire.View(5, 100, 2)), "h:1", 5)
+    raw = wire.encode_meta(meta)
+    assert raw[0] == 2 and wire.parse_meta(raw) == meta  # version 2: a sequencer is recorded
+    plain = wire.Meta(1, b"", (wire.View(1, 0, 1),))
+    assert wire.encode_meta(plain)[0] == 1 and wire.parse_meta(wire.encode_meta(plain)) == plain
+    with pytest.raises(pyzlog.ProtocolMismatch):
+        wire.parse_meta(raw[:-1])
