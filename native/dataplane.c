@@ -663,6 +663,103 @@ int dp_submit(dp_queue *q, dp_pool *p, const char *oid, int op, const zlog_req *
 
 /* For the C++ append pipeline: like dp_submit, completing with cb(arg, code)
  * on a librados thread instead of a queue. */
+/* One blocking class call in protocol proto: 0 with the reply in *out
+ * (malloc'd by librados) for a read method, or -errno. */
+static int call_once(dp_pool *p, const char *oid, int op, int proto, const char *in, size_t in_len, char **out,
+                     size_t *out_len) {
+  int rval = 0, r;
+  const char *method = zlog_method((zlog_op)op, proto);
+  if (zlog_op_writes[op]) {
+    rados_write_op_t w = rados_create_write_op();
+    if (!w) return -ENOMEM;
+    rados_write_op_exec(w, CLS, method, in, in_len, &rval);
+    r = rados_write_op_operate(w, p->io, oid, NULL, 0);
+    rados_release_write_op(w);
+  } else {
+    rados_read_op_t rd = rados_create_read_op();
+    if (!rd) return -ENOMEM;
+    rados_read_op_exec(rd, CLS, method, in, in_len, out, out_len, &rval);
+    r = rados_read_op_operate(rd, p->io, oid, 0);
+    rados_release_read_op(rd);
+  }
+  return r < 0 ? r : (rval < 0 ? rval : 0);
+}
+
+int dp_call(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_req *req, dp_result *out) {
+  memset(out, 0, sizeof *out);
+  out->op = op;
+  if (op < 0 || op >= ZLOG_OP_COUNT) return out->code = -EINVAL;
+  pthread_mutex_lock(&c->mu);
+  if (c->closing) {
+    pthread_mutex_unlock(&c->mu);
+    return out->code = -ESHUTDOWN;
+  }
+  ++c->in_flight; /* close() waits for it */
+  pthread_mutex_unlock(&c->mu);
+  int proto = dp_pool_protocol(p);
+  if (!zlog_method((zlog_op)op, proto)) proto = ZLOG_PROTO_CURRENT;
+  dp_slot s;
+  memset(&s, 0, sizeof s);
+  zw_writer w = {0};
+  int r = zlog_req_encode(&w, (zlog_op)op, proto, req);
+  if (r == 0) r = call_once(p, oid, op, proto, w.p, w.len, &s.out, &s.out_len);
+  if (r == -EOPNOTSUPP && proto == ZLOG_PROTO_CURRENT) {
+    /* an OSD whose class predates protocol 2: this call again in protocol 1 */
+    __atomic_store_n(&p->legacy_until, now_s() + LEGACY_SECONDS, __ATOMIC_RELAXED);
+    s.req = w.p;
+    s.req_len = w.len;
+    s.op = op;
+    s.proto = proto;
+    dp_op *legacy = op_new(1, zlog_op_writes[op]);
+    if (legacy && slot_legacy(legacy, 0, &s) == 0) {
+      if (s.out) rados_buffer_free(s.out);
+      s.out = NULL;
+      s.out_len = 0;
+      proto = ZLOG_PROTO_LEGACY;
+      r = call_once(p, oid, op, proto, legacy->slots[0].req, legacy->slots[0].req_len, &s.out, &s.out_len);
+    }
+    if (legacy) op_free(legacy);
+    s.req = NULL;
+  }
+  zw_free(&w);
+  s.op = op;
+  s.proto = proto;
+  s.first = req->position;
+  s.rval = r;
+  decode_slot(&s);
+  out->code = s.rval < 0 ? s.rval : 0;
+  out->protocol = proto;
+  out->data = out->code == 0 ? s.data : NULL;
+  out->len = out->code == 0 ? s.len : 0;
+  out->stat = s.stat;
+  out->has_max = s.has_max;
+  out->max_position = s.max_position;
+  out->window = s.window;
+  out->owned = s.out;
+  cluster_op_done(c);
+  return out->code;
+}
+
+int dp_call_pos(dp_cluster *c, dp_pool *p, const char *oid, int op, uint64_t epoch, uint64_t position,
+                const char *data, uint32_t len, uint8_t reason, dp_result *out) {
+  zlog_req req;
+  memset(&req, 0, sizeof req);
+  req.epoch = epoch;
+  req.position = position;
+  req.data = data;
+  req.len = len;
+  req.reason = reason;
+  return dp_call(c, p, oid, op, &req, out);
+}
+
+void dp_result_release(dp_result *r) {
+  if (r->owned) rados_buffer_free(r->owned);
+  r->owned = NULL;
+  if (r->window) dp_window_free(r->window);
+  r->window = NULL;
+  r->data = NULL;
+}
+
 int dp_submit_cb(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_req *req,
                  void (*cb)(void *arg, int code), void *arg) {
   if (op < 0 || op >= ZLOG_OP_COUNT) return -EINVAL;

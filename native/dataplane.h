@@ -98,6 +98,7 @@ typedef struct {
   uint64_t max_position;
   uint64_t position;       /* DP_OP_POSTED: what the poster said */
   int32_t protocol;        /* the protocol the call went out with */
+  char *owned;             /* dp_call: the reply buffer data points into (dp_result_release) */
 } dp_result;
 
 /* One read_range reply. Positions of the object in [first, next) that are not
@@ -188,6 +189,18 @@ int dp_submit(dp_queue *q, dp_pool *p, const char *oid, int op, const zlog_req *
  * instead of a queue. */
 int dp_submit_cb(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_req *req,
                  void (*cb)(void *arg, int code), void *arg);
+/* One call, waited for in the calling thread with librados' blocking op
+ * (no completion thread, no queue: the cheapest round trip for a single
+ * call). The result as dp_wait gives it; dp_result_release frees what it
+ * holds. The same protocol fallback as dp_submit. Returns out->code. */
+int dp_call(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_req *req, dp_result *out);
+void dp_result_release(dp_result *r);
+/* dp_call for the ops that take no more than an epoch, a position, data and
+ * a fill reason (read, write, fill, trim, trim_to, seal, close,
+ * max_position, stat): the fields as arguments, for the sync calls a log
+ * makes most. */
+int dp_call_pos(dp_cluster *c, dp_pool *p, const char *oid, int op, uint64_t epoch, uint64_t position,
+                const char *data, uint32_t len, uint8_t reason, dp_result *out);
 /* One op, n "read" calls on one object (each may fail alone): n results. */
 int dp_read_many(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, const uint64_t *positions,
                  const uint64_t *tags, size_t n);

@@ -135,6 +135,8 @@ class Obj:
                        seqr=sequencer)[0]
 
 
-def log_obj(log: Any, oid: str, protocol: int = wire.PROTOCOL) -> Obj:
-    """Raw access to one object of a pyzlog.Log, through its data plane."""
-    return Obj(Raw(log.state.conn, log.state.data, protocol), oid)
+def log_obj(log: Any, oid: str, protocol: int | None = None) -> Obj:
+    """Raw access to one object of a pyzlog.Log, through its data plane, in
+    `protocol` (default: the one the log's pool speaks now, 1 on a cluster
+    whose class predates protocol 2)."""
+    return Obj(Raw(log.state.conn, log.state.data, protocol or log.state.data.protocol), oid)

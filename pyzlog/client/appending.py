@@ -128,7 +128,7 @@ def _write(log: LogState, meta: wire.Meta, first: int,
     conn, pool = log.conn, log.data
     if len(todo) == 1:
         oid = oid_of(log.name, meta.views, first)
-        code, _ = conn.call_raw(pool, oid, Op.WRITE, epoch=epoch, position=first, data=todo[0][1])
+        code, _ = conn.call_pos(pool, oid, Op.WRITE, epoch, first, todo[0][1])
         yield first, todo[0], code
         return
     by_oid: dict[str, list[tuple[int, tuple[int, bytes]]]] = {}

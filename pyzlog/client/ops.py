@@ -4,7 +4,6 @@ rule for a refused epoch (stale.StaleWait)."""
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
 from typing import Any
 
 from . import metrics
@@ -18,38 +17,38 @@ from .positions import max_position
 from .stale import StaleWait
 
 
-def call_at(log: LogState, op: Op, position: int, fields: Callable[[int], dict[str, Any]]) -> Any:
-    """`op` on the object holding `position`, with the fields for the current
-    epoch; a refused epoch refreshes the view and retries. Raises the typed
-    error for any other failure."""
+def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int = 0) -> Any:
+    """`op` on the object holding `position`, at the current epoch; a refused
+    epoch refreshes the view and retries. Raises the typed error for any
+    other failure."""
     check_position(position)
-    name = op.name.lower()
-    stale = StaleWait(log, f"{name} at {position}")
+    stale: StaleWait | None = None
     while True:
         epoch, oid = log.locate(position)
-        code, value = log.conn.call_raw(log.data, oid, op, **fields(epoch))
+        code, value = log.conn.call_pos(log.data, oid, op, epoch, position, data, reason)
         if code != -errno.ESTALE:
             break
+        stale = stale or StaleWait(log, f"{op.name.lower()} at {position}")
         stale(epoch)
     if code < 0:
-        raise log.conn.error(code, f"{name} at position {position} of {log.name!r}", pool=log.data, oid=oid,
-                             position=position, op=op)
+        raise log.conn.error(code, f"{op.name.lower()} at position {position} of {log.name!r}", pool=log.data,
+                             oid=oid, position=position, op=op)
     return value
 
 
 def read(log: LogState, position: int) -> bytes:
     """The entry stored at `position`, decoded."""
-    raw = call_at(log, Op.READ, position, lambda e: {"epoch": e, "position": position})
+    raw = call_at(log, Op.READ, position)
     metrics.read(len(raw))
     return log.decode(raw)
 
 
 def write(log: LogState, position: int, stored: bytes) -> None:
-    call_at(log, Op.WRITE, position, lambda e: {"epoch": e, "position": position, "data": stored})
+    call_at(log, Op.WRITE, position, stored)
 
 
 def fill(log: LogState, position: int, reason: int = wire.FILL_JUNK) -> None:
-    call_at(log, Op.FILL, position, lambda e: {"epoch": e, "position": position, "reason": reason})
+    call_at(log, Op.FILL, position, reason=reason)
 
 
 def fill_hole(log: LogState, position: int) -> bool:
@@ -64,7 +63,7 @@ def fill_hole(log: LogState, position: int) -> bool:
 
 
 def trim(log: LogState, position: int) -> None:
-    call_at(log, Op.TRIM, position, lambda e: {"epoch": e, "position": position})
+    call_at(log, Op.TRIM, position)
 
 
 def trim_to(log: LogState, position: int) -> None:

@@ -71,6 +71,8 @@ class Op(IntEnum):
     VERSION = lib.ZLOG_OP_VERSION
 
 
+#: the fields call_pos takes (a READ_RANGE has more, so no window comes back there)
+_POSITION_FIELDS = frozenset(("epoch", "position", "data", "reason"))
 #: a result that no class call produced: an appended entry's outcome
 POSTED = lib.DP_OP_POSTED
 #: a raw exec (tests, probes): the reply as it came
@@ -227,29 +229,33 @@ class _Gate:
     """Admits native calls until the interpreter exits; then waits for the
     calls under way to return before librados is shut down. A call made
     after shutdown, from a thread still running (a follow stream, a retry),
-    would otherwise abort the process inside librados."""
+    would otherwise abort the process inside librados. Every sync call
+    passes here: a plain lock, and an event only for the exit."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
         self._calls = 0
         self._closed = False
 
     def enter(self) -> None:
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise ClusterUnavailable("the process is exiting: no new RADOS calls", errno=errno.ESHUTDOWN)
             self._calls += 1
 
     def leave(self) -> None:
-        with self._cond:
+        with self._lock:
             self._calls -= 1
-            if not self._calls:
-                self._cond.notify_all()
+            if self._closed and not self._calls:
+                self._idle.set()
 
     def close(self, timeout: float) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.wait_for(lambda: not self._calls, timeout)
+            if not self._calls:
+                self._idle.set()
+        self._idle.wait(timeout)
 
 
 _gate = _Gate()
@@ -546,8 +552,43 @@ class Connection:
             _gate.leave()
 
     def call_raw(self, pool: Pool, oid: str | bytes, op: Op | int, **fields: Any) -> tuple[int, Any]:
-        """One call: (0 or -errno, value)."""
-        return self.calls([(pool, oid, op, fields)])[0]
+        """One call, waited for in this thread with librados' blocking op:
+        (0 or -errno, value)."""
+        if fields.keys() <= _POSITION_FIELDS:
+            return self.call_pos(pool, oid, op, **fields)
+        _gate.enter()
+        try:
+            req, _keep = request(op, **fields)
+            r = ffi.new("dp_result *")
+            code = lib.dp_call(self.handle, pool.handle, _b(oid), op, req, r)
+            try:
+                if code:
+                    return code, None
+                value = _value(r)
+                if op == Op.READ_RANGE:
+                    r.window = ffi.NULL  # the RangeWindow owns it now
+                return 0, value
+            finally:
+                lib.dp_result_release(r)
+        finally:
+            _gate.leave()
+
+    def call_pos(self, pool: Pool, oid: str | bytes, op: Op | int, epoch: int = 0, position: int = 0,
+                 data: bytes = b"", reason: int = 0) -> tuple[int, Any]:
+        """call_raw of an op whose fields are at most an epoch, a position,
+        data and a fill reason: the sync calls a log makes most, with the
+        least Python between the caller and librados."""
+        _gate.enter()
+        try:
+            r = ffi.new("dp_result *")
+            code = lib.dp_call_pos(self.handle, pool.handle, _b(oid), op, epoch, position, data, len(data), reason,
+                                   r)
+            try:
+                return (code, None) if code else (0, _value(r))
+            finally:
+                lib.dp_result_release(r)
+        finally:
+            _gate.leave()
 
     def call(self, pool: Pool, oid: str | bytes, op: Op | int, *, what: str | None = None,
              position: int | None = None, **fields: Any) -> Any:
