@@ -6,6 +6,14 @@ from pkgutil import extend_path
 # copy `./dev setup` built and installed from this checkout.
 __path__ = extend_path(__path__, __name__)
 
+try:  # every call to the storage goes through the native data plane: without it, nothing works
+    from . import _dataplane  # noqa: F401
+except ImportError as e:
+    raise ImportError(
+        f"pyzlog's native data plane (pyzlog._dataplane) is not built or cannot load ({e}): build it with "
+        "`./dev setup` in a checkout, or `pip install .` (needs Debian's librados-dev, libradospp-dev, "
+        "cmake and g++)") from e
+
 from .core.cluster import connect
 from .core.errors import (ClassNotLoaded, ClusterUnavailable, Corrupt, EntryTooLarge, EpochChanged, Filled,
                           InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,

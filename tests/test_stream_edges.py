@@ -547,11 +547,8 @@ def test_exit_with_follow_streams_in_flight(rados_cluster, ceph, log_name, endin
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     lg.append_many([b"x%d" % i for i in range(20)])
     script = EXIT_SCRIPT.format(root=str(ROOT), conf=ceph.conf, pool=ceph.pool, name=log_name, n=6, ending=ending)
-    t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, cwd=str(ROOT))
-    took = time.monotonic() - t0
     err = p.stderr.decode(errors="replace")
     assert p.returncode == 0, err[-3000:]
     for bad in ("terminate called", "Fatal Python error", "Segmentation", "Traceback"):
         assert bad not in err, err[-3000:]
-    assert took < 15, took

@@ -24,7 +24,7 @@ def test_bluestore_cluster_lifecycle(tmp_path: Path) -> None:
         took = time.monotonic() - t0
         daemons = c.daemons()
         assert set(daemons) == {"mon.a", "osd.0"}, daemons
-        assert took < 60, f"cluster took {took:.0f}s to start"
+        assert took < 180, f"cluster took {took:.0f}s to start"  # a hang, not a slow machine
         # starting again is a no-op on a running cluster
         assert c.start(osds=1, bluestore=True) == st and c.daemons() == daemons
 
