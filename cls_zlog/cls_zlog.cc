@@ -1,11 +1,12 @@
 // cls_zlog: the storage rules of a CORFU-style shared log, enforced in the OSD.
 //
-// Data objects hold log positions as omap entries keyed by a fixed-width hex
-// position (so key order is position order); the omap header holds the
-// object's sealed epoch, the highest position written, filled or trimmed, a
-// trim watermark, and once its view is closed, where that view ends.
-// Metadata objects hold the log's epoch and view history as the object's
-// data. Requests and replies are defined once, in ops.h, shared with the
+// A data object holds log positions, each unwritten, written, filled or
+// trimmed, in one of two formats (store.h: omap entries, or the object's
+// data with an index); its header holds the object's sealed epoch, the
+// highest position written, filled or trimmed, a trim watermark, and once its
+// view is closed, where that view ends. The rules below are written once for
+// both formats. Metadata objects hold the log's epoch and view history as the
+// object's data. Requests and replies are defined once, in ops.h, shared with the
 // client; every method serves protocol 1 ("<op>", round 2's clients) and
 // protocol 2 ("<op>2", versioned). docs/cls_zlog.md has the layouts.
 #include <cerrno>
@@ -13,11 +14,14 @@
 #include <cstdio>
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "objclass_api.h"
 #include "ops.h"
+#include "store.h"
 
 using ceph::bufferlist;
 
@@ -28,19 +32,13 @@ using ceph::bufferlist;
 extern "C" {
 CLS_API const char* __cls_name = "zlog";
 CLS_API int __cls_ver_maj = 2;
-CLS_API int __cls_ver_min = 0;
+CLS_API int __cls_ver_min = 1;
 CLS_API void __cls_init();
 }
 
 namespace {
 
 constexpr uint64_t kMaxEntryBytes = ZLOG_MAX_ENTRY_BYTES;
-
-std::string pos_key(uint64_t pos) {
-  char buf[17];
-  snprintf(buf, sizeof(buf), "%016" PRIx64, pos);
-  return std::string(buf, 16);
-}
 
 // A reply built with ops.h's encoders, handed to the OSD.
 struct Reply {
@@ -60,126 +58,31 @@ int decode(bufferlist* in, zlog_op op, int proto, zlog_req* q, zw_reader* entrie
 
 // ---------------------------------------------------------------- data objects
 
-struct DataHeader {
-  uint64_t sealed_epoch = 0;
-  bool has_max = false;
-  uint64_t max_pos = 0;
-  uint64_t trim_below = 0;  // every position < trim_below is trimmed
-  // Set by close (a reconfiguration): positions >= view_end belong to a later
-  // view, so no client, however stale its view history, can store one here.
-  bool has_end = false;
-  uint64_t view_end = 0;
-};
+using zlog_cls::DataStore;
+using zlog_cls::Entry;
+using zlog_cls::Header;
+using zlog_cls::Listed;
+using zlog_cls::NewEntry;
+using zlog_cls::OmapStore;
+using zlog_cls::Store;
 
-constexpr uint8_t kHeaderVersion = 2;  // version 1 (no view end) is still read
-
-int decode_header(bufferlist& bl, DataHeader* h) {
-  *h = DataHeader{};
-  zw_reader r = zw_reader_of(bl.c_str(), bl.length());
-  uint8_t ver = zr_u8(&r);
-  h->sealed_epoch = zr_u64(&r);
-  h->has_max = zr_u8(&r) != 0;
-  h->max_pos = zr_u64(&r);
-  h->trim_below = zr_u64(&r);
-  if (ver >= 2) {
-    h->has_end = zr_u8(&r) != 0;
-    h->view_end = zr_u64(&r);
-  }
-  if (!zr_done(&r) || ver < 1 || ver > kHeaderVersion) {
-    cls_log(0, "zlog: corrupt data object header (%u bytes, version %u): refusing every call on it",
-            bl.length(), ver);
-    return -ZLOG_ERR_CORRUPT;
-  }
-  return 0;
+// The store of the format a request names (round 2's requests name none: omap).
+std::unique_ptr<Store> store_for(cls_method_context_t hctx, uint8_t format) {
+  if (format == ZLOG_FORMAT_DATA) return std::make_unique<DataStore>(hctx);
+  return std::make_unique<OmapStore>(hctx);
 }
 
-// An object without a header is new only if it holds nothing at all: one
-// with entries (or any omap or data) whose header is gone is corrupt, never
-// new. Taking it for new would let a write overwrite an acknowledged entry
-// and forget its seal (issue 28). Called only when the header is missing.
-int check_headerless(cls_method_context_t hctx) {
-  uint64_t size = 0;
-  time_t mtime;
-  int r = cls_cxx_stat(hctx, &size, &mtime);
-  if (r == -ENOENT) return 0;
+// Loads the object for a request at `epoch`: refuses a stale epoch, and a
+// data-format object that init has not made yet (writers make it with init
+// first, so that no write can make an object nobody will read).
+int load_at(Store* st, uint64_t epoch, bool write_path, bool must_exist) {
+  int r = st->load(write_path);
   if (r < 0) return r;
-  std::map<std::string, bufferlist> vals;
-  bool more = false;
-  r = cls_cxx_map_get_vals(hctx, "", "", 1, &vals, &more);
-  if (r < 0) return r;
-  if (size == 0 && vals.empty()) return 0;
-  cls_log(0, "zlog: data object holds %s but has no header: corrupt (first key %s); refusing every call "
-          "on it until an operator repairs it (zlog check --deep, docs/cls_zlog.md)",
-          vals.empty() ? "data" : "entries", vals.empty() ? "-" : vals.begin()->first.c_str());
-  return -ZLOG_ERR_CORRUPT;
+  if (must_exist && !st->exists && st->format() == ZLOG_FORMAT_DATA) return -ENOENT;
+  return epoch < st->h.sealed_epoch ? -ZLOG_ERR_STALE : 0;
 }
 
-// Loads the header; a missing object is the initial state, and so is an
-// existing one that holds nothing. Returns <0 for a corrupt object.
-int read_header(cls_method_context_t hctx, DataHeader* h, bool* exists) {
-  uint64_t size;
-  time_t mtime;
-  int r = cls_cxx_stat(hctx, &size, &mtime);
-  if (r == -ENOENT) {
-    *exists = false;
-    *h = DataHeader{};
-    return 0;
-  }
-  if (r < 0) return r;
-  *exists = true;
-  bufferlist bl;
-  r = cls_cxx_map_read_header(hctx, &bl);
-  if (r < 0) return r;
-  if (bl.length() == 0) {
-    *h = DataHeader{};
-    return check_headerless(hctx);
-  }
-  return decode_header(bl, h);
-}
-
-// The header for the write paths, which run once per append: without the
-// stat (a missing object has no header, and setting omap values creates
-// it), so an append costs the OSD one read and two writes of omap.
-int read_header_for_write(cls_method_context_t hctx, uint64_t epoch, DataHeader* h) {
-  bufferlist bl;
-  int r = cls_cxx_map_read_header(hctx, &bl);
-  if (r < 0 && r != -ENOENT) return r;
-  if (r == -ENOENT || bl.length() == 0) {
-    *h = DataHeader{};
-    if (r != -ENOENT && (r = check_headerless(hctx)) < 0) return r;
-  } else if ((r = decode_header(bl, h)) < 0) {
-    return r;
-  }
-  return epoch < h->sealed_epoch ? -ZLOG_ERR_STALE : 0;
-}
-
-// read_header, then refuse a request epoch below the object's sealed epoch.
-int read_header_at(cls_method_context_t hctx, uint64_t epoch, DataHeader* h, bool* exists) {
-  int r = read_header(hctx, h, exists);
-  if (r < 0) return r;
-  return epoch < h->sealed_epoch ? -ZLOG_ERR_STALE : 0;
-}
-
-int write_header(cls_method_context_t hctx, const DataHeader& h, bool exists) {
-  if (!exists) {
-    int r = cls_cxx_create(hctx, false);
-    if (r < 0) return r;
-  }
-  zw_writer w{};
-  zw_u8(&w, kHeaderVersion);
-  zw_u64(&w, h.sealed_epoch);
-  zw_u8(&w, h.has_max ? 1 : 0);
-  zw_u64(&w, h.max_pos);
-  zw_u64(&w, h.trim_below);
-  zw_u8(&w, h.has_end ? 1 : 0);
-  zw_u64(&w, h.view_end);
-  bufferlist bl;
-  bl.append(w.p, static_cast<unsigned>(w.len));
-  zw_free(&w);
-  return cls_cxx_map_write_header(hctx, &bl);
-}
-
-void note_position(DataHeader* h, uint64_t pos) {
+void note_position(Header* h, uint64_t pos) {
   if (!h->has_max || pos > h->max_pos) {
     h->has_max = true;
     h->max_pos = pos;
@@ -188,34 +91,7 @@ void note_position(DataHeader* h, uint64_t pos) {
 
 // A position at or past a closed view's end belongs to a later view: the
 // request's view history is stale, whatever its epoch says.
-bool past_end(const DataHeader& h, uint64_t pos) { return h.has_end && pos >= h.view_end; }
-
-// An entry value: state, epoch of the request that stored it, then the data.
-struct Entry {
-  uint8_t state = 0;
-  uint64_t epoch = 0;
-  uint32_t len = 0;
-};
-constexpr unsigned kEntryHead = 9;
-
-bool parse_entry(bufferlist& bl, Entry* e) {
-  if (bl.length() < kEntryHead) return false;
-  zw_reader r = zw_reader_of(bl.c_str(), kEntryHead);
-  e->state = zr_u8(&r);
-  e->epoch = zr_u64(&r);
-  e->len = bl.length() - kEntryHead;
-  return e->state >= ZLOG_WRITTEN && e->state <= ZLOG_TRIMMED;
-}
-
-bufferlist make_entry(uint8_t state, uint64_t epoch, const char* data, uint32_t len) {
-  char head[kEntryHead];
-  head[0] = static_cast<char>(state);
-  for (int i = 0; i < 8; ++i) head[1 + i] = static_cast<char>(epoch >> (8 * i));
-  bufferlist bl;
-  bl.append(head, kEntryHead);
-  if (len) bl.append(data, len);
-  return bl;
-}
+bool past_end(const Header& h, uint64_t pos) { return h.has_end && pos >= h.view_end; }
 
 int state_error(uint8_t state) {
   switch (state) {
@@ -225,41 +101,42 @@ int state_error(uint8_t state) {
   }
 }
 
-// Looks up one position. Returns 0 with *found=false for unwritten.
-int get_entry(cls_method_context_t hctx, const DataHeader& h, uint64_t pos, bufferlist* bl,
-              Entry* e, bool* found) {
-  *found = false;
-  if (pos < h.trim_below) {
+// Looks up one position: a TRIMMED stand-in below the trim watermark, state
+// 0 for unwritten.
+int get_entry(Store* st, uint64_t pos, Entry* e, bufferlist* data) {
+  if (pos < st->h.trim_below) {
+    *e = Entry{};
     e->state = ZLOG_TRIMMED;
-    *found = true;
     return 0;
   }
-  int r = cls_cxx_map_get_val(hctx, pos_key(pos), bl);
-  if (r == -ENOENT) return 0;
-  if (r < 0) return r;
-  if (!parse_entry(*bl, e)) {
-    cls_log(0, "zlog: corrupt entry at %" PRIu64, pos);
-    return -ZLOG_ERR_CORRUPT;
-  }
-  *found = true;
-  return 0;
+  return st->get(pos, e, data);
 }
 
 // Whether `pos` is free to store at. Every stored entry is at or below the
 // header's max (write, fill and trim all raise it), so an append, which is
 // almost always above it, needs no lookup.
-int check_free(cls_method_context_t hctx, const DataHeader& h, uint64_t pos) {
-  if (pos < h.trim_below) return -ZLOG_ERR_TRIMMED;
-  if (!h.has_max || pos > h.max_pos) return 0;
-  bufferlist cur;
+int check_free(Store* st, uint64_t pos) {
+  if (pos < st->h.trim_below) return -ZLOG_ERR_TRIMMED;
+  if (!st->h.has_max || pos > st->h.max_pos) return 0;
   Entry e;
-  bool found;
-  int r = get_entry(hctx, h, pos, &cur, &e, &found);
+  int r = get_entry(st, pos, &e, nullptr);
   if (r < 0) return r;
-  return found ? state_error(e.state) : 0;
+  return e.state ? state_error(e.state) : 0;
 }
 
-// write: epoch, position, data
+// Stores `entries` (positions checked free) and raises max over them.
+int store_entries(Store* st, const std::vector<NewEntry>& entries) {
+  uint64_t top = 0;
+  for (const NewEntry& n : entries) top = std::max(top, n.pos);
+  const bool raise = !st->h.has_max || top > st->h.max_pos;
+  int r = st->put(entries);
+  if (r < 0) return r;
+  if (!raise && st->format() == ZLOG_FORMAT_OMAP && st->exists) return 0;  // an omap append's header is unchanged
+  note_position(&st->h, top);
+  return st->save();
+}
+
+// write: epoch, position, data (and the format)
 int do_write(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   zlog_req q;
   int r = decode(in, ZLOG_OP_WRITE, proto, &q);
@@ -267,56 +144,47 @@ int do_write(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) 
   if (q.position > ZLOG_MAX_POSITION) return -EINVAL;
   if (q.len > kMaxEntryBytes) return -ZLOG_ERR_TOO_BIG;
 
-  DataHeader h;
-  r = read_header_for_write(hctx, q.epoch, &h);
-  if (r < 0) return r;
-  if (past_end(h, q.position)) return -ZLOG_ERR_STALE;
-  r = check_free(hctx, h, q.position);
-  if (r < 0) return r;
-  bufferlist val = make_entry(ZLOG_WRITTEN, q.epoch, q.data, q.len);
-  r = cls_cxx_map_set_val(hctx, pos_key(q.position), &val);
-  if (r < 0) return r;
-  if (h.has_max && q.position <= h.max_pos) return 0;
-  note_position(&h, q.position);
-  return write_header(hctx, h, true);
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, true, true)) < 0) return r;
+  if (!st->holds(q.position)) return -EINVAL;  // not this object's position: a client's bug
+  if (past_end(st->h, q.position)) return -ZLOG_ERR_STALE;
+  if ((r = check_free(st.get(), q.position)) < 0) return r;
+  if (!st->room(q.len)) return -ZLOG_ERR_FULL;
+  return store_entries(st.get(), {NewEntry{q.position, ZLOG_WRITTEN, q.epoch, false, q.data, q.len}});
 }
 
 // write_many: epoch, n x (position, data). All or nothing: if any position is
 // taken, nothing is written and its error is returned.
 int do_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   zlog_req q;
-  zw_reader entries;
-  int r = decode(in, ZLOG_OP_WRITE_MANY, proto, &q, &entries);
+  zw_reader rd;
+  int r = decode(in, ZLOG_OP_WRITE_MANY, proto, &q, &rd);
   if (r < 0) return r;
-  std::map<std::string, bufferlist> vals;
-  uint64_t top = 0;
+  std::vector<NewEntry> entries;
+  entries.reserve(q.count);
+  std::set<uint64_t> seen;
+  uint64_t top = 0, bytes = 0;
   bool too_big = false;
   for (uint32_t i = 0; i < q.count; i++) {
-    uint64_t pos;
-    const char* data;
-    uint32_t len;
-    zlog_req_next_entry(&entries, &pos, &data, &len);
-    if (pos > ZLOG_MAX_POSITION) return -EINVAL;
-    if (len > kMaxEntryBytes) too_big = true;
-    auto ins = vals.emplace(pos_key(pos), make_entry(ZLOG_WRITTEN, q.epoch, data, len));
-    if (!ins.second) return -EINVAL;  // the same position twice
-    if (pos > top) top = pos;
+    NewEntry n{0, ZLOG_WRITTEN, q.epoch, false, nullptr, 0};
+    zlog_req_next_entry(&rd, &n.pos, &n.data, &n.len);
+    if (n.pos > ZLOG_MAX_POSITION || !seen.insert(n.pos).second) return -EINVAL;  // the same position twice
+    if (n.len > kMaxEntryBytes) too_big = true;
+    top = std::max(top, n.pos);
+    bytes += n.len;
+    entries.push_back(n);
   }
   if (too_big) return -ZLOG_ERR_TOO_BIG;
 
-  DataHeader h;
-  r = read_header_for_write(hctx, q.epoch, &h);
-  if (r < 0) return r;
-  if (past_end(h, top)) return -ZLOG_ERR_STALE;
-  for (auto& kv : vals) {
-    r = check_free(hctx, h, std::stoull(kv.first, nullptr, 16));
-    if (r < 0) return r;
-  }
-  r = cls_cxx_map_set_vals(hctx, &vals);
-  if (r < 0) return r;
-  if (h.has_max && top <= h.max_pos) return 0;
-  note_position(&h, top);
-  return write_header(hctx, h, true);
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, true, true)) < 0) return r;
+  for (const NewEntry& n : entries)
+    if (!st->holds(n.pos)) return -EINVAL;
+  if (past_end(st->h, top)) return -ZLOG_ERR_STALE;
+  for (uint64_t pos : seen)  // in position order: the error is the lowest refused position's
+    if ((r = check_free(st.get(), pos)) < 0) return r;
+  if (!st->room(bytes)) return -ZLOG_ERR_FULL;
+  return store_entries(st.get(), entries);
 }
 
 // read: epoch, position -> the data
@@ -326,27 +194,21 @@ int do_read(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int prot
   if (r < 0) return r;
   if (q.position > ZLOG_MAX_POSITION) return -EINVAL;
 
-  DataHeader h;
-  bool exists;
-  r = read_header_at(hctx, q.epoch, &h, &exists);
-  if (r < 0) return r;
-  if (!exists) return -ZLOG_ERR_UNWRITTEN;
-
-  bufferlist cur;
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, false, false)) < 0) return r;
+  if (!st->exists) return -ZLOG_ERR_UNWRITTEN;
+  if (!st->holds(q.position)) return -EINVAL;
   Entry e;
-  bool found;
-  r = get_entry(hctx, h, q.position, &cur, &e, &found);
-  if (r < 0) return r;
-  if (!found) return -ZLOG_ERR_UNWRITTEN;
-  if (e.state != ZLOG_WRITTEN) return state_error(e.state);
   bufferlist data;
-  data.substr_of(cur, kEntryHead, e.len);
+  if ((r = get_entry(st.get(), q.position, &e, &data)) < 0) return r;
+  if (!e.state) return -ZLOG_ERR_UNWRITTEN;
+  if (e.state != ZLOG_WRITTEN) return state_error(e.state);
   if (proto == ZLOG_PROTO_CURRENT) {
     Reply rep;
     zw_u8(&rep.w, ZLOG_STRUCT_V);
     zw_u8(&rep.w, ZLOG_COMPAT_V);
-    zw_u32(&rep.w, 4 + e.len);
-    zw_u32(&rep.w, e.len);
+    zw_u32(&rep.w, 4 + data.length());
+    zw_u32(&rep.w, data.length());
     if ((r = rep.to(out)) < 0) return r;
   }
   out->claim_append(data);
@@ -364,35 +226,17 @@ int do_fill(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   if (r < 0) return r;
   if (q.position > ZLOG_MAX_POSITION || q.reason > ZLOG_FILL_LOST) return -EINVAL;
 
-  DataHeader h;
-  bool exists;
-  r = read_header_at(hctx, q.epoch, &h, &exists);
-  if (r < 0) return r;
-  if (past_end(h, q.position)) return -ZLOG_ERR_STALE;
-
-  bufferlist cur;
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, false, true)) < 0) return r;
+  if (!st->holds(q.position)) return -EINVAL;
+  if (past_end(st->h, q.position)) return -ZLOG_ERR_STALE;
   Entry e;
-  bool found;
-  r = get_entry(hctx, h, q.position, &cur, &e, &found);
-  if (r < 0) return r;
-  if (found) {
+  if ((r = get_entry(st.get(), q.position, &e, nullptr)) < 0) return r;
+  if (e.state) {
     if (e.state != ZLOG_FILLED) return state_error(e.state);
-    const uint8_t first_reason =
-        e.len == 1 ? static_cast<uint8_t>(cur[kEntryHead]) : static_cast<uint8_t>(ZLOG_FILL_JUNK);
-    return first_reason == q.reason ? 0 : -ZLOG_ERR_FILLED;
+    return e.lost == (q.reason == ZLOG_FILL_LOST) ? 0 : -ZLOG_ERR_FILLED;
   }
-
-  if (!exists) {
-    r = cls_cxx_create(hctx, false);
-    if (r < 0) return r;
-  }
-  const char lost = static_cast<char>(ZLOG_FILL_LOST);
-  bufferlist val = make_entry(ZLOG_FILLED, q.epoch, q.reason == ZLOG_FILL_LOST ? &lost : nullptr, q.reason);
-  r = cls_cxx_map_set_val(hctx, pos_key(q.position), &val);
-  if (r < 0) return r;
-  if (exists && h.has_max && q.position <= h.max_pos) return 0;
-  note_position(&h, q.position);
-  return write_header(hctx, h, true);
+  return store_entries(st.get(), {NewEntry{q.position, ZLOG_FILLED, q.epoch, q.reason == ZLOG_FILL_LOST, nullptr, 0}});
 }
 
 // trim: epoch, position. Any state -> trimmed; the data is dropped.
@@ -402,27 +246,20 @@ int do_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   if (r < 0) return r;
   if (q.position > ZLOG_MAX_POSITION) return -EINVAL;
 
-  DataHeader h;
-  bool exists;
-  r = read_header_at(hctx, q.epoch, &h, &exists);
-  if (r < 0) return r;
-  if (past_end(h, q.position)) return -ZLOG_ERR_STALE;
-  if (q.position < h.trim_below) return 0;
-  bufferlist val = make_entry(ZLOG_TRIMMED, q.epoch, nullptr, 0);
-  if (!h.has_max || q.position > h.max_pos) {
-    note_position(&h, q.position);  // keeps "every stored entry is at or below max" (check_free)
-    r = write_header(hctx, h, exists);
-    if (r < 0) return r;
-  } else if (!exists) {
-    r = write_header(hctx, h, false);
-    if (r < 0) return r;
-  }
-  return cls_cxx_map_set_val(hctx, pos_key(q.position), &val);
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, false, true)) < 0) return r;
+  if (!st->holds(q.position)) return -EINVAL;
+  if (past_end(st->h, q.position)) return -ZLOG_ERR_STALE;
+  if (q.position < st->h.trim_below) return 0;
+  // raising max keeps "every stored entry is at or below max" (check_free)
+  return store_entries(st.get(), {NewEntry{q.position, ZLOG_TRIMMED, q.epoch, false, nullptr, 0}});
 }
 
 // trim_to: epoch, position. Trims every position <= position held here, and
 // raises max to it (to the view's end - 1 on a closed object): tail finding
 // reads max, so it never hands out a position at or below a trim watermark.
+// What is trimmed is dropped (a data-format object wholly below the
+// watermark keeps only its header).
 int do_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   zlog_req q;
   int r = decode(in, ZLOG_OP_TRIM_TO, proto, &q);
@@ -430,19 +267,15 @@ int do_trim_to(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto
   const uint64_t pos = q.position;
   if (pos > ZLOG_MAX_POSITION) return -EINVAL;  // the watermark is pos + 1
 
-  DataHeader h;
-  bool exists;
-  r = read_header_at(hctx, q.epoch, &h, &exists);
-  if (r < 0) return r;
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, false, true)) < 0) return r;
+  Header& h = st->h;
   if (pos + 1 <= h.trim_below) return 0;
   h.trim_below = pos + 1;
   const uint64_t top = h.has_end ? (h.view_end == 0 ? 0 : std::min(pos, h.view_end - 1)) : pos;
   if (!h.has_end || h.view_end > 0) note_position(&h, top);
-  if (exists) {
-    r = cls_cxx_map_remove_range(hctx, pos_key(0), pos_key(pos + 1));
-    if (r < 0) return r;
-  }
-  return write_header(hctx, h, exists);
+  if (st->exists && (r = st->drop_trimmed()) < 0) return r;
+  return st->save();
 }
 
 // seal: epoch. The epoch must be above the one already sealed.
@@ -452,13 +285,12 @@ int do_seal(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   if (r < 0) return r;
   if (q.epoch > ZLOG_MAX_EPOCH) return -EINVAL;
 
-  DataHeader h;
-  bool exists;
-  r = read_header(hctx, &h, &exists);
-  if (r < 0) return r;
-  if (q.epoch <= h.sealed_epoch) return -ZLOG_ERR_STALE;
-  h.sealed_epoch = q.epoch;
-  return write_header(hctx, h, exists);
+  auto st = store_for(hctx, q.format);
+  if ((r = st->load(false)) < 0) return r;
+  if (!st->exists && st->format() == ZLOG_FORMAT_DATA) return -ENOENT;  // init first
+  if (q.epoch <= st->h.sealed_epoch) return -ZLOG_ERR_STALE;
+  st->h.sealed_epoch = q.epoch;
+  return st->save();
 }
 
 // close: epoch, end. Records where this object's view ends, as part of a
@@ -473,16 +305,15 @@ int do_close(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) 
   const uint64_t end = q.position;
   if (q.epoch > ZLOG_MAX_EPOCH || end > ZLOG_MAX_POSITION) return -EINVAL;
 
-  DataHeader h;
-  bool exists;
-  r = read_header(hctx, &h, &exists);
-  if (r < 0) return r;
-  if (!exists || q.epoch == 0 || q.epoch != h.sealed_epoch) return -ZLOG_ERR_STALE;  // 0: never sealed
+  auto st = store_for(hctx, q.format);
+  if ((r = st->load(false)) < 0) return r;
+  Header& h = st->h;
+  if (!st->exists || q.epoch == 0 || q.epoch != h.sealed_epoch) return -ZLOG_ERR_STALE;  // 0: never sealed
   if (h.has_end) return h.view_end == end ? 0 : -EINVAL;
   if (h.has_max && h.max_pos >= end) return -EINVAL;
   h.has_end = true;
   h.view_end = end;
-  return write_header(hctx, h, true);
+  return st->save();
 }
 
 // max_position: epoch -> u8 has_max, u64 max
@@ -490,13 +321,10 @@ int do_max_position(cls_method_context_t hctx, bufferlist* in, bufferlist* out, 
   zlog_req q;
   int r = decode(in, ZLOG_OP_MAX_POSITION, proto, &q);
   if (r < 0) return r;
-
-  DataHeader h;
-  bool exists;
-  r = read_header_at(hctx, q.epoch, &h, &exists);
-  if (r < 0) return r;
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, false, false)) < 0) return r;
   Reply rep;
-  zlog_max_encode(&rep.w, proto, h.has_max ? 1 : 0, h.max_pos);
+  zlog_max_encode(&rep.w, proto, st->h.has_max ? 1 : 0, st->h.max_pos);
   return rep.to(out);
 }
 
@@ -509,89 +337,51 @@ int do_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out, in
   int r = decode(in, ZLOG_OP_READ_RANGE, proto, &q);
   if (r < 0) return r;
   const uint64_t first = q.position, last = q.last;
-  const uint32_t max_entries = q.max_entries, max_bytes = q.max_bytes;
-  if (last < first || last > ZLOG_MAX_POSITION || max_entries == 0 || max_entries > ZLOG_MAX_RANGE_ENTRIES ||
-      max_bytes == 0 || max_bytes > ZLOG_MAX_RANGE_BYTES)
+  if (last < first || last > ZLOG_MAX_POSITION || q.max_entries == 0 || q.max_entries > ZLOG_MAX_RANGE_ENTRIES ||
+      q.max_bytes == 0 || q.max_bytes > ZLOG_MAX_RANGE_BYTES)
     return -EINVAL;
 
-  DataHeader h;
-  bool exists;
-  r = read_header_at(hctx, q.epoch, &h, &exists);
-  if (r < 0) return r;
-
-  Reply recs;          // protocol 1: whole entries; 2: fixed records
-  bufferlist datas;    // protocol 2: the entries' data, back to back, shared not copied
-  zlog_range_head head{h.trim_below, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, last + 1, 0};
-  uint64_t bytes = 0;
-  const uint64_t start = first < h.trim_below ? h.trim_below : first;
-  if (exists && start <= last) {
-    std::string after = start == 0 ? std::string() : pos_key(start - 1);
-    const std::string end_key = pos_key(last);
-    bool more = true;
-    bool stop = false;
-    while (more && !stop) {
-      std::map<std::string, bufferlist> vals;
-      r = cls_cxx_map_get_vals(hctx, after, "", max_entries - head.count, &vals, &more);
-      if (r < 0) return r;
-      if (vals.empty()) break;
-      for (auto& kv : vals) {
-        if (kv.first > end_key) {
-          stop = true;
-          break;
-        }
-        uint64_t pos = std::stoull(kv.first, nullptr, 16);
-        Entry e;
-        if (!parse_entry(kv.second, &e)) {
-          cls_log(0, "zlog: corrupt entry at %" PRIu64, pos);
-          return -ZLOG_ERR_CORRUPT;
-        }
-        if (head.count > 0 && bytes + e.len > max_bytes) {
-          head.next = pos;
-          stop = true;
-          break;
-        }
-        bufferlist data;
-        data.substr_of(kv.second, kEntryHead, e.len);
-        if (proto == ZLOG_PROTO_CURRENT) {
-          zlog_range_entry rec{pos, e.epoch, e.len, e.state, 0};
-          zlog_range_rec_encode(&recs.w, &rec);
-          datas.claim_append(data);
-        } else {
-          zw_u64(&recs.w, pos);
-          zw_u8(&recs.w, e.state);
-          zw_u64(&recs.w, e.epoch);
-          zw_u32(&recs.w, e.len);
-          if ((r = recs.to(out)) < 0) return r;  // flushed as we go: the data follows its record
-          recs.w.len = 0;
-          out->claim_append(data);
-        }
-        bytes += e.len;
-        head.count++;
-        after = kv.first;
-        if (head.count == max_entries) {
-          head.next = pos + 1;
-          stop = true;
-          break;
-        }
-      }
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, false, false)) < 0) return r;
+  Listed got;
+  if ((r = st->list(first, last, q.max_entries, q.max_bytes, &got)) < 0) return r;
+  const Header& h = st->h;
+  zlog_range_head head{h.trim_below, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, got.next,
+                       static_cast<uint32_t>(got.entries.size())};
+  Reply rep;
+  if (proto == ZLOG_PROTO_CURRENT) {  // fixed records, then the data in one block
+    size_t records = got.entries.size() * ZLOG_RANGE_REC2_BYTES;
+    zw_u8(&rep.w, ZLOG_STRUCT_V);
+    zw_u8(&rep.w, ZLOG_COMPAT_V);
+    zw_u32(&rep.w, static_cast<uint32_t>(ZLOG_RANGE_HEAD_BYTES + records + got.data.length()));
+    zlog_range_head_encode(&rep.w, &head);
+    for (auto& [pos, e] : got.entries) {
+      zlog_range_entry rec{pos, e.epoch, e.len, e.state, 0};
+      zlog_range_rec_encode(&rep.w, &rec);
     }
-  }
-  if (proto != ZLOG_PROTO_CURRENT) {  // the head goes first: prepend it
-    Reply hd;
-    zlog_range_head_encode(&hd.w, &head);
-    bufferlist body;
-    body.claim_append(*out);
-    if ((r = hd.to(out)) < 0) return r;
-    out->claim_append(body);
+    if ((r = rep.to(out)) < 0) return r;
+    out->claim_append(got.data);
     return 0;
   }
-  Reply env;
-  zw_u8(&env.w, ZLOG_STRUCT_V);
-  zw_u8(&env.w, ZLOG_COMPAT_V);
-  zw_u32(&env.w, static_cast<uint32_t>(ZLOG_RANGE_HEAD_BYTES + recs.w.len + datas.length()));
-  zlog_range_head_encode(&env.w, &head);
-  if ((r = env.to(out)) < 0 || (r = recs.to(out)) < 0) return r;
-  out->claim_append(datas);
+  // protocol 1: each entry's record followed by its data; a lost fill's data
+  // is its one byte, as round 2 stored it
+  zlog_range_head_encode(&rep.w, &head);
+  if ((r = rep.to(out)) < 0) return r;
+  unsigned off = 0;
+  for (auto& [pos, e] : got.entries) {
+    Reply rec;
+    zw_u64(&rec.w, pos);
+    zw_u8(&rec.w, e.state);
+    zw_u64(&rec.w, e.epoch);
+    zw_u32(&rec.w, e.len);
+    if ((r = rec.to(out)) < 0) return r;
+    if (e.len) {
+      bufferlist one;
+      one.substr_of(got.data, off, e.len);
+      out->claim_append(one);
+      off += e.len;
+    }
+  }
   return 0;
 }
 
@@ -601,16 +391,29 @@ int do_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int prot
   zlog_req q;
   int r = decode(in, ZLOG_OP_STAT, proto, &q);
   if (r < 0) return r;
-  DataHeader h;
-  bool exists;
-  r = read_header(hctx, &h, &exists);
-  if (r < 0) return r;
-  if (!exists) return -ENOENT;
-  zlog_stat st{h.sealed_epoch, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, h.trim_below,
-               static_cast<uint8_t>(h.has_end ? 1 : 0), h.view_end};
+  auto st = store_for(hctx, q.format);
+  if ((r = st->load(false)) < 0) return r;
+  if (!st->exists) return -ENOENT;
+  const Header& h = st->h;
+  zlog_stat s{h.sealed_epoch, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, h.trim_below,
+              static_cast<uint8_t>(h.has_end ? 1 : 0), h.view_end, st->format(), h.entries, h.bytes};
   Reply rep;
-  zlog_stat_encode(&rep.w, proto, &st);
+  zlog_stat_encode(&rep.w, proto, &s);
   return rep.to(out);
+}
+
+// init: epoch, base, width, slots, byte_bound. Makes a data-format object,
+// sealed at `epoch`, holding the positions base, base + width, ... (slots of
+// them); one that exists with this geometry is left as it is. A writer calls
+// it once the object's stripe is open in the log's metadata (its write came
+// back ENOENT), a tail finder before it seals.
+int do_init(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_INIT, proto, &q);
+  if (r < 0) return r;
+  if (q.epoch > ZLOG_MAX_EPOCH) return -EINVAL;
+  DataStore st(hctx);
+  return st.init(q.epoch, q.position, q.width, q.slots, q.byte_bound);
 }
 
 // ------------------------------------------------------------ metadata objects
@@ -624,6 +427,7 @@ struct Meta {
   std::vector<zlog_view> views;
   uint64_t seqr_epoch = 0;
   std::string seqr;  // empty: no sequencer recorded
+  uint64_t trim_below = 0;  // the log's trim point (data-format logs)
 };
 
 // Loads and validates the metadata; `raw` (optional) receives the stored
@@ -647,6 +451,7 @@ int load_meta(cls_method_context_t hctx, Meta* m, bufferlist* raw = nullptr) {
   m->views.assign(zm.views, zm.views + zm.nviews);
   m->seqr_epoch = zm.seqr_epoch;
   m->seqr.assign(zm.seqr ? zm.seqr : "", zm.seqr_len);
+  m->trim_below = zm.trim_below;
   free(zm.views);
   if (raw) *raw = bl;
   return 0;
@@ -662,6 +467,7 @@ int store_meta(cls_method_context_t hctx, const Meta& m) {
   zm.seqr_epoch = m.seqr_epoch;
   zm.seqr = m.seqr.data();
   zm.seqr_len = static_cast<uint32_t>(m.seqr.size());
+  zm.trim_below = m.trim_below;
   Reply enc;
   zlog_meta_encode(&enc.w, &zm);
   bufferlist bl;
@@ -670,19 +476,42 @@ int store_meta(cls_method_context_t hctx, const Meta& m) {
   return cls_cxx_write_full(hctx, &bl);
 }
 
-// meta_create: width, config. Exclusive.
+// A view of `width` objects from `start` at `epoch`, in the request's format.
+// EINVAL for a data-format geometry out of range.
+int view_of(const zlog_req& q, uint64_t epoch, uint64_t start, zlog_view* v) {
+  *v = zlog_view{epoch, start, q.width, ZLOG_FORMAT_OMAP, 0, 0, 0};
+  if (q.format != ZLOG_FORMAT_DATA) return 0;
+  if (q.slots == 0 || q.slots > (1u << 22) || q.byte_bound == 0 || q.byte_bound > (1ull << 31)) return -EINVAL;
+  v->format = ZLOG_FORMAT_DATA;
+  v->slots = q.slots;
+  v->byte_bound = q.byte_bound;
+  return 0;
+}
+
+// meta_create: width, config [, format and geometry]. Exclusive.
 int do_meta_create(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   zlog_req q;
   int r = decode(in, ZLOG_OP_META_CREATE, proto, &q);
   if (r < 0) return r;
   if (q.width == 0 || q.width > ZLOG_MAX_WIDTH || q.len > ZLOG_MAX_CONFIG_BYTES) return -EINVAL;
+  zlog_view first;
+  if ((r = view_of(q, 1, 0, &first)) < 0) return r;
   r = cls_cxx_create(hctx, true);
   if (r < 0) return r;  // -EEXIST
   Meta m;
   m.epoch = 1;
   m.config.assign(q.data ? q.data : "", q.len);
-  m.views.push_back(zlog_view{1, 0, q.width});
+  m.views.push_back(first);
   return store_meta(hctx, m);
+}
+
+// A compare-and-swap's expectations: the epoch, and (data format) how many
+// stripes of the newest view are open, so that an epoch change never misses
+// a stripe opened while it sealed.
+int check_cas(const Meta& m, uint64_t expected, uint32_t expected_stripes) {
+  if (m.epoch != expected) return -ZLOG_ERR_CAS_LOST;
+  if (expected_stripes != ZLOG_ANY_STRIPES && m.views.back().stripes != expected_stripes) return -ZLOG_ERR_CAS_LOST;
+  return 0;
 }
 
 // meta_get: (nothing) -> the stored metadata bytes (protocol 2: enveloped).
@@ -722,7 +551,7 @@ int do_meta_new_epoch(cls_method_context_t hctx, bufferlist* in, bufferlist*, in
   Meta m;
   r = load_meta(hctx, &m);
   if (r < 0) return r;
-  if (m.epoch != q.expected) return -ZLOG_ERR_CAS_LOST;
+  if ((r = check_cas(m, q.expected, q.expected_stripes)) < 0) return r;
   m.epoch = q.next_epoch;
   take_over(&m, q, q.next_epoch);
   return store_meta(hctx, m);
@@ -738,15 +567,50 @@ int do_meta_propose_view(cls_method_context_t hctx, bufferlist* in, bufferlist*,
   if (q.next_epoch <= q.expected || q.next_epoch > ZLOG_MAX_EPOCH || q.start > ZLOG_MAX_POSITION ||
       q.width == 0 || q.width > ZLOG_MAX_WIDTH)
     return -EINVAL;
+  zlog_view v;
+  if ((r = view_of(q, q.next_epoch, q.start, &v)) < 0) return r;
   Meta m;
   r = load_meta(hctx, &m);
   if (r < 0) return r;
-  if (m.epoch != q.expected) return -ZLOG_ERR_CAS_LOST;
+  if ((r = check_cas(m, q.expected, q.expected_stripes)) < 0) return r;
   if (q.start < m.views.back().start) return -EINVAL;
   if (m.views.size() >= ZLOG_MAX_VIEWS) return -ENOSPC;
   m.epoch = q.next_epoch;
-  m.views.push_back(zlog_view{q.next_epoch, q.start, q.width});
+  m.views.push_back(v);
   take_over(&m, q, q.next_epoch);
+  return store_meta(hctx, m);
+}
+
+// meta_open_stripe: expected epoch, stripe. The newest (data-format) view's
+// objects may go up to `stripe`: a writer does this before it makes a
+// stripe's objects, at the epoch it writes at, so that a client whose epoch
+// is stale cannot make (and write to) objects of a view that has ended.
+int do_meta_open_stripe(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_META_OPEN_STRIPE, proto, &q);
+  if (r < 0) return r;
+  Meta m;
+  if ((r = load_meta(hctx, &m)) < 0) return r;
+  if (m.epoch != q.expected) return -ZLOG_ERR_CAS_LOST;
+  zlog_view& v = m.views.back();
+  if (v.format != ZLOG_FORMAT_DATA || q.stripe == UINT32_MAX) return -EINVAL;
+  if (q.stripe < v.stripes) return 0;  // open already
+  v.stripes = q.stripe + 1;
+  return store_meta(hctx, m);
+}
+
+// meta_trim: position. Every position <= position is trimmed: the log's trim
+// point only rises (no epoch: trimming is idempotent and every object
+// enforces its own watermark).
+int do_meta_trim(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_META_TRIM, proto, &q);
+  if (r < 0) return r;
+  if (q.position > ZLOG_MAX_POSITION) return -EINVAL;
+  Meta m;
+  if ((r = load_meta(hctx, &m)) < 0) return r;
+  if (q.position + 1 <= m.trim_below) return 0;
+  m.trim_below = q.position + 1;
   return store_meta(hctx, m);
 }
 
@@ -803,4 +667,7 @@ void __cls_init() {
   register_op<do_meta_new_epoch>(h, ZLOG_OP_META_NEW_EPOCH);
   register_op<do_meta_propose_view>(h, ZLOG_OP_META_PROPOSE_VIEW);
   register_op<do_version>(h, ZLOG_OP_VERSION);
+  register_op<do_init>(h, ZLOG_OP_INIT);
+  register_op<do_meta_open_stripe>(h, ZLOG_OP_META_OPEN_STRIPE);
+  register_op<do_meta_trim>(h, ZLOG_OP_META_TRIM);
 }

@@ -33,7 +33,9 @@ int cls_register_cxx_method(cls_handle_t hclass, const char* method, int flags,
 int cls_cxx_create(cls_method_context_t hctx, bool exclusive);
 int cls_cxx_stat(cls_method_context_t hctx, uint64_t* size, time_t* mtime);
 int cls_cxx_read(cls_method_context_t hctx, int ofs, int len, ceph::bufferlist* bl);
+int cls_cxx_write(cls_method_context_t hctx, int ofs, int len, ceph::bufferlist* bl);
 int cls_cxx_write_full(cls_method_context_t hctx, ceph::bufferlist* bl);
+int cls_cxx_truncate(cls_method_context_t hctx, int ofs);
 
 int cls_cxx_map_read_header(cls_method_context_t hctx, ceph::bufferlist* outbl);
 int cls_cxx_map_write_header(cls_method_context_t hctx, ceph::bufferlist* inbl);

@@ -49,8 +49,9 @@ extern "C" {
 
 /* The version of the fields this build encodes (struct_v) and the oldest
  * decoder that can read them (compat_v), for every op of protocol 2. Raise
- * ZLOG_STRUCT_V when an op gains a trailing field. */
-#define ZLOG_STRUCT_V 1
+ * ZLOG_STRUCT_V when an op gains a trailing field (zlog_req_fields_v2).
+ * Version 2 added the object format and its geometry. */
+#define ZLOG_STRUCT_V 2
 #define ZLOG_COMPAT_V 1
 #define ZLOG_ENVELOPE_BYTES 6
 
@@ -67,9 +68,22 @@ extern "C" {
 #define ZLOG_ERR_CORRUPT EIO           /* an object's header is lost or damaged */
 #define ZLOG_ERR_VERSION EPROTONOSUPPORT /* a request too new for this class */
 
+#define ZLOG_ERR_FULL EXFULL        /* the object's byte bound is reached */
+
 /* ----------------------------------------------------------------- states */
 enum { ZLOG_WRITTEN = 1, ZLOG_FILLED = 2, ZLOG_TRIMMED = 3 };
 enum { ZLOG_FILL_JUNK = 0, ZLOG_FILL_LOST = 1 };
+
+/* ---------------------------------------------------------------- formats
+ * How a data object keeps its entries (a view's choice, docs/storage.md):
+ *  - ZLOG_FORMAT_OMAP: one omap entry per position, the header in the omap
+ *    header; one object per stripe index for the whole view (round 2's).
+ *  - ZLOG_FORMAT_DATA: the entries in the object's data with a fixed index
+ *    of slots; each object holds at most `slots` positions and `byte_bound`
+ *    bytes of entries, so a view is a sequence of stripes of `width`
+ *    objects; created by init, never by a write. */
+enum { ZLOG_FORMAT_OMAP = 1, ZLOG_FORMAT_DATA = 3 };
+#define ZLOG_ANY_STRIPES 0xFFFFFFFFu /* a metadata CAS that does not check the stripe count */
 
 /* ---------------------------------------------------------------- the ops */
 typedef enum {
@@ -89,6 +103,9 @@ typedef enum {
   ZLOG_OP_META_NEW_EPOCH,
   ZLOG_OP_META_PROPOSE_VIEW,
   ZLOG_OP_VERSION, /* protocol 2 only: what this class build speaks */
+  ZLOG_OP_INIT,             /* protocol 2 only: create a data-format object */
+  ZLOG_OP_META_OPEN_STRIPE, /* protocol 2 only: the newest view's objects go one stripe further */
+  ZLOG_OP_META_TRIM,        /* protocol 2 only: raise the log's trim point */
   ZLOG_OP_COUNT
 } zlog_op;
 
@@ -103,8 +120,10 @@ static const char *const zlog_op_name[ZLOG_OP_COUNT][2] = {
     {"stat", "stat2"},           {"meta_create", "meta_create2"},
     {"meta_get", "meta_get2"},   {"meta_new_epoch", "meta_new_epoch2"},
     {"meta_propose_view", "meta_propose_view2"}, {NULL, "version2"},
+    {NULL, "init2"},             {NULL, "meta_open_stripe2"},
+    {NULL, "meta_trim2"},
 };
-static const uint8_t zlog_op_writes[ZLOG_OP_COUNT] = {1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0};
+static const uint8_t zlog_op_writes[ZLOG_OP_COUNT] = {1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1};
 
 static inline const char *zlog_method(zlog_op op, int proto) {
   return (unsigned)op < ZLOG_OP_COUNT && (proto == 1 || proto == 2) ? zlog_op_name[op][proto - 1] : NULL;
@@ -130,10 +149,20 @@ typedef struct {
   const uint64_t *positions;
   const char *const *datas;
   const uint32_t *lens;
+  /* struct_v 2: the object format (data ops; 0 means ZLOG_FORMAT_OMAP), the
+   * geometry of a data-format view or object (meta_create, propose_view,
+   * init: `position` is then the object's first position), the stripe to
+   * open, and the stripe count a metadata CAS expects (ZLOG_ANY_STRIPES) */
+  uint8_t format;
+  uint32_t slots;
+  uint64_t byte_bound;
+  uint32_t stripe;
+  uint32_t expected_stripes;
 } zlog_req;
 
 enum { ZF_END = 0, ZF_EPOCH, ZF_POSITION, ZF_LAST, ZF_MAX_ENTRIES, ZF_MAX_BYTES, ZF_REASON, ZF_DATA,
-       ZF_EXPECTED, ZF_NEXT_EPOCH, ZF_START, ZF_WIDTH, ZF_SEQR_OPT, ZF_ENTRIES };
+       ZF_EXPECTED, ZF_NEXT_EPOCH, ZF_START, ZF_WIDTH, ZF_SEQR_OPT, ZF_ENTRIES, ZF_FORMAT, ZF_SLOTS,
+       ZF_BYTE_BOUND, ZF_STRIPE, ZF_EXPECTED_STRIPES };
 
 /* The request layout of every op (both protocols: protocol 2 wraps the same
  * fields in an envelope). ZF_SEQR_OPT is an optional trailing u32 length +
@@ -155,6 +184,21 @@ static const uint8_t zlog_req_fields[ZLOG_OP_COUNT][6] = {
     /* meta_new_epoch */ {ZF_EXPECTED, ZF_NEXT_EPOCH, ZF_SEQR_OPT},
     /* meta_propose_view */ {ZF_EXPECTED, ZF_NEXT_EPOCH, ZF_START, ZF_WIDTH, ZF_SEQR_OPT},
     /* version */ {ZF_END},
+    /* init */ {ZF_EPOCH, ZF_POSITION, ZF_WIDTH, ZF_SLOTS, ZF_BYTE_BOUND},
+    /* meta_open_stripe */ {ZF_EXPECTED, ZF_STRIPE},
+    /* meta_trim */ {ZF_POSITION},
+};
+
+/* The fields struct_v 2 appended to each op (protocol 2 only); a request of
+ * struct_v 1 has none of them, and its decoder takes the defaults. */
+static const uint8_t zlog_req_fields_v2[ZLOG_OP_COUNT][5] = {
+    /* write .. stat */ {ZF_FORMAT}, {ZF_FORMAT}, {ZF_FORMAT}, {ZF_FORMAT}, {ZF_FORMAT}, {ZF_FORMAT},
+    {ZF_FORMAT}, {ZF_FORMAT}, {ZF_FORMAT}, {ZF_FORMAT}, {ZF_FORMAT},
+    /* meta_create */ {ZF_FORMAT, ZF_SLOTS, ZF_BYTE_BOUND},
+    /* meta_get */ {ZF_END},
+    /* meta_new_epoch */ {ZF_EXPECTED_STRIPES},
+    /* meta_propose_view */ {ZF_FORMAT, ZF_SLOTS, ZF_BYTE_BOUND, ZF_EXPECTED_STRIPES},
+    /* version, init, meta_open_stripe, meta_trim */ {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END},
 };
 
 /* ------------------------------------------------------------- encoding */
@@ -306,6 +350,9 @@ static inline int zlog_req_encode(zw_writer *w, zlog_op op, int proto, const zlo
       case ZF_NEXT_EPOCH: zw_u64(w, q->next_epoch); break;
       case ZF_START: zw_u64(w, q->start); break;
       case ZF_WIDTH: zw_u32(w, q->width); break;
+      case ZF_SLOTS: zw_u32(w, q->slots); break;
+      case ZF_BYTE_BOUND: zw_u64(w, q->byte_bound); break;
+      case ZF_STRIPE: zw_u32(w, q->stripe); break;
       case ZF_SEQR_OPT: /* protocol 2 always has it (length 0: none), so that
                            fields appended later cannot be taken for it */
         if (q->seqr || proto == ZLOG_PROTO_CURRENT) zw_blob(w, q->seqr, q->seqr ? q->seqr_len : 0);
@@ -319,6 +366,16 @@ static inline int zlog_req_encode(zw_writer *w, zlog_op op, int proto, const zlo
         break;
     }
   }
+  if (proto == ZLOG_PROTO_CURRENT) {
+    for (const uint8_t *f = zlog_req_fields_v2[op]; *f != ZF_END && f < zlog_req_fields_v2[op] + 5; ++f) {
+      switch (*f) {
+        case ZF_FORMAT: zw_u8(w, q->format ? q->format : (uint8_t)ZLOG_FORMAT_OMAP); break;
+        case ZF_SLOTS: zw_u32(w, q->slots); break;
+        case ZF_BYTE_BOUND: zw_u64(w, q->byte_bound); break;
+        case ZF_EXPECTED_STRIPES: zw_u32(w, q->expected_stripes); break;
+      }
+    }
+  }
   zw_finish(w, at);
   return w->oom ? -ENOMEM : 0;
 }
@@ -329,8 +386,11 @@ static inline int zlog_req_encode(zw_writer *w, zlog_op op, int proto, const zlo
 static inline int zlog_req_decode(const char *in, size_t len, zlog_op op, int proto, zlog_req *q,
                                   zw_reader *entries) {
   memset(q, 0, sizeof *q);
+  q->format = ZLOG_FORMAT_OMAP;
+  q->expected_stripes = ZLOG_ANY_STRIPES;
   zw_reader outer = zw_reader_of(in, len), r;
-  int ret = zw_open(&outer, proto, &r, NULL);
+  uint8_t struct_v = 0;
+  int ret = zw_open(&outer, proto, &r, &struct_v);
   if (ret < 0) return ret;
   for (const uint8_t *f = zlog_req_fields[op]; *f != ZF_END && f < zlog_req_fields[op] + 6; ++f) {
     switch (*f) {
@@ -345,6 +405,9 @@ static inline int zlog_req_decode(const char *in, size_t len, zlog_op op, int pr
       case ZF_NEXT_EPOCH: q->next_epoch = zr_u64(&r); break;
       case ZF_START: q->start = zr_u64(&r); break;
       case ZF_WIDTH: q->width = zr_u32(&r); break;
+      case ZF_SLOTS: q->slots = zr_u32(&r); break;
+      case ZF_BYTE_BOUND: q->byte_bound = zr_u64(&r); break;
+      case ZF_STRIPE: q->stripe = zr_u32(&r); break;
       case ZF_SEQR_OPT:
         /* protocol 1: present when bytes remain; protocol 2: always there,
          * length 0 meaning none */
@@ -370,6 +433,17 @@ static inline int zlog_req_decode(const char *in, size_t len, zlog_op op, int pr
         break;
       }
     }
+  }
+  if (proto == ZLOG_PROTO_CURRENT && struct_v >= 2) {
+    for (const uint8_t *f = zlog_req_fields_v2[op]; *f != ZF_END && f < zlog_req_fields_v2[op] + 5; ++f) {
+      switch (*f) {
+        case ZF_FORMAT: q->format = zr_u8(&r); break;
+        case ZF_SLOTS: q->slots = zr_u32(&r); break;
+        case ZF_BYTE_BOUND: q->byte_bound = zr_u64(&r); break;
+        case ZF_EXPECTED_STRIPES: q->expected_stripes = zr_u32(&r); break;
+      }
+    }
+    if (q->format != ZLOG_FORMAT_OMAP && q->format != ZLOG_FORMAT_DATA) return -EINVAL;
   }
   if (!r.ok) return -EINVAL;
   return zw_close(&outer, &r, proto);
@@ -398,6 +472,10 @@ typedef struct {
   uint64_t trim_below;
   uint8_t has_end;
   uint64_t view_end;
+  /* struct_v 2 (protocol 2): what the object holds; entries and bytes are
+   * counted by the data format only (0 for omap) */
+  uint8_t format;
+  uint64_t entries, bytes;
 } zlog_stat;
 
 static inline void zlog_stat_encode(zw_writer *w, int proto, const zlog_stat *s) {
@@ -408,11 +486,17 @@ static inline void zlog_stat_encode(zw_writer *w, int proto, const zlog_stat *s)
   zw_u64(w, s->trim_below);
   zw_u8(w, s->has_end);
   zw_u64(w, s->view_end);
+  if (proto == ZLOG_PROTO_CURRENT) {
+    zw_u8(w, s->format);
+    zw_u64(w, s->entries);
+    zw_u64(w, s->bytes);
+  }
   zw_finish(w, at);
 }
 static inline int zlog_stat_decode(const char *in, size_t len, int proto, zlog_stat *s) {
   zw_reader outer = zw_reader_of(in, len), r;
-  int ret = zw_open(&outer, proto, &r, NULL);
+  uint8_t struct_v = 0;
+  int ret = zw_open(&outer, proto, &r, &struct_v);
   if (ret < 0) return ret;
   s->sealed_epoch = zr_u64(&r);
   s->has_max = zr_u8(&r);
@@ -420,6 +504,13 @@ static inline int zlog_stat_decode(const char *in, size_t len, int proto, zlog_s
   s->trim_below = zr_u64(&r);
   s->has_end = zr_u8(&r);
   s->view_end = zr_u64(&r);
+  s->format = ZLOG_FORMAT_OMAP;
+  s->entries = s->bytes = 0;
+  if (proto == ZLOG_PROTO_CURRENT && struct_v >= 2) {
+    s->format = zr_u8(&r);
+    s->entries = zr_u64(&r);
+    s->bytes = zr_u64(&r);
+  }
   return zw_close(&outer, &r, proto);
 }
 
@@ -579,11 +670,19 @@ static inline int zlog_range_decode(const char *in, size_t len, int proto, zlog_
  * seqr_len, seqr. Version 1 is written while no sequencer is recorded. */
 #define ZLOG_META_V1 1
 #define ZLOG_META_V2 2
+#define ZLOG_META_V3 3
 #define ZLOG_MAX_VIEWS 100000u
 
 typedef struct {
   uint64_t epoch, start;
   uint32_t width;
+  /* version 3: the view's object format and, for the data format, its
+   * geometry (positions and entry bytes per object) and how many stripes
+   * of it are open (objects may exist); versions 1 and 2 mean omap */
+  uint8_t format;
+  uint32_t slots;
+  uint64_t byte_bound;
+  uint32_t stripes;
 } zlog_view;
 
 typedef struct {
@@ -595,10 +694,16 @@ typedef struct {
   uint64_t seqr_epoch;
   const char *seqr; /* NULL or empty: none recorded */
   uint32_t seqr_len;
+  uint64_t trim_below; /* version 3: every position below it is trimmed */
 } zlog_meta;
 
+/* Version 3 once a view has the data format or the log has a trim point;
+ * before that the versions round 2's clients read. */
 static inline void zlog_meta_encode(zw_writer *w, const zlog_meta *m) {
-  zw_u8(w, m->seqr_len ? ZLOG_META_V2 : ZLOG_META_V1);
+  int v3 = m->trim_below != 0;
+  for (uint32_t i = 0; i < m->nviews; ++i)
+    if (m->views[i].format && m->views[i].format != ZLOG_FORMAT_OMAP) v3 = 1;
+  zw_u8(w, v3 ? ZLOG_META_V3 : (m->seqr_len ? ZLOG_META_V2 : ZLOG_META_V1));
   zw_u64(w, m->epoch);
   zw_blob(w, m->config, m->config_len);
   zw_u32(w, m->nviews);
@@ -606,11 +711,18 @@ static inline void zlog_meta_encode(zw_writer *w, const zlog_meta *m) {
     zw_u64(w, m->views[i].epoch);
     zw_u64(w, m->views[i].start);
     zw_u32(w, m->views[i].width);
+    if (v3) {
+      zw_u8(w, m->views[i].format ? m->views[i].format : (uint8_t)ZLOG_FORMAT_OMAP);
+      zw_u32(w, m->views[i].slots);
+      zw_u64(w, m->views[i].byte_bound);
+      zw_u32(w, m->views[i].stripes);
+    }
   }
-  if (m->seqr_len) {
+  if (v3 || m->seqr_len) {
     zw_u64(w, m->seqr_epoch);
     zw_blob(w, m->seqr, m->seqr_len);
   }
+  if (v3) zw_u64(w, m->trim_below);
 }
 
 static inline int zlog_meta_decode(const char *in, size_t len, zlog_meta *m) {
@@ -620,8 +732,9 @@ static inline int zlog_meta_decode(const char *in, size_t len, zlog_meta *m) {
   m->epoch = zr_u64(&r);
   m->config = zr_blob(&r, &m->config_len);
   m->nviews = zr_u32(&r);
-  if (!r.ok || (ver != ZLOG_META_V1 && ver != ZLOG_META_V2) || m->nviews == 0 ||
-      m->nviews > ZLOG_MAX_VIEWS || m->nviews > (r.len - r.off) / 20)
+  const size_t view_bytes = ver == ZLOG_META_V3 ? 37 : 20;
+  if (!r.ok || (ver != ZLOG_META_V1 && ver != ZLOG_META_V2 && ver != ZLOG_META_V3) || m->nviews == 0 ||
+      m->nviews > ZLOG_MAX_VIEWS || m->nviews > (r.len - r.off) / view_bytes)
     return -EIO;
   m->views = (zlog_view *)calloc(m->nviews, sizeof *m->views);
   if (!m->views) return -ENOMEM;
@@ -629,11 +742,20 @@ static inline int zlog_meta_decode(const char *in, size_t len, zlog_meta *m) {
     m->views[i].epoch = zr_u64(&r);
     m->views[i].start = zr_u64(&r);
     m->views[i].width = zr_u32(&r);
+    m->views[i].format = ZLOG_FORMAT_OMAP;
+    if (ver == ZLOG_META_V3) {
+      m->views[i].format = zr_u8(&r);
+      m->views[i].slots = zr_u32(&r);
+      m->views[i].byte_bound = zr_u64(&r);
+      m->views[i].stripes = zr_u32(&r);
+    }
   }
-  if (ver == ZLOG_META_V2) {
+  if (ver >= ZLOG_META_V2) {
     m->seqr_epoch = zr_u64(&r);
     m->seqr = zr_blob(&r, &m->seqr_len);
+    if (m->seqr_len == 0) m->seqr = NULL;
   }
+  if (ver == ZLOG_META_V3) m->trim_below = zr_u64(&r);
   if (!zr_done(&r)) {
     free(m->views);
     m->views = NULL;

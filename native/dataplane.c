@@ -538,6 +538,11 @@ static int slot_legacy(dp_op *op, uint32_t i, const dp_slot *s) {
   zw_reader entries;
   int r = zlog_req_decode(s->req, s->req_len, (zlog_op)s->op, ZLOG_PROTO_CURRENT, &req, &entries);
   if (r < 0) return r;
+  /* an op on a data-format object means nothing to a class without protocol
+   * 2: sending it as an omap op would store the entry where no reader looks */
+  if (!zlog_method((zlog_op)s->op, ZLOG_PROTO_LEGACY) ||
+      (req.format != ZLOG_FORMAT_OMAP && s->op != ZLOG_OP_META_CREATE && s->op != ZLOG_OP_META_PROPOSE_VIEW))
+    return -EOPNOTSUPP;
   uint64_t *positions = NULL;
   const char **datas = NULL;
   uint32_t *lens = NULL;

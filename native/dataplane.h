@@ -41,22 +41,28 @@ typedef struct {
   uint64_t epoch; uint64_t position; uint64_t last; uint32_t max_entries; uint32_t max_bytes;
   uint8_t reason; const char *data; uint32_t len; uint64_t expected; uint64_t next_epoch;
   uint64_t start; uint32_t width; const char *seqr; uint32_t seqr_len; uint32_t count;
-  const uint64_t *positions; const char *const *datas; const uint32_t *lens; ...;
+  const uint64_t *positions; const char *const *datas; const uint32_t *lens;
+  uint8_t format; uint32_t slots; uint64_t byte_bound; uint32_t stripe; uint32_t expected_stripes; ...;
 } zlog_req;
 typedef struct {
   uint64_t sealed_epoch; uint8_t has_max; uint64_t max_position; uint64_t trim_below;
-  uint8_t has_end; uint64_t view_end; ...;
+  uint8_t has_end; uint64_t view_end; uint8_t format; uint64_t entries; uint64_t bytes; ...;
 } zlog_stat;
-typedef struct { uint64_t epoch; uint64_t start; uint32_t width; ...; } zlog_view;
+typedef struct {
+  uint64_t epoch; uint64_t start; uint32_t width; uint8_t format; uint32_t slots; uint64_t byte_bound;
+  uint32_t stripes; ...;
+} zlog_view;
 typedef struct {
   uint64_t epoch; const char *config; uint32_t config_len; uint32_t nviews; zlog_view *views;
-  uint64_t seqr_epoch; const char *seqr; uint32_t seqr_len; ...;
+  uint64_t seqr_epoch; const char *seqr; uint32_t seqr_len; uint64_t trim_below; ...;
 } zlog_meta;
 typedef struct { uint32_t major; uint32_t minor; uint8_t protocol; ...; } zlog_version;
 static const int ZLOG_OP_WRITE, ZLOG_OP_WRITE_MANY, ZLOG_OP_READ, ZLOG_OP_READ_RANGE, ZLOG_OP_FILL,
     ZLOG_OP_TRIM, ZLOG_OP_TRIM_TO, ZLOG_OP_SEAL, ZLOG_OP_CLOSE, ZLOG_OP_MAX_POSITION, ZLOG_OP_STAT,
     ZLOG_OP_META_CREATE, ZLOG_OP_META_GET, ZLOG_OP_META_NEW_EPOCH, ZLOG_OP_META_PROPOSE_VIEW,
-    ZLOG_OP_VERSION, ZLOG_OP_COUNT;
+    ZLOG_OP_VERSION, ZLOG_OP_INIT, ZLOG_OP_META_OPEN_STRIPE, ZLOG_OP_META_TRIM, ZLOG_OP_COUNT;
+static const int ZLOG_FORMAT_OMAP, ZLOG_FORMAT_DATA;
+static const uint32_t ZLOG_ANY_STRIPES;
 static const int ZLOG_PROTO_LEGACY, ZLOG_PROTO_CURRENT, ZLOG_STRUCT_V, ZLOG_COMPAT_V;
 static const int ZLOG_WRITTEN, ZLOG_FILLED, ZLOG_TRIMMED, ZLOG_FILL_JUNK, ZLOG_FILL_LOST;
 static const int ZLOG_MAX_BATCH_ENTRIES, ZLOG_MAX_RANGE_ENTRIES, ZLOG_MAX_RANGE_BYTES, ZLOG_MAX_WIDTH,

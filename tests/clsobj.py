@@ -28,8 +28,8 @@ TOO_BIG = -errno.EFBIG
 CORRUPT = -errno.EIO
 NOENT = -errno.ENOENT  # the OSD's answer to a read-only method on a missing object
 #: method names of both protocols whose calls write (no reply data)
-WRITE_METHODS = {native.method(op, proto) for op in Op if native.writes(op)
-                 for proto in (1, 2) if op != Op.VERSION or proto == 2}
+WRITE_METHODS = {name for op in Op if native.writes(op) for proto in (1, 2)
+                 if (name := native.method_or_none(op, proto))}
 
 
 @dataclass(frozen=True)
@@ -46,24 +46,44 @@ class RangeReply:
         return cls(w.trim_below, w.max_position, w.next, list(w.entries()))
 
 
-class Raw:
-    """Raw class calls on one pool (and namespace), in one protocol."""
+#: the data format's geometry in the class tests: one object holding positions 0..4095
+DATA_GEOMETRY = (0, 1, 4096, 32 << 20)  # base, width, slots, byte_bound
 
-    def __init__(self, conn: Connection, pool: Pool, protocol: int) -> None:
-        self.conn, self.pool, self.protocol = conn, pool, protocol
+
+class Raw:
+    """Raw class calls on one pool (and namespace), in one protocol and, for
+    data objects, one format: the data format's objects are made (init,
+    with `geometry`) as an Obj is, since no write can make them."""
+
+    def __init__(self, conn: Connection, pool: Pool, protocol: int, fmt: int = wire.FORMAT_OMAP,
+                 geometry: tuple[int, int, int, int] = DATA_GEOMETRY) -> None:
+        self.conn, self.pool, self.protocol, self.fmt, self.geometry = conn, pool, protocol, fmt, geometry
 
     def call_raw(self, oid: str, method: str, payload: bytes = b"", out_len: int = 0) -> tuple[int, bytes]:
         """(0 or -errno, reply) of `method` with `payload` as given."""
         return self.conn.exec(self.pool, oid, method, payload, write=method in WRITE_METHODS)
 
     def encode(self, op: Op, **fields: Any) -> tuple[str, bytes]:
+        if self.protocol == wire.PROTOCOL and op < Op.META_CREATE:
+            fields.setdefault("format", self.fmt)  # data ops name the object's format
         return native.method(op, self.protocol), native.encode(op, self.protocol, **fields)
+
+    @property
+    def data_format(self) -> bool:
+        return self.fmt == wire.FORMAT_DATA
 
 
 class Obj:
-    def __init__(self, io: Raw, oid: str) -> None:
+    def __init__(self, io: Raw, oid: str, made: bool = True) -> None:
+        """`made`: a data-format object is made now, at epoch 0."""
         self.io = io
         self.oid = oid
+        if io.data_format and made:
+            assert self.init(0) == 0
+
+    def init(self, epoch: int, geometry: tuple[int, int, int, int] | None = None) -> int:
+        base, width, slots, byte_bound = geometry or self.io.geometry
+        return self.op(Op.INIT, epoch=epoch, position=base, width=width, slots=slots, byte_bound=byte_bound)[0]
 
     @property
     def protocol(self) -> int:
@@ -115,8 +135,20 @@ class Obj:
         return ret, (RangeReply.of(self.value(Op.READ_RANGE, out, first)) if ret == 0 else None)
 
     def stat(self) -> tuple[int, wire.ObjectStat | None]:
+        """The header as every format has it (what the object holds: counts())."""
+        ret, st = self.full_stat()
+        return ret, (None if st is None else wire.ObjectStat(st.sealed_epoch, st.max_position, st.trim_below,
+                                                             st.view_end))
+
+    def full_stat(self) -> tuple[int, wire.ObjectStat | None]:
         ret, out = self.op(Op.STAT)
         return ret, (self.value(Op.STAT, out) if ret == 0 else None)
+
+    def counts(self) -> tuple[int, int]:
+        """(entries, bytes) the object holds (the data format counts them)."""
+        ret, st = self.full_stat()
+        assert ret == 0 and st is not None
+        return st.entries, st.bytes
 
     # ---------------------------------------------------------------- metadata
     def meta_create(self, width: int, config: bytes) -> int:

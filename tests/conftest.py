@@ -58,15 +58,17 @@ def rados_cluster(ceph: ClusterInfo):  # type: ignore[no-untyped-def]
     r.shutdown()
 
 
-@pytest.fixture(params=[1, 2], ids=["protocol1", "protocol2"])
+@pytest.fixture(params=[(1, 1), (2, 1), (2, 3)], ids=["protocol1", "protocol2", "data-format"])
 def data_io(rados_cluster, ceph: ClusterInfo, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """Raw cls_zlog calls on the log pool (no Log on top), in each protocol the
-    class serves: 1 (round 2's clients) and 2 (versioned)."""
+    class serves (1: round 2's clients, 2: versioned) and each object format
+    (omap, and data, which only protocol 2 has)."""
     from clsobj import Raw
     from pyzlog.core.native import Connection
 
     conn = Connection.of(rados_cluster)
-    return Raw(conn, conn.pool(ceph.pool), request.param)
+    protocol, fmt = request.param
+    return Raw(conn, conn.pool(ceph.pool), protocol, fmt)
 
 
 @pytest.fixture

@@ -251,6 +251,9 @@ class ClsZlogMachine(RuleBasedStateMachine):
         assert self.io is not None, "use the machine_io fixture"
         self.obj = Obj(self.io, f"m.{uuid.uuid4().hex}")
         self.model = Model()
+        # a data-format object is made (init) before anything else touches it:
+        # it exists from the start, sealed at 0, with nothing in it
+        self.model.exists = self.io.data_format
 
     def epoch(self, e: Epoch) -> int:
         return self.model.sealed + e.delta if isinstance(e, AtSealed) else e

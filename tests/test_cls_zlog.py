@@ -87,9 +87,9 @@ def test_fill_reasons(obj: Obj) -> None:
         [(1, EntryState.FILLED, b""), (2, EntryState.FILLED, wire.LOST_MARK)]
 
 
-def test_read_of_missing_object_is_enoent(obj: Obj) -> None:
+def test_read_of_missing_object_is_enoent(data_io, oid) -> None:  # type: ignore[no-untyped-def]
     # The OSD answers ENOENT before the class runs; the client maps it to NotWritten.
-    assert obj.read(0, 3)[0] == -errno.ENOENT
+    assert Obj(data_io, oid, made=False).read(0, 3)[0] == -errno.ENOENT
 
 
 def test_write_keeps_first_data_and_epoch(obj: Obj) -> None:
@@ -139,8 +139,12 @@ def test_seal_rules(obj: Obj) -> None:
     assert obj.read(6, 1) == (OK, b"a")
 
 
-def test_seal_creates_object(obj: Obj) -> None:
+def test_seal_creates_object(data_io, oid) -> None:  # type: ignore[no-untyped-def]
+    obj = Obj(data_io, oid, made=False)
     assert obj.stat()[0] == -errno.ENOENT
+    if data_io.data_format:  # only init makes a data-format object (with its geometry)
+        assert obj.seal(1) == -errno.ENOENT and obj.stat()[0] == -errno.ENOENT
+        assert obj.init(0) == OK
     assert obj.seal(1) == OK
     assert obj.stat() == (OK, wire.ObjectStat(1, None, 0))
 
@@ -248,7 +252,8 @@ def test_write_many_is_all_or_nothing(obj: Obj) -> None:
     assert obj.read(0, 8) == (OK, b"taken")
 
 
-def test_write_many_bad_batches(obj: Obj) -> None:
+def test_write_many_bad_batches(data_io, oid) -> None:  # type: ignore[no-untyped-def]
+    obj = Obj(data_io, oid, made=False)
     assert obj.write_many(0, []) == EINVAL
     assert obj.write_many(0, [(1, b"a"), (1, b"b")]) == EINVAL
     assert obj.write_many(0, [(p, b"") for p in range(wire.MAX_BATCH_ENTRIES + 1)]) == EINVAL
@@ -307,9 +312,13 @@ def test_read_range_bad_arguments(obj: Obj) -> None:
     assert obj.read_range(0, 0, 5, max_bytes=0)[0] == EINVAL
 
 
-def test_position_and_epoch_bounds(obj: Obj) -> None:
+def test_position_and_epoch_bounds(data_io, oid) -> None:  # type: ignore[no-untyped-def]
     """2^64 - 1 is refused, so max + 1 and last + 1 never overflow."""
     top = 2**64 - 1
+    obj = Obj(data_io, oid, made=False)
+    if data_io.data_format:  # an object whose last slot is the last position there is
+        data_io = type(data_io)(data_io.conn, data_io.pool, data_io.protocol, data_io.fmt, (top - 4, 1, 4, 1 << 20))
+        obj = Obj(data_io, oid, made=False)
     assert wire.MAX_POSITION == top - 1
     assert obj.write(0, top, b"x") == EINVAL
     assert obj.write_many(0, [(top, b"x")]) == EINVAL
@@ -318,6 +327,8 @@ def test_position_and_epoch_bounds(obj: Obj) -> None:
     assert obj.trim_to(0, top) == EINVAL
     assert obj.seal(top) == EINVAL
     assert obj.stat()[0] == -errno.ENOENT  # none of that created the object
+    if data_io.data_format:
+        assert obj.init(0) == OK
     assert obj.write(0, top - 1, b"last") == OK
     assert obj.read(0, top - 1) == (OK, b"last")
     assert obj.read(0, top)[0] == EINVAL
@@ -339,17 +350,17 @@ def meta(data_io, oid: str):  # type: ignore[no-untyped-def]
 
 
 def test_meta_create_get(data_io, oid) -> None:  # type: ignore[no-untyped-def]
-    m = Obj(data_io, oid)
+    m = Obj(data_io, oid, made=False)
     assert m.meta_get()[0] == -errno.ENOENT
     assert m.meta_create(4, b'{"a":1}') == OK
     assert m.meta_create(2, b"") == -errno.EEXIST
     assert m.meta_get() == (OK, wire.Meta(1, b'{"a":1}', (wire.View(1, 0, 4),)))
     assert m.meta_create(0, b"") == EINVAL
-    assert Obj(data_io, oid + "x").meta_create(wire.MAX_WIDTH + 1, b"") == EINVAL
+    assert Obj(data_io, oid + "x", made=False).meta_create(wire.MAX_WIDTH + 1, b"") == EINVAL
 
 
 def test_meta_epoch_cas(data_io, oid) -> None:  # type: ignore[no-untyped-def]
-    m = Obj(data_io, oid)
+    m = Obj(data_io, oid, made=False)
     assert m.meta_new_epoch(1, 2) == -errno.ENOENT
     m.meta_create(1, b"")
     assert m.meta_new_epoch(1, 2) == OK
@@ -360,7 +371,7 @@ def test_meta_epoch_cas(data_io, oid) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_meta_propose_view(data_io, oid) -> None:  # type: ignore[no-untyped-def]
-    m = Obj(data_io, oid)
+    m = Obj(data_io, oid, made=False)
     m.meta_create(2, b"")
     assert m.meta_propose_view(1, 2, 100, 8) == OK
     assert m.meta_propose_view(1, 3, 200, 8) == -errno.ECANCELED
@@ -371,7 +382,7 @@ def test_meta_propose_view(data_io, oid) -> None:  # type: ignore[no-untyped-def
 
 
 def test_meta_records_the_sequencer_taking_over(data_io, oid) -> None:  # type: ignore[no-untyped-def]
-    m = Obj(data_io, oid)
+    m = Obj(data_io, oid, made=False)
     m.meta_create(2, b"{}")
     assert m.meta_get()[1].sequencer == ""
     assert m.meta_new_epoch(1, 2, "10.0.0.1:5678") == OK
@@ -399,7 +410,7 @@ def test_meta_records_the_sequencer_taking_over(data_io, oid) -> None:  # type: 
 
 
 def test_meta_two_proposers_one_wins(data_io, oid) -> None:  # type: ignore[no-untyped-def]
-    m = Obj(data_io, oid)
+    m = Obj(data_io, oid, made=False)
     m.meta_create(2, b"")
     for round_ in range(10):
         expected = m.meta_get()[1].epoch

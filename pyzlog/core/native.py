@@ -69,6 +69,9 @@ class Op(IntEnum):
     META_NEW_EPOCH = lib.ZLOG_OP_META_NEW_EPOCH
     META_PROPOSE_VIEW = lib.ZLOG_OP_META_PROPOSE_VIEW
     VERSION = lib.ZLOG_OP_VERSION
+    INIT = lib.ZLOG_OP_INIT
+    META_OPEN_STRIPE = lib.ZLOG_OP_META_OPEN_STRIPE
+    META_TRIM = lib.ZLOG_OP_META_TRIM
 
 
 #: the fields call_pos takes (a READ_RANGE has more, so no window comes back there)
@@ -101,6 +104,7 @@ def request(op: Op | int, **fields: Any) -> tuple[Any, list[Any]]:
     next_epoch, start, width, seqr, entries=[(position, bytes)]), and the
     buffers it points into (keep them until the submit returns)."""
     req = ffi.new("zlog_req *")
+    req.expected_stripes = lib.ZLOG_ANY_STRIPES  # a CAS checks the stripe count only when asked to
     keep: list[Any] = []
     for key, value in fields.items():
         if key == "data":
@@ -145,7 +149,8 @@ def decode(op: Op | int, payload: bytes, protocol: int = wire.PROTOCOL) -> dict[
     if ret < 0:
         raise error_for(ret, f"decoding {Op(op).name}")
     out = {k: int(getattr(q, k)) for k in ("epoch", "position", "last", "max_entries", "max_bytes", "reason",
-                                          "expected", "next_epoch", "start", "width", "count")}
+                                          "expected", "next_epoch", "start", "width", "count", "format", "slots",
+                                          "byte_bound", "stripe", "expected_stripes")}
     out["data"] = ffi.unpack(q.data, q.len) if q.data != ffi.NULL else b""
     out["seqr"] = ffi.unpack(q.seqr, q.seqr_len).decode() if q.seqr != ffi.NULL else None
     return out
@@ -157,6 +162,12 @@ def method(op: Op | int, protocol: int = wire.PROTOCOL) -> str:
     if name == ffi.NULL:
         raise InvalidArgument(f"{Op(op).name} has no method in protocol {protocol}")
     return str(ffi.string(name).decode())
+
+
+def method_or_none(op: Op | int, protocol: int) -> str | None:
+    """method(), or None when `op` has no method in `protocol`."""
+    name = lib.dp_method(op, protocol)
+    return None if name == ffi.NULL else str(ffi.string(name).decode())
 
 
 def writes(op: Op | int) -> bool:
@@ -203,7 +214,7 @@ def decode_reply(op: Op | int, raw: bytes, protocol: int = wire.PROTOCOL, first:
 
 def _stat(s: Any) -> wire.ObjectStat:
     return wire.ObjectStat(int(s.sealed_epoch), int(s.max_position) if s.has_max else None, int(s.trim_below),
-                           int(s.view_end) if s.has_end else None)
+                           int(s.view_end) if s.has_end else None, int(s.format), int(s.entries), int(s.bytes))
 
 
 def _value(r: Any) -> Any:

@@ -30,6 +30,11 @@ MAX_CONFIG_BYTES = int(lib.ZLOG_MAX_CONFIG_BYTES)
 MAX_SEQUENCER_BYTES = int(lib.ZLOG_MAX_SEQR_BYTES)
 MAX_POSITION = int(lib.ZLOG_MAX_POSITION)  # read_range needs last + 1 to fit in 64 bits
 MAX_EPOCH = int(lib.ZLOG_MAX_EPOCH)
+#: how a view's objects keep their entries (cls_zlog/store.h, docs/storage.md)
+FORMAT_OMAP = int(lib.ZLOG_FORMAT_OMAP)
+FORMAT_DATA = int(lib.ZLOG_FORMAT_DATA)
+#: a metadata compare-and-swap that does not check the newest view's open stripes
+ANY_STRIPES = int(lib.ZLOG_ANY_STRIPES)
 
 
 class EntryState(IntEnum):
@@ -61,15 +66,31 @@ class ObjectStat:
     trim_below: int
     #: where the object's view ends, once a reconfiguration closed it
     view_end: int | None = None
+    #: its format, and what it holds (entries written and their bytes; the
+    #: data format counts them, the omap format reports 0)
+    format: int = FORMAT_OMAP
+    entries: int = 0
+    bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """From `start` on, positions are striped over `width` objects (until a later view)."""
+    """From `start` on, positions are striped over `width` objects (until a
+    later view). In the data format the objects are bounded: each holds at
+    most `slots` positions and `byte_bound` bytes of entries, so the view is a
+    sequence of stripes of `width` objects (`stripes` of them open so far)."""
 
     epoch: int
     start: int
     width: int
+    format: int = FORMAT_OMAP
+    slots: int = 0
+    byte_bound: int = 0
+    stripes: int = 0
+
+    @property
+    def bounded(self) -> bool:
+        return self.format == FORMAT_DATA
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +102,8 @@ class Meta:
     #: and the epoch at which it did
     sequencer: str = ""
     sequencer_epoch: int = 0
+    #: every position below it is trimmed (kept by logs with data-format views)
+    trim_below: int = 0
 
 
 def parse_meta(buf: bytes) -> Meta:
@@ -92,11 +115,11 @@ def parse_meta(buf: bytes) -> Meta:
 
         raise error_for(-errno.EBADMSG, "log metadata")
     try:
-        views = tuple(View(int(m.views[i].epoch), int(m.views[i].start), int(m.views[i].width))
-                      for i in range(m.nviews))
+        views = tuple(View(int(v.epoch), int(v.start), int(v.width), int(v.format), int(v.slots), int(v.byte_bound),
+                           int(v.stripes)) for v in (m.views[i] for i in range(m.nviews)))
         config = ffi.unpack(m.config, m.config_len) if m.config != ffi.NULL else b""
         seqr = ffi.unpack(m.seqr, m.seqr_len).decode(errors="replace") if m.seqr != ffi.NULL else ""
-        return Meta(int(m.epoch), bytes(config), views, seqr, int(m.seqr_epoch))
+        return Meta(int(m.epoch), bytes(config), views, seqr, int(m.seqr_epoch), int(m.trim_below))
     finally:
         lib.dp_free(m.views)
 
@@ -106,12 +129,15 @@ def encode_meta(meta: Meta) -> bytes:
     views = ffi.new("zlog_view[]", len(meta.views))
     for i, v in enumerate(meta.views):
         views[i].epoch, views[i].start, views[i].width = v.epoch, v.start, v.width
+        views[i].format, views[i].slots, views[i].byte_bound, views[i].stripes = (v.format, v.slots, v.byte_bound,
+                                                                                v.stripes)
     m = ffi.new("zlog_meta *")
     config = ffi.from_buffer(meta.config)
     seqr = meta.sequencer.encode()
     seqr_buf = ffi.from_buffer(seqr)
     m.epoch, m.config, m.config_len, m.nviews, m.views = meta.epoch, config, len(meta.config), len(meta.views), views
     m.seqr_epoch, m.seqr, m.seqr_len = meta.sequencer_epoch, seqr_buf, len(seqr)
+    m.trim_below = meta.trim_below
     out, n = ffi.new("char **"), ffi.new("size_t *")
     if lib.dp_encode_meta(m, out, n) < 0:
         raise MemoryError("dp_encode_meta")

@@ -18,6 +18,10 @@ def env(body: bytes, v: int = 1, compat: int = 1) -> bytes:
 
 
 SEQR_NONE = struct.pack("<I", 0)
+#: what struct_v 2 appended: the object format (omap here), a view's geometry, the stripe count a CAS expects
+V2 = {op: struct.pack("<B", 1) for op in Op} | {
+    Op.META_CREATE: struct.pack("<BIQ", 1, 0, 0), Op.META_GET: b"", Op.META_NEW_EPOCH: struct.pack("<I", 0xFFFFFFFF),
+    Op.META_PROPOSE_VIEW: struct.pack("<BIQI", 1, 0, 0, 0xFFFFFFFF)}
 CASES = [
     (Op.WRITE, {"epoch": 3, "position": 9, "data": b"hello"}, struct.pack("<QQI", 3, 9, 5) + b"hello"),
     (Op.WRITE_MANY, {"epoch": 3, "entries": [(9, b"a"), (10, b"")]},
@@ -44,7 +48,9 @@ CASES = [
 def test_requests_in_both_protocols(op: Op, fields: dict, legacy: bytes) -> None:  # type: ignore[type-arg]
     assert native.encode(op, 1, **fields) == legacy
     body = legacy + (SEQR_NONE if op in (Op.META_NEW_EPOCH, Op.META_PROPOSE_VIEW) else b"")
-    assert native.encode(op, 2, **fields) == env(body)
+    assert native.encode(op, 2, **fields) == env(body + V2[op], v=2)
+    # a class of struct_v 1 reads the same fields without the ones version 2 appended
+    assert native.decode(op, env(body), 2)["epoch"] == fields.get("epoch", 0)
     for proto in (1, 2):
         back = native.decode(op, native.encode(op, proto, **fields), proto)
         for key, value in fields.items():
@@ -63,9 +69,9 @@ def test_the_sequencer_field() -> None:
 
 def test_envelopes_read_what_they_know_and_refuse_what_they_cannot() -> None:
     body = struct.pack("<QQ", 3, 9)
-    assert native.decode(Op.READ, env(body + b"a newer field", v=2), 2)["position"] == 9  # skipped
+    assert native.decode(Op.READ, env(body + b"\x03" + b"a newer field", v=3), 2)["position"] == 9  # skipped
     with pytest.raises(pyzlog.ProtocolMismatch):
-        native.decode(Op.READ, env(body, v=2, compat=2), 2)  # needs a newer decoder
+        native.decode(Op.READ, env(body, v=3, compat=3), 2)  # needs a newer decoder
     for bad in (env(body)[:-1], env(body) + b"x", env(body, v=1, compat=2), env(body[:-1]), b""):
         with pytest.raises(pyzlog.InvalidRequest):
             native.decode(Op.READ, bad, 2)
@@ -76,7 +82,9 @@ def test_envelopes_read_what_they_know_and_refuse_what_they_cannot() -> None:
 def test_replies() -> None:
     stat = struct.pack("<QBQQBQ", 7, 1, 41, 3, 1, 100)
     assert native.decode_reply(Op.STAT, stat, 1) == wire.ObjectStat(7, 41, 3, 100)
-    assert native.decode_reply(Op.STAT, env(stat), 2) == wire.ObjectStat(7, 41, 3, 100)
+    assert native.decode_reply(Op.STAT, env(stat), 2) == wire.ObjectStat(7, 41, 3, 100)  # struct_v 1
+    counted = env(stat + struct.pack("<BQQ", 3, 12, 4096), v=2)
+    assert native.decode_reply(Op.STAT, counted, 2) == wire.ObjectStat(7, 41, 3, 100, wire.FORMAT_DATA, 12, 4096)
     assert native.decode_reply(Op.MAX_POSITION, struct.pack("<BQ", 0, 0), 1) is None
     assert native.decode_reply(Op.MAX_POSITION, env(struct.pack("<BQ", 1, 5)), 2) == 5
     assert native.decode_reply(Op.READ, b"raw entry", 1) == b"raw entry"
@@ -109,5 +117,9 @@ def test_metadata_round_trip() -> None:
     assert raw[0] == 2 and wire.parse_meta(raw) == meta  # version 2: a sequencer is recorded
     plain = wire.Meta(1, b"", (wire.View(1, 0, 1),))
     assert wire.encode_meta(plain)[0] == 1 and wire.parse_meta(wire.encode_meta(plain)) == plain
+    bounded = wire.Meta(3, b"{}", (wire.View(1, 0, 4), wire.View(3, 50, 2, wire.FORMAT_DATA, 1024, 1 << 20, 7)),
+                        trim_below=40)
+    raw = wire.encode_meta(bounded)
+    assert raw[0] == 3 and wire.parse_meta(raw) == bounded  # version 3: formats, stripes, the trim point
     with pytest.raises(pyzlog.ProtocolMismatch):
         wire.parse_meta(raw[:-1])

@@ -1,0 +1,150 @@
+// How a data object keeps its positions: the two formats behind one
+// interface, so that the log's rules (write-once, fill kinds, trim, seal,
+// view end) are written once, in cls_zlog.cc, for both. docs/storage.md has
+// the formats and why the data format is the default.
+//
+//  - OmapStore (ZLOG_FORMAT_OMAP): round 2's. One omap entry per position,
+//    keyed by its 16-digit hex position (key order = position order): u8
+//    state, u64 epoch, data. The header in the omap header.
+//  - DataStore (ZLOG_FORMAT_DATA): everything in the object's data, which
+//    Ceph counts (pool usage, quotas). A 128-byte header, then an index of
+//    `slots` 16-byte slots (the positions base, base + width, ...), then the
+//    entries' bytes, appended in the order they are written, so the entries
+//    of a range are mostly one extent. The object is made by init (with its
+//    geometry), never by a write; it holds at most `slots` positions and
+//    `byte_bound` bytes of entries.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "objclass_api.h"
+#include "ops.h"
+
+namespace zlog_cls {
+
+using ceph::bufferlist;
+
+// What every object's header says, whatever its format.
+struct Header {
+  uint64_t sealed_epoch = 0;
+  bool has_max = false;
+  uint64_t max_pos = 0;
+  uint64_t trim_below = 0;  // every position < trim_below is trimmed
+  // Set by close (a reconfiguration): positions >= view_end belong to a later
+  // view, so no client, however stale its view history, can store one here.
+  bool has_end = false;
+  uint64_t view_end = 0;
+  // the data format's geometry and counts
+  uint64_t base = 0;
+  uint32_t width = 1, slots = 0;
+  uint64_t byte_bound = 0;
+  uint64_t data_end = 0;  // where the next entry's bytes go
+  uint64_t entries = 0, bytes = 0;
+};
+
+// One stored position.
+struct Entry {
+  uint8_t state = 0;  // 0: unwritten
+  uint64_t epoch = 0;
+  bool lost = false;  // a filled position a reader filled as lost
+  uint32_t len = 0;   // data bytes (written entries)
+  uint64_t offset = 0;  // DataStore: where its bytes are
+};
+
+// An entry to store.
+struct NewEntry {
+  uint64_t pos;
+  uint8_t state;
+  uint64_t epoch;
+  bool lost;
+  const char* data;
+  uint32_t len;
+};
+
+// A range read's result: entries in position order, their data back to back.
+struct Listed {
+  std::vector<std::pair<uint64_t, Entry>> entries;
+  bufferlist data;   // every listed entry's data, in order
+  uint64_t next = 0;  // the first position not accounted for
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Loads the header; exists=false for an object that does not exist (or
+  // holds nothing). An object with contents and no usable header is
+  // corrupt: ZLOG_ERR_CORRUPT. `write_path`: the caller is about to store
+  // (OmapStore skips a stat there).
+  virtual int load(bool write_path) = 0;
+  // Writes the header back (creating the object, for the omap format).
+  virtual int save() = 0;
+  // The entry at `pos` (state 0: unwritten), its bytes in *data if asked.
+  virtual int get(uint64_t pos, Entry* e, bufferlist* data) = 0;
+  // Stores entries whose positions were checked free (or are to be trimmed).
+  virtual int put(const std::vector<NewEntry>& entries) = 0;
+  // Drops what trim_to made unreachable (header.trim_below is already raised).
+  virtual int drop_trimmed() = 0;
+  // Entries in [first, last], up to max_entries and max_bytes of data (at
+  // least one entry when one exists).
+  virtual int list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) = 0;
+  // Whether `pos` belongs to this object (the data format knows its slots).
+  virtual bool holds(uint64_t pos) const { return true; }
+  // Room for `bytes` more entry bytes (the data format's bound).
+  virtual bool room(uint64_t bytes) const { return true; }
+  virtual uint8_t format() const = 0;
+
+  Header h;
+  bool exists = false;
+
+ protected:
+  explicit Store(cls_method_context_t hctx) : hctx_(hctx) {}
+  cls_method_context_t hctx_;
+};
+
+class OmapStore : public Store {
+ public:
+  explicit OmapStore(cls_method_context_t hctx) : Store(hctx) {}
+  int load(bool write_path) override;
+  int save() override;
+  int get(uint64_t pos, Entry* e, bufferlist* data) override;
+  int put(const std::vector<NewEntry>& entries) override;
+  int drop_trimmed() override;
+  int list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) override;
+  uint8_t format() const override { return ZLOG_FORMAT_OMAP; }
+
+ private:
+  int check_headerless();
+};
+
+class DataStore : public Store {
+ public:
+  explicit DataStore(cls_method_context_t hctx) : Store(hctx) {}
+  int load(bool write_path) override;
+  int save() override;
+  int get(uint64_t pos, Entry* e, bufferlist* data) override;
+  int put(const std::vector<NewEntry>& entries) override;
+  int drop_trimmed() override;
+  int list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) override;
+  bool holds(uint64_t pos) const override;
+  bool room(uint64_t bytes) const override;
+  uint8_t format() const override { return ZLOG_FORMAT_DATA; }
+
+  // Creates the object with its geometry, sealed at `epoch`; an object that
+  // exists with the same geometry is left as it is.
+  int init(uint64_t epoch, uint64_t base, uint32_t width, uint32_t slots, uint64_t byte_bound);
+
+  static constexpr uint32_t kHeaderBytes = 128;
+  static constexpr uint32_t kSlotBytes = 16;
+
+ private:
+  uint64_t slot_of(uint64_t pos) const { return (pos - h.base) / h.width; }
+  uint64_t index_at(uint64_t slot) const { return kHeaderBytes + slot * kSlotBytes; }
+  uint64_t data_start() const { return kHeaderBytes + uint64_t(h.slots) * kSlotBytes; }
+  // Reads slots [first, first + n) (unwritten ones read as zero).
+  int read_slots(uint64_t first, uint64_t n, std::string* out);
+};
+
+}  // namespace zlog_cls
