@@ -134,7 +134,7 @@ void Appender::send(std::vector<Entry>& batch) {
     try {
       if (!seqr_)
         seqr_ = std::make_unique<seqr::Client>(target_.seqr_host, target_.seqr_port,
-                                               target_.seqr_timeout_s);
+                                               target_.seqr_timeout_s, target_.seqr_auth);
       seqr::Response r = seqr_->next(target_.pool, target_.log, epoch,
                                      static_cast<uint32_t>(batch.size()));
       l.lock();

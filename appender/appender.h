@@ -25,9 +25,7 @@
 #include <utility>
 #include <vector>
 
-namespace seqr {
-class Client;
-}
+#include "client.h"  // seqr::Client, seqr::Auth
 
 namespace zlog_appender {
 
@@ -53,6 +51,7 @@ struct Target {  // where the sequencer is, and which log to append to
   double seqr_timeout_s;
   std::string pool;
   std::string log;
+  seqr::Auth seqr_auth;  // how the sequencer connection authenticates (its pool is `pool`)
 };
 
 class Appender {

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "appender.h"
+#include "auth_py.h"
 
 namespace py = pybind11;
 using zlog_appender::Appender;
@@ -16,13 +17,14 @@ PYBIND11_MODULE(_appender, m) {
       .def(py::init([](const std::string& client, const std::string& conf_file,
                        const std::vector<std::pair<std::string, std::string>>& options,
                        const std::string& pool, const std::string& log, const std::string& seqr_host,
-                       uint16_t seqr_port, double seqr_timeout_s, bool coalesce) {
+                       uint16_t seqr_port, double seqr_timeout_s, bool coalesce, const py::object& seqr_auth) {
+             Target t{seqr_host, seqr_port, seqr_timeout_s, pool, log, seqr::auth_from_py(seqr_auth)};
              py::gil_scoped_release nogil;
-             return new Appender(client, conf_file, options,
-                                 Target{seqr_host, seqr_port, seqr_timeout_s, pool, log}, coalesce);
+             return new Appender(client, conf_file, options, std::move(t), coalesce);
            }),
            py::arg("client"), py::arg("conf_file"), py::arg("options"), py::arg("pool"), py::arg("log"),
-           py::arg("seqr_host"), py::arg("seqr_port"), py::arg("seqr_timeout_s"), py::arg("coalesce") = true)
+           py::arg("seqr_host"), py::arg("seqr_port"), py::arg("seqr_timeout_s"), py::arg("coalesce") = true,
+           py::arg("seqr_auth") = py::none())
       .def("set_view", &Appender::set_view, py::arg("epoch"), py::arg("oid_prefix"), py::arg("width"),
            py::arg("start"))
       .def(
