@@ -9,14 +9,16 @@ __path__ = extend_path(__path__, __name__)
 from .core.cluster import connect
 from .core.errors import (ClassNotLoaded, ClusterUnavailable, EntryTooLarge, EpochChanged, Filled,
                      InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied,
-                     PoolNotFound, PositionError, ReadOnly, SequencerUnavailable, StaleEpoch,
-                     Trimmed, ZlogError)
+                     PoolNotFound, PositionError, ReadOnly, SequencerRefused, SequencerUnavailable,
+                     StaleEpoch, Trimmed, ZlogError)
 from .client.log import Log
 from .client.reader import Record, RecordKind
 from .core.sequencer import SequencerClient
+from .core.seqr_auth import Credentials, TLSSettings
 
 __all__ = [
     "connect", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",
+    "SequencerRefused", "Credentials", "TLSSettings",
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten",

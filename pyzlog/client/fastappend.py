@@ -67,7 +67,8 @@ class NativeAppends:
         self._thread = threading.Thread(target=self._report, name="pyzlog-append-done", daemon=True)
         with native_call():  # an exit meanwhile waits for this, then closes it (it is in _live)
             self._appender = _appender.Appender(client, conf_file, options, log.pool, log.name,
-                                                seqr.host, seqr.port, seqr.timeout, coalesce)
+                                                seqr.host, seqr.port, seqr.timeout, coalesce,
+                                                seqr.auth_settings(log.pool))
             self._thread.start()
             _live.add(self)
         metrics.NATIVE.track(self)

@@ -70,6 +70,8 @@ RETRIES_TAKEN = Tally()
 SLOW_FALLBACKS = Tally()
 #: positions taken by slow tail finding
 SLOW_POSITIONS = Tally()
+#: sequencer answers RATE_LIMITED (over the connection's position budget), each followed by a wait
+RATE_LIMITED = Tally()
 #: holes below the tail a reader filled after waiting for their writer (LOST)
 HOLES_FILLED = Tally()
 
@@ -147,6 +149,8 @@ class ClientCollector(Collector):
         retries.add_metric(["position_taken"], RETRIES_TAKEN.value)
         yield retries
         yield counter("slow_tail_fallbacks", "times appends fell back to slow tail finding", SLOW_FALLBACKS.value)
+        yield counter("sequencer_rate_limited", "sequencer answers RATE_LIMITED this client waited out",
+                      RATE_LIMITED.value)
         yield counter("slow_tail_positions", "positions taken by slow tail finding", SLOW_POSITIONS.value)
         yield counter("holes_filled", "holes a reader filled after waiting for their writer (LOST)",
                       HOLES_FILLED.value)

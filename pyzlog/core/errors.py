@@ -107,3 +107,9 @@ def from_errno(err: int, what: str, position: int | None = None) -> ZlogError:
 
 class SequencerUnavailable(ZlogError):
     """No sequencer answered (not running, unreachable, or timed out)."""
+
+
+class SequencerRefused(SequencerUnavailable):
+    """A sequencer answered but refused this client: no key or a wrong key for
+    the pool, a pool it does not serve, TLS required; or the client refused
+    the sequencer (it could not prove it holds the pool's key)."""

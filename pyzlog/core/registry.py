@@ -25,9 +25,12 @@ from dataclasses import asdict, dataclass
 
 import rados
 
+from .. import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import open_ioctx
-from .errors import InvalidRequest, SequencerUnavailable, ZlogError
-from .sequencer import SequencerClient, parse_address
+from .errors import InvalidRequest, ZlogError
+from .objects import native_call
+from .sequencer import parse_address
+from .seqr_auth import Credentials
 
 REGISTRY_NAMESPACE = "zlog.seqr"
 #: daemons of one group stand by for each other; clients look in the default one
@@ -121,17 +124,21 @@ def refuses_connections(address: str, timeout: float = 0.3) -> bool:
     return False
 
 
-def answers(address: str, timeout: float) -> bool:
-    """Does a sequencer answer a request at `address` within `timeout`? (A
-    port that accepts connections may belong to a stopped process.)"""
+def answers(address: str, timeout: float, credentials: Credentials | None = None) -> bool:
+    """Does a sequencer answer at `address` within `timeout`? (A port that
+    accepts connections may belong to a stopped process.) The first step of
+    the handshake is enough, and needs no key: any answer, a refusal
+    included, is one. `credentials` supplies TLS settings."""
     try:
-        client = SequencerClient(address, timeout=timeout)
+        host, port = parse_address(address)
     except InvalidRequest:
         return False
+    probe = (credentials or Credentials(None)).probe()
     try:
-        client.tail("", "", 0)  # any answer will do (this one is BAD_REQUEST)
+        with native_call():
+            _seqr.Client(host, port, timeout, probe).close()
+        return True  # not expected (the probe holds no key), but an answer all the same
+    except _seqr.AuthError:
         return True
-    except SequencerUnavailable:
+    except (OSError, TimeoutError, ZlogError):
         return False
-    finally:
-        client.close()
