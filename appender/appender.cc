@@ -107,7 +107,7 @@ void Appender::dispatch() {
       // one wakeup per batch instead of per entry.
       if (in_flight_ - queue_.size() >= kLingerAbove && !closing_)
         work_.wait_for(l, kLinger, [this] { return queue_.size() >= kLingerBatch || closing_; });
-      const size_t n = std::min(queue_.size(), kMaxBatch);
+      const size_t n = std::min(queue_.size(), max_batch_);
       batch.clear();
       for (size_t i = 0; i < n; ++i) {
         batch.push_back(std::move(queue_.front()));
@@ -132,9 +132,13 @@ void Appender::send(std::vector<Entry>& batch) {
   uint64_t first = 0;
   if (have_view) {
     try {
-      if (!seqr_)
+      if (!seqr_) {
         seqr_ = std::make_unique<seqr::Client>(target_.seqr_host, target_.seqr_port,
                                                target_.seqr_timeout_s, target_.seqr_auth);
+        // never ask for more positions at once than the sequencer allows this connection
+        const uint32_t most = seqr_->limits().max_count;
+        max_batch_ = most ? std::min<size_t>(kMaxBatch, most) : kMaxBatch;
+      }
       seqr::Response r = seqr_->next(target_.pool, target_.log, epoch,
                                      static_cast<uint32_t>(batch.size()));
       l.lock();

@@ -102,6 +102,7 @@ class Appender {
   librados::Rados rados_;
   librados::IoCtx ioctx_;
   std::unique_ptr<seqr::Client> seqr_;  // dispatcher thread only
+  size_t max_batch_ = 4096;              // dispatcher thread only: entries per sequencer request
 
   std::mutex mu_;
   std::condition_variable work_;   // entries queued, or closing

@@ -332,10 +332,10 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
   }
   const uint32_t rate = max_rate_.load(std::memory_order_relaxed);
   if (op == OP_NEXT && rate) {
-    const double cap = max_outstanding_.load(std::memory_order_relaxed);
-    const double dt = std::chrono::duration<double>(batch_start_ - sess.refill_at).count();
-    if (dt > 0) {
-      sess.tokens = std::min(cap, sess.tokens + dt * rate);
+    if (batch_start_ > sess.refill_at) {  // once per batch of requests read together
+      const double dt = std::chrono::duration<double>(batch_start_ - sess.refill_at).count();
+      sess.tokens = std::min<double>(max_outstanding_.load(std::memory_order_relaxed),
+                                     sess.tokens + dt * rate);
       sess.refill_at = batch_start_;
     }
     if (sess.tokens < count) {

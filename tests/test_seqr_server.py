@@ -6,10 +6,7 @@ production; the wire fuzzers run both before and after the handshake."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import multiprocessing
-import os
 import random
 import socket
 import struct
@@ -22,10 +19,9 @@ from hypothesis import strategies as st
 
 from pyzlog import _seqr
 from pyzlog._seqr import BAD_REQUEST, OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, Client, Server
+from seqr_wire import REQ_FIXED, RESP, check_no_entry, encode_request, python_handshake, read_all, read_frame
 
 HOST = "127.0.0.1"
-REQ_FIXED = struct.Struct("<BQQIH")  # op, request_id, epoch, count, pool_len
-RESP = struct.Struct("<IBQQQI")  # length, status, request_id, epoch, position, count
 #: the key every test pool is served with (generation 1)
 KEY = b"k" * 32
 #: the pools the tests use; a connection is bound to one
@@ -59,13 +55,6 @@ class PerPool:
         if pool not in self.conns:
             self.conns[pool] = connect(self.port, pool)
         return self.conns[pool].next(pool, log, epoch, count)
-
-
-def encode_request(op: int, rid: int, epoch: int, count: int, pool: bytes, log: bytes) -> bytes:
-    payload = (
-        REQ_FIXED.pack(op, rid, epoch, count, len(pool)) + pool + struct.pack("<H", len(log)) + log
-    )
-    return struct.pack("<I", len(payload)) + payload
 
 
 def read_responses(c: Client, n: int, timeout: float = 2.0) -> list[tuple[int, int, int, int, int]]:
@@ -521,24 +510,6 @@ def _check_responses(got: bytes, rids: list[int] | None = None) -> None:
             assert rid == rids[i]
 
 
-def _check_no_entry(got: bytes) -> None:
-    """What a connection that never completed a handshake may get back:
-    refusals and at most a CHALLENGE, never a position, an epoch or a WELCOME."""
-    pos = 0
-    while pos < len(got):
-        (length,) = struct.unpack_from("<I", got, pos)
-        payload = got[pos + 4:pos + 4 + length]
-        assert len(payload) == length
-        if length == 29:  # a request's answer: only the refusal
-            status, _rid, epoch, position, count = struct.unpack("<BQQQI", payload)
-            assert (status, epoch, position, count) == (_seqr.AUTH_REQUIRED, 0, 0, 0)
-        elif length == 28:
-            assert payload[0] == _seqr.OP_CHALLENGE
-        else:
-            assert length == 48 and payload[0] == _seqr.OP_WELCOME and payload[1] != OK
-        pos += 4 + length
-
-
 @FUZZ
 @given(data=st.binary(min_size=0, max_size=3000))
 def test_fuzz_random_bytes(shared_server, data):
@@ -550,7 +521,7 @@ def test_fuzz_random_bytes(shared_server, data):
 @given(data=st.binary(min_size=0, max_size=3000))
 def test_fuzz_random_bytes_before_the_handshake(shared_server, data):
     positions = shared_server.stats()["positions"]
-    _check_no_entry(_send_and_drain(shared_server.port, data, authenticated=False))
+    check_no_entry(_send_and_drain(shared_server.port, data, authenticated=False))
     assert shared_server.stats()["positions"] == positions
     assert_alive(shared_server)
 
@@ -601,7 +572,7 @@ def test_fuzz_handshakes(shared_server, version, flags, nonce, pool, generation,
     data = (struct.pack("<I", len(hello)) + hello + struct.pack("<I", len(proof)) + proof
             + encode_request(1, 9, 1, 1, b"pool", b"log") + then)
     positions = shared_server.stats()["positions"]
-    _check_no_entry(_send_and_drain(shared_server.port, data, authenticated=False))
+    check_no_entry(_send_and_drain(shared_server.port, data, authenticated=False))
     assert shared_server.stats()["positions"] == positions
     assert_alive(shared_server)
 
@@ -738,64 +709,18 @@ def test_closed_client_raises():
 
 
 # ---------------------------------------------------------------------------
-# the handshake (docs/seqr-protocol.md, "Handshake"), spoken from Python
-
-
-def _hmac(key: bytes, *parts: bytes) -> bytes:
-    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
-
-
-def python_handshake(port: int, pool: bytes, key: bytes, generation: int | None = None,
-                     nonce: bytes | None = None) -> tuple[socket.socket, dict, bytes]:
-    """The handshake as docs/seqr-protocol.md specifies it, in Python: a
-    second implementation that must agree with the C++ client and server.
-    Returns the socket, the WELCOME's fields and the bytes the client sent."""
-    sock = socket.create_connection((HOST, port), timeout=5)
-    nonce_c = nonce or os.urandom(16)
-    hello = struct.pack("<BBH", _seqr.OP_HELLO, 2, 0) + nonce_c + struct.pack("<H", len(pool)) + pool
-    sock.sendall(struct.pack("<I", len(hello)) + hello)
-    challenge = _read_frame(sock)
-    op, version, status, mode, server_gen = struct.unpack_from("<BBBBI", challenge)
-    assert (op, version, status, mode) == (_seqr.OP_CHALLENGE, 2, OK, 1), challenge
-    nonce_s = challenge[8:24]
-    gen = server_gen if generation is None else generation
-    pool_key = _hmac(key, b"zlog-seqr/2 pool\0", struct.pack("<H", len(pool)), pool)
-    session = _hmac(pool_key, b"zlog-seqr/2 session\0", nonce_c, nonce_s)
-    transcript = hello + challenge + b"\0" + struct.pack("<I", gen)  # no TLS: an empty channel binding
-    mine = _hmac(session, b"zlog-seqr/2 client\0", transcript)
-    proof = struct.pack("<B3xI", _seqr.OP_PROOF, gen) + mine
-    sock.sendall(struct.pack("<I", len(proof)) + proof)
-    welcome = _read_frame(sock)
-    op, status, reason, _, max_count, max_outstanding, max_rate = struct.unpack_from("<BBBBIII", welcome)
-    fields = {"op": op, "status": status, "reason": reason, "max_count": max_count,
-              "max_outstanding": max_outstanding, "max_rate": max_rate,
-              "server_proved": welcome[16:] == _hmac(session, b"zlog-seqr/2 server\0", transcript, mine)}
-    sent = struct.pack("<I", len(hello)) + hello + struct.pack("<I", len(proof)) + proof
-    return sock, fields, sent
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-    (length,) = struct.unpack("<I", exactly(4))
-    return exactly(length)
+# the handshake (docs/seqr-protocol.md, "Handshake"), spoken from Python (seqr_wire.py)
 
 
 def test_the_handshake_as_documented(server):
     """A Python implementation of the documented handshake gets in, proves
     the server holds the key too, and then speaks plain requests."""
     ready(server, epoch=3, nxt=40)
-    sock, w, _ = python_handshake(server.port, b"pool", KEY)
+    sock, w, _ = python_handshake(HOST, server.port, b"pool", KEY)
     assert w["op"] == _seqr.OP_WELCOME and w["status"] == OK and w["server_proved"]
     assert w["max_count"] == _seqr.DEFAULT_MAX_COUNT and (w["max_rate"], w["max_outstanding"]) == (0, 0)
     sock.sendall(encode_request(1, 5, 3, 2, b"pool", b"log"))
-    assert RESP.unpack(struct.pack("<I", 29) + _read_frame(sock)) == (29, OK, 5, 3, 40, 2)
+    assert RESP.unpack(struct.pack("<I", 29) + read_frame(sock)) == (29, OK, 5, 3, 40, 2)
     sock.close()
     assert server.stats()["auth_ok"] == 1
 
@@ -813,20 +738,18 @@ def test_refusals_reveal_nothing(server):
         Client(HOST, port, 2.0, auth("elsewhere"))
     assert e.value.status == _seqr.NOT_SERVED
     # the key is bound to its pool: pool p's key (the same bytes here) does not open "pool" as another name
-    sock, w, _ = python_handshake(port, b"pool", KEY, generation=7)
+    sock, w, _ = python_handshake(HOST, port, b"pool", KEY, generation=7)
     assert (w["status"], w["reason"]) == (_seqr.AUTH_FAILED, _seqr.REASON_UNKNOWN_GENERATION)
     assert sock.recv(100) == b""  # closed after the refusal
     sock.close()
     # a handshake recorded off the wire and played again: the server's fresh nonce defeats it
-    sock, w, sent = python_handshake(port, b"pool", KEY)
+    sock, w, sent = python_handshake(HOST, port, b"pool", KEY)
     assert w["status"] == OK
     sock.close()
     replay = socket.create_connection((HOST, port), timeout=5)
     replay.sendall(sent + encode_request(1, 6, 3, 1, b"pool", b"log"))
-    got = b""
-    while chunk := replay.recv(4096):
-        got += chunk
-    _check_no_entry(got)
+    got = read_all(replay)
+    check_no_entry(got)
     assert got[4] == _seqr.OP_CHALLENGE and got[36] == _seqr.OP_WELCOME and got[37] == _seqr.AUTH_FAILED
     replay.close()
     refused = server.stats()["refused"]

@@ -24,7 +24,8 @@ from ..core.errors import InvalidRequest, SequencerUnavailable, StaleEpoch, Zlog
 from ..core.layout import view_objects
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
-from ..core.sequencer import OK, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
+from ..core.sequencer import (BAD_REQUEST, OK, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
+                              SequencerClient)
 from .stale import StaleWait
 from ..core.state import LogState
 from ..core.tailfind import find_tail, highest_position
@@ -249,6 +250,11 @@ class Positions:
                 metrics.RATE_LIMITED.inc()
                 time.sleep(min(max(int(n), 1), 1000) / 1000 * random.uniform(1.0, 1.25))
                 continue
+            if status == BAD_REQUEST and count > 1:
+                # more positions at once than this connection may take (docs/seqr-protocol.md, limits)
+                logger.info("sequencer %s refused %d positions at once for %r; taking them by slow tail finding",
+                            seqr.address, count, log.name)
+                return None
             if status == RECOVERY_FAILED and self._moved_on():
                 continue  # this daemon does not serve the log (any more): ask the one that does
             if status in (RETRY, RECOVERY_FAILED, STALE_EPOCH, RATE_LIMITED):

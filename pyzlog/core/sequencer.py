@@ -45,6 +45,19 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def authenticate(address: str, pool: str, credentials: Credentials, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """Run the handshake for `pool` at `address` and hang up: what it proved
+    ("key generation 3, TLS"). SequencerRefused / SequencerUnavailable if not."""
+    client = SequencerClient(address, timeout, credentials=credentials)
+    with client._lock, native_call():
+        conn = client._connect(pool)
+    try:
+        how = f"key generation {conn.generation}" if conn.authenticated else "no key asked (--insecure)"
+        return how + (", TLS" if conn.tls else "")
+    finally:
+        conn.close()
+
+
 class SequencerClient:
     """Connections to one sequencer, shared by threads (calls are serialised).
 
