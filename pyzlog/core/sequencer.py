@@ -95,7 +95,10 @@ class SequencerClient:
                 hint = _HINTS.get(e.status, "")
                 raise SequencerRefused(f"{e}" + (f"; {hint.format(pool=pool)}" if hint else "")) from None
             except (OSError, TimeoutError) as e:
-                raise SequencerUnavailable(f"sequencer {self.address}: {e}") from None
+                hint = ("; does the sequencer run with TLS (zlog-seqr --tls-cert)? this client asks for it "
+                        "(PYZLOG_SEQR_TLS)" if self.credentials.tls.enabled and "TLS handshake failed" in str(e)
+                        else "")
+                raise SequencerUnavailable(f"sequencer {self.address}: {e}{hint}") from None
         raise AssertionError("unreachable")
 
     def _request(self, op: str, pool: str, log: str, epoch: int, count: int) -> tuple[int, int, int, int]:
@@ -103,7 +106,7 @@ class SequencerClient:
             for attempt in range(2):
                 conn = self._conns.get(pool)
                 fresh = conn is None or conn.closed
-                if fresh:
+                if conn is None or conn.closed:
                     conn = self._conns[pool] = self._connect(pool)
                 try:
                     if op == "next":
