@@ -2,7 +2,7 @@
 // Client and pyzlog._appender's Appender), so the append path authenticates
 // exactly as the Python client does:
 //   {"pool": str, "keys": [(generation, bytes), ...], "insecure": bool,
-//    "tls": bool, "tls_ca": str, "tls_server_name": str}
+//    "tls": bool, "tls_ca": str, "tls_server_name": str, "probe": bool}
 // Every key is optional; None or {} means no handshake.
 #pragma once
 
@@ -24,7 +24,7 @@ inline Auth auth_from_py(const pybind11::object& o) {
   for (const auto& item : d) {
     const std::string k = item.first.cast<std::string>();
     if (k != "pool" && k != "keys" && k != "insecure" && k != "tls" && k != "tls_ca" &&
-        k != "tls_server_name")
+        k != "tls_server_name" && k != "probe")
       throw std::invalid_argument("unknown sequencer auth setting '" + k + "'");
   }
   if (d.contains("pool")) a.pool = d["pool"].cast<std::string>();
@@ -35,6 +35,7 @@ inline Auth auth_from_py(const pybind11::object& o) {
       a.keys.push_back(Key{t[0].cast<uint32_t>(), t[1].cast<std::string>()});
     }
   if (d.contains("insecure")) a.insecure = d["insecure"].cast<bool>();
+  if (d.contains("probe")) a.probe = d["probe"].cast<bool>();
   if (d.contains("tls")) a.tls.enabled = d["tls"].cast<bool>();
   if (d.contains("tls_ca") && !d["tls_ca"].is_none()) a.tls.ca_file = d["tls_ca"].cast<std::string>();
   if (d.contains("tls_server_name") && !d["tls_server_name"].is_none())

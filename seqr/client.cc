@@ -112,7 +112,7 @@ Client::Client(const std::string& host, uint16_t port, double timeout_s, const A
   }
   try {
     if (auth.tls.enabled) tls_connect(auth, host, dl);
-    if (!auth.pool.empty()) handshake(auth, dl);
+    if (!auth.pool.empty() || auth.probe) handshake(auth, dl);
   } catch (...) {
     close();
     throw;
@@ -227,6 +227,7 @@ std::string refusal_text(uint8_t status) {
 
 void Client::handshake(const Auth& auth, Clock::time_point dl) {
   if (auth.pool.size() > 65535) throw std::invalid_argument("pool name longer than 65535 bytes");
+  if (auth.probe && !auth.pool.empty()) throw std::invalid_argument("a probe names no pool");
   const std::string who = "sequencer " + peer_;
   const std::string pool_q = "pool '" + auth.pool + "'";
   // HELLO
@@ -247,6 +248,9 @@ void Client::handshake(const Auth& auth, Clock::time_point dl) {
   const uint8_t* p;
   uint32_t len;
   read_frame(p, len, 1024, dl);
+  if (auth.probe && ((len == kChallengePayload && p[0] == OP_CHALLENGE) ||
+                     (len == kRespPayload && p[0] == ST_AUTH_REQUIRED)))
+    return;  // it answered: alive
   if (len == kRespPayload && p[0] == ST_AUTH_REQUIRED)
     throw AuthError(ST_AUTH_REQUIRED, 0, 0, who + " wants a request first: it speaks another protocol");
   if (len != kChallengePayload || p[0] != OP_CHALLENGE)

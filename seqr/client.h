@@ -64,6 +64,9 @@ struct Auth {
   // Accept a server that asks for no proof (zlog-seqr --insecure). Off: a
   // client holding the key talks only to a server that proves it holds it too.
   bool insecure = false;
+  // A liveness probe: a HELLO with no pool, and the constructor returns as
+  // soon as the server answers it (the server counts it, and logs nothing).
+  bool probe = false;
   Tls tls;
 };
 

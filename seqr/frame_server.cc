@@ -260,10 +260,16 @@ void FrameServer::on_read(const ConnPtr& c, const boost::system::error_code& ec,
   }
   c->in_len += n;
   if (c->first_read) {
+    // a TLS record header opens TLS: 0x16 (handshake), version 3.1 to 3.4.
+    // No first frame of ours starts so: its length would be 0x0?0316 with
+    // ? in 1..4, over 66,000 bytes, more than any HELLO
+    if (c->in_len < 3) {
+      do_read(c);
+      return;
+    }
     c->first_read = false;
-    // 0x16 opens a TLS record (a handshake); no frame of ours starts so
-    // (its length would be over 196 KiB)
-    if (c->in.get()[0] == 0x16) {
+    const uint8_t* h = c->in.get();
+    if (h[0] == 0x16 && h[1] == 0x03 && h[2] >= 1 && h[2] <= 4) {
       if (tls_ctx_) {
         start_tls(c);
         return;

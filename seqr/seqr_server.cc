@@ -118,11 +118,23 @@ FrameResult Server::on_hello(SeqrSession& s, const uint8_t* p, uint32_t len, Byt
   if (len < kHelloFixed || kHelloFixed + get_u16(p + kHelloFixed - 2) != len)
     return refuse_hello(s, ST_BAD_HANDSHAKE, REFUSED_BAD_HANDSHAKE, out, "malformed HELLO");
   const uint32_t plen = get_u16(p + kHelloFixed - 2);
+  if (plen == 0) {
+    // a liveness probe (another daemon asking whether this one answers):
+    // answered like a pool not served, and neither logged nor counted as a refusal
+    probes_.fetch_add(1, std::memory_order_relaxed);
+    uint8_t* c = out.extend(4 + kChallengePayload);
+    std::memset(c, 0, 4 + kChallengePayload);
+    put_u32(c, kChallengePayload);
+    c[4] = OP_CHALLENGE;
+    c[5] = kProtocolVersion;
+    c[6] = ST_NOT_SERVED;
+    return FrameResult::CLOSE_AFTER_FLUSH;
+  }
   std::string pool(reinterpret_cast<const char*>(p + kHelloFixed), plen);
   char detail[320];
   std::snprintf(detail, sizeof detail, "pool '%.255s'", pool.c_str());
-  if (plen == 0 || plen > max_name_)
-    return refuse_hello(s, ST_BAD_HANDSHAKE, REFUSED_BAD_HANDSHAKE, out, "empty or too long a pool name");
+  if (plen > max_name_)
+    return refuse_hello(s, ST_BAD_HANDSHAKE, REFUSED_BAD_HANDSHAKE, out, "too long a pool name");
   if (tls_enabled() && !s.tls)
     return refuse_hello(s, ST_TLS_REQUIRED, REFUSED_TLS_REQUIRED, out, "plaintext to a TLS server");
   const auto it = pools_.find(pool);
@@ -542,6 +554,7 @@ ServerStats Server::stats() const {
   s.rate_limited = rate_limited_.load(std::memory_order_relaxed);
   s.handshake_timeouts = handshake_timeouts();
   s.revoked = revoked_.load(std::memory_order_relaxed);
+  s.probes = probes_.load(std::memory_order_relaxed);
   s.connections_tls = tls_connections();
   s.tls_failures = tls_failures();
   for (int i = 0; i < REFUSAL_KINDS; ++i) s.refused[i] = refused_[i].load(std::memory_order_relaxed);

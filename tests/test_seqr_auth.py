@@ -30,6 +30,7 @@ from pyzlog import Credentials, Log, TLSSettings, _seqr  # type: ignore[attr-def
 from pyzlog.client import metrics as client_metrics
 from pyzlog.client.reader import RecordKind
 from pyzlog.core import sequencer as sq
+from pyzlog.core.registry import answers
 from pyzlog.core.seqr_auth import SECRET_NAMESPACE, read_secret, rotate_secret
 
 HOST = "127.0.0.1"
@@ -313,9 +314,11 @@ def test_tls_on(rados_cluster, ceph, log_name, daemon, certs, monkeypatch) -> No
     wrong = Credentials(rados_cluster, TLSSettings(True, certs["other_cert"]))
     with pytest.raises(pyzlog.SequencerUnavailable, match="certificate verif"):
         sq.SequencerClient(seqr.address, credentials=wrong).next(ceph.pool, log_name, 1)
+    # daemons probing each other: plaintext or TLS, the probe is answered and is no refusal
+    assert answers(seqr.address, 2.0) and answers(seqr.address, 2.0, tls)
     m = scrape(seqr.metrics_port)
     assert m[("zlog_seqr_connections_tls_total", ())] >= 3
-    assert refused(m, "tls_required") == 1
+    assert refused(m, "tls_required") == 1 and m[("zlog_seqr_probes_total", ())] == 2
 
 
 def test_tls_off(rados_cluster, ceph, log_name, daemon) -> None:  # type: ignore[no-untyped-def]

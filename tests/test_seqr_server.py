@@ -758,6 +758,22 @@ def test_refusals_reveal_nothing(server):
     assert_alive(server, "pool", "log2")
 
 
+def test_a_liveness_probe_is_answered_and_not_a_refusal(server):
+    """Daemons ask each other whether they are alive with a HELLO naming no
+    pool: answered (the probe returns), not logged, not counted as refused."""
+    Client(HOST, server.port, 2.0, {"probe": True}).close()
+    st_ = server.stats()
+    assert st_["probes"] == 1 and sum(st_["refused"].values()) == 0 and st_["auth_ok"] == 0
+    with pytest.raises((ConnectionError, TimeoutError)):  # nothing answers a probe there
+        ls = socket.socket()
+        ls.bind((HOST, 0))
+        ls.listen(1)
+        try:
+            Client(HOST, ls.getsockname()[1], 0.3, {"probe": True})
+        finally:
+            ls.close()
+
+
 def test_connections_are_bound_to_their_pool(server):
     """A connection authenticated for one pool gets NOT_AUTHORISED for any
     other pool's log, which never starts a recovery there."""

@@ -126,9 +126,9 @@ def refuses_connections(address: str, timeout: float = 0.3) -> bool:
 
 def answers(address: str, timeout: float, credentials: Credentials | None = None) -> bool:
     """Does a sequencer answer at `address` within `timeout`? (A port that
-    accepts connections may belong to a stopped process.) The first step of
-    the handshake is enough, and needs no key: any answer, a refusal
-    included, is one. `credentials` supplies TLS settings."""
+    accepts connections may belong to a stopped process.) A HELLO that names
+    no pool is enough, and needs no key: any answer is one.
+    `credentials` supplies TLS settings."""
     try:
         host, port = parse_address(address)
     except InvalidRequest:
@@ -137,8 +137,8 @@ def answers(address: str, timeout: float, credentials: Credentials | None = None
     try:
         with native_call():
             _seqr.Client(host, port, timeout, probe).close()
-        return True  # not expected (the probe holds no key), but an answer all the same
-    except _seqr.AuthError:
+        return True
+    except _seqr.AuthError:  # refused (say, TLS required): an answer all the same
         return True
     except (OSError, TimeoutError, ZlogError):
         return False

@@ -234,7 +234,8 @@ class Credentials:
                 "tls": self.tls.enabled, "tls_ca": self.tls.ca_file or "",
                 "tls_server_name": self.tls.server_name or ""}
 
-    def probe(self, pool: str = "") -> dict[str, object]:
-        """Settings for a liveness probe: the handshake's first answer is enough."""
-        return {"pool": pool or "-", "keys": [], "insecure": False, "tls": self.tls.enabled,
-                "tls_ca": self.tls.ca_file or "", "tls_server_name": self.tls.server_name or ""}
+    def probe(self) -> dict[str, object]:
+        """Settings for a liveness probe (a HELLO naming no pool: any answer
+        shows a live daemon, which neither logs nor counts it as a refusal)."""
+        return {"probe": True, "tls": self.tls.enabled, "tls_ca": self.tls.ca_file or "",
+                "tls_server_name": self.tls.server_name or ""}

@@ -99,6 +99,7 @@ class ServerCollector(Collector):
         yield _counter("zlog_seqr_connections_revoked", "connections closed because their key was revoked",
                        st["revoked"])
         yield _counter("zlog_seqr_connections_tls", "connections that ran TLS", st["connections_tls"])
+        yield _counter("zlog_seqr_probes", "liveness probes answered (other daemons asking)", st["probes"])
         yield _counter("zlog_seqr_not_authorised_answers",
                        "NOT_AUTHORISED answers (a request for a pool other than the connection's)",
                        st["not_authorised"])
