@@ -329,6 +329,9 @@ def test_tls_off(rados_cluster, ceph, log_name, daemon) -> None:  # type: ignore
     with pytest.raises(pyzlog.SequencerUnavailable, match="TLS handshake failed"):
         sq.SequencerClient(seqr.address, credentials=tls).next(ceph.pool, log_name, lg.epoch)
     assert lg.append(b"y") == 1
+    # a SequencerClient made without a cluster reads the secret with its log's
+    bare = Log.open(rados_cluster, ceph.pool, log_name, sequencer=sq.SequencerClient(seqr.address))
+    assert bare.append(b"z") == 2 and bare.positions.sequencer_usable()
     assert scrape(seqr.metrics_port)[("zlog_seqr_connections_tls_total", ())] == 0
 
 

@@ -73,6 +73,8 @@ class Positions:
         self.timeout = sequencer.timeout if sequencer is not None else None
         # every sequencer this log asks gets the same credentials (and their secret cache)
         self.credentials = sequencer.credentials if sequencer is not None else Credentials(log.cluster)
+        if self.credentials.cluster is None:  # a client given without one reads secrets with the log's
+            self.credentials.cluster = log.cluster
         self._discover = discover
         self._discover_at = 0.0  # no registry read before this (monotonic)
         self._avoid = ""  # a recorded sequencer found unreachable ...

@@ -93,6 +93,9 @@ class SequencerClient:
                 if attempt == 0 and e.status == _seqr.AUTH_FAILED and self.credentials.cluster is not None:
                     continue  # the secret may have been rotated since it was read: read it again, once
                 hint = _HINTS.get(e.status, "")
+                if e.status == _seqr.AUTH_FAILED and not auth["keys"]:
+                    hint = ("this SequencerClient has no cluster to read the pool's secret with: give it "
+                            "cluster= (or credentials=)")
                 raise SequencerRefused(f"{e}" + (f"; {hint.format(pool=pool)}" if hint else "")) from None
             except (OSError, TimeoutError) as e:
                 hint = ("; does the sequencer run with TLS (zlog-seqr --tls-cert)? this client asks for it "
