@@ -111,8 +111,10 @@ Client::Client(const std::string& host, uint16_t port, double timeout_s, const A
     throw_errno("cannot connect", last_err);
   }
   try {
-    if (auth.tls.enabled) tls_connect(auth, host, dl);
-    if (!auth.pool.empty() || auth.probe) handshake(auth, dl);
+    // the handshake gets a timeout of its own, as a request after connecting would
+    const auto hdl = deadline();
+    if (auth.tls.enabled) tls_connect(auth, host, hdl);
+    if (!auth.pool.empty() || auth.probe) handshake(auth, hdl);
   } catch (...) {
     close();
     throw;
