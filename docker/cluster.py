@@ -11,7 +11,9 @@
 subnet of its own, 10.231.K.0/24 by default), one container per host:
 1 mon, 3 OSDs (hostnames osd0..osd2, so CRUSH puts the 3 replicas on 3
 hosts; pool `zlog` of size 3, min_size 2; memstore, or bluestore with
---bluestore) and 2 zlog-seqr sequencers, with cephx on. The host reaches the
+--bluestore) and 2 zlog-seqr sequencers, with cephx on, and clients of the
+sequencers authenticated with the pool's secret (zlog-seqr --pool: the
+default; docs/seqr-protocol.md). The host reaches the
 containers at their bridge addresses; `up` prints the ceph.conf to use from
 the host. `stop` removes exactly the containers and the network labelled
 with the cluster's name.

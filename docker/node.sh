@@ -4,7 +4,8 @@
 #
 #   zlog-node mon           needs FSID, MON_IP; /etc/ceph holds ceph.mon.keyring
 #   zlog-node osd           needs OSD_ID, OSD_UUID; /etc/ceph holds ceph.osd.ID.keyring
-#   zlog-node seqr          zlog-seqr on 0.0.0.0:5678 (SEQR_PORT), reached at SEQR_ADVERTISE
+#   zlog-node seqr          zlog-seqr on 0.0.0.0:5678 (SEQR_PORT), reached at SEQR_ADVERTISE;
+#                           clients authenticate with pool zlog's secret; SEQR_ARGS adds options
 #   zlog-node run CMD...    any command (the fault suite's in-container clients)
 set -euo pipefail
 role=${1:-}
@@ -31,9 +32,11 @@ case "$role" in
     exec ceph-osd -f -i "$OSD_ID"
     ;;
   seqr)
-    # standing by for pool zlog: takes over the other sequencer's logs if it dies
+    # serves pool zlog to clients holding its secret (authentication on, as by
+    # default) and stands by for it: takes over the other sequencer's logs if it dies
+    # shellcheck disable=SC2086  # SEQR_ARGS is a list of options
     exec zlog-seqr --host 0.0.0.0 --port "${SEQR_PORT:-5678}" --advertise "${SEQR_ADVERTISE:?}" \
-      --pool zlog --conf /etc/ceph/ceph.conf
+      --pool zlog --conf /etc/ceph/ceph.conf ${SEQR_ARGS:-}
     ;;
   run)
     exec "$@"

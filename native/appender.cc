@@ -28,6 +28,7 @@ struct Pipeline::Log {
   std::string seqr_host;  // "" = none
   uint16_t seqr_port = 0;
   double seqr_timeout = 2.0;
+  seqr::Auth seqr_auth;
   bool have_view = false;
   uint64_t epoch = 0, start = 0;
   uint32_t width = 1;
@@ -43,6 +44,7 @@ struct Pipeline::Batch {
   uint32_t ops_left;
 };
 
+// One authenticated connection to a sequencer, for one pool.
 struct Pipeline::Sequencer {
   std::unique_ptr<seqr::Client> client;
 };
@@ -89,13 +91,15 @@ uint32_t Pipeline::add_log(dp_pool* pool, const std::string& pool_name, const st
   return id;
 }
 
-void Pipeline::set_sequencer(uint32_t id, const std::string& host, uint16_t port, double timeout_s) {
+void Pipeline::set_sequencer(uint32_t id, const std::string& host, uint16_t port, double timeout_s,
+                             const seqr::Auth& auth) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = logs_.find(id);
   if (it == logs_.end()) throw std::invalid_argument("no such log in the pipeline");
   it->second->seqr_host = host;
   it->second->seqr_port = port;
   it->second->seqr_timeout = timeout_s;
+  it->second->seqr_auth = auth;
 }
 
 void Pipeline::set_view(uint32_t id, uint64_t epoch, const std::string& oid_prefix, uint32_t width,
@@ -203,20 +207,29 @@ void Pipeline::send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& roun
       asked.push_back(Asked{log, &batch, log->epoch, log->start, log->width, log->prefix, nullptr});
     }
   }
-  // the requests, one per log, all sent before any answer is read
+  // the requests, one per log, all sent before any answer is read; a
+  // connection is authenticated for one pool, so there is one per pool
   std::vector<std::pair<Sequencer*, Asked*>> sent;
   for (Asked& a : asked) {
-    const std::string key = a.log->seqr_host + ":" + std::to_string(a.log->seqr_port);
+    const std::string key =
+        a.log->seqr_host + ":" + std::to_string(a.log->seqr_port) + "/" + a.log->seqr_auth.pool;
     auto& s = sequencers_[key];
     if (!s) s = std::make_unique<Sequencer>();
     try {
-      if (!s->client) s->client = std::make_unique<seqr::Client>(a.log->seqr_host, a.log->seqr_port,
-                                                                    a.log->seqr_timeout);
+      if (!s->client)
+        s->client = std::make_unique<seqr::Client>(a.log->seqr_host, a.log->seqr_port, a.log->seqr_timeout,
+                                                   a.log->seqr_auth);
+      // never more positions in one request than the sequencer allows: the
+      // rest goes back to the front of the log's queue for the next round
+      const uint32_t most = s->client->limits().max_count;
+      if (most && a.batch->size() > most) requeue_front(a.log, *a.batch, most);
       s->client->send_request(seqr::OP_NEXT, a.log->pool_name, a.log->name, a.epoch,
                               static_cast<uint32_t>(a.batch->size()));
       a.seqr = s.get();
       sent.emplace_back(s.get(), &a);
     } catch (const std::exception&) {
+      // down, timed out, or refused (seqr::AuthError): Python takes the batch
+      // over and reports why through its own client
       s->client.reset();
       back.push_back(a.batch);
     }
@@ -250,6 +263,15 @@ void Pipeline::send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& roun
     std::lock_guard<std::mutex> l(mu_);
     if (log && --log->batches_in_flight < opt_.max_batches_in_flight) work_.notify_one();
   }
+}
+
+// Puts batch[keep:] back at the front of the log's queue, in order.
+void Pipeline::requeue_front(Log* log, std::vector<Entry>& batch, size_t keep) {
+  std::lock_guard<std::mutex> l(mu_);
+  log->queue.insert(log->queue.begin(), std::make_move_iterator(batch.begin() + keep),
+                    std::make_move_iterator(batch.end()));
+  queued_ += batch.size() - keep;
+  batch.resize(keep);
 }
 
 // Entries for one object go in one write_many (all or nothing; one call costs

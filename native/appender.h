@@ -31,6 +31,7 @@
 
 namespace seqr {
 class Client;
+struct Auth;
 }
 
 namespace zlog_native {
@@ -64,8 +65,10 @@ class Pipeline {
 
   // A log to append to, on `pool` (named pool_name for the sequencer); returns its id.
   uint32_t add_log(dp_pool* pool, const std::string& pool_name, const std::string& name, bool coalesce);
-  // Entries of the log go to this sequencer (host "" = none: hand back).
-  void set_sequencer(uint32_t log, const std::string& host, uint16_t port, double timeout_s);
+  // Entries of the log go to this sequencer (host "" = none: hand back),
+  // over a connection authenticated with `auth` (its pool: the log's pool).
+  void set_sequencer(uint32_t log, const std::string& host, uint16_t port, double timeout_s,
+                     const seqr::Auth& auth);
   // The newest view: positions >= start go to oid_prefix + (position % width),
   // tagged with epoch. Until the first call, entries are handed back.
   void set_view(uint32_t log, uint64_t epoch, const std::string& oid_prefix, uint32_t width, uint64_t start);
@@ -98,6 +101,7 @@ class Pipeline {
   struct WriteOp;
   void run();
   void send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& round);
+  void requeue_front(Log* log, std::vector<Entry>& batch, size_t keep);
   void write(Log* log, uint64_t epoch, const std::string& prefix, uint32_t width, uint64_t first,
              std::vector<Entry>& batch, Batch* owner);
   void submit(const std::string& oid, dp_pool* pool, uint64_t epoch, std::vector<Entry> entries, Batch* owner,

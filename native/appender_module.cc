@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "appender.h"
+#include "auth_py.h"
 
 namespace py = pybind11;
 using zlog_native::Options;
@@ -44,8 +45,11 @@ PYBIND11_MODULE(_appender, m) {
             return self.add_log(from_address<dp_pool>(pool), pool_name, name, coalesce);
           },
           py::arg("pool"), py::arg("pool_name"), py::arg("name"), py::arg("coalesce") = true)
-      .def("set_sequencer", &Pipeline::set_sequencer, py::arg("log"), py::arg("host"), py::arg("port"),
-           py::arg("timeout_s"))
+      .def(
+          "set_sequencer",
+          [](Pipeline& self, uint32_t log, const std::string& host, uint16_t port, double timeout_s,
+             const py::object& auth) { self.set_sequencer(log, host, port, timeout_s, seqr::auth_from_py(auth)); },
+          py::arg("log"), py::arg("host"), py::arg("port"), py::arg("timeout_s"), py::arg("auth") = py::none())
       .def("set_view", &Pipeline::set_view, py::arg("log"), py::arg("epoch"), py::arg("oid_prefix"),
            py::arg("width"), py::arg("start"))
       .def("remove_log", &Pipeline::remove_log, py::arg("log"))

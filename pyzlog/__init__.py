@@ -17,14 +17,16 @@ except ImportError as e:
 from .core.cluster import connect
 from .core.errors import (ClassNotLoaded, ClusterUnavailable, Corrupt, EntryTooLarge, EpochChanged, Filled,
                           InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,
-                          PoolNotFound, PositionError, ProtocolMismatch, ReadOnly, SequencerUnavailable,
-                          StaleEpoch, Timeout, Trimmed, ZlogError)
+                          PoolNotFound, PositionError, ProtocolMismatch, ReadOnly, SequencerRefused,
+                          SequencerUnavailable, StaleEpoch, Timeout, Trimmed, ZlogError)
 from .client.log import Log
 from .client.reader import Record, RecordKind
 from .core.sequencer import SequencerClient
+from .core.seqr_auth import Credentials, TLSSettings
 
 __all__ = [
     "connect", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",
+    "SequencerRefused", "Credentials", "TLSSettings",
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt",

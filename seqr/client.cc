@@ -10,9 +10,16 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+
+#include "auth.h"
 
 namespace seqr {
 
@@ -42,7 +49,7 @@ void Client::throw_errno(const char* what, int err) {
   }
 }
 
-Client::Client(const std::string& host, uint16_t port, double timeout_s)
+Client::Client(const std::string& host, uint16_t port, double timeout_s, const Auth& auth)
     : timeout_s_(timeout_s), peer_(host + ":" + std::to_string(port)), in_(kInitialIn) {
   if (!(timeout_s > 0) || !std::isfinite(timeout_s))
     throw std::invalid_argument("timeout_s must be a positive number");
@@ -103,15 +110,231 @@ Client::Client(const std::string& host, uint16_t port, double timeout_s)
     if (timed_out) throw TimeoutError("timed out connecting to " + peer_);
     throw_errno("cannot connect", last_err);
   }
+  try {
+    // the handshake gets a timeout of its own, as a request after connecting would
+    const auto hdl = deadline();
+    if (auth.tls.enabled) tls_connect(auth, host, hdl);
+    if (!auth.pool.empty() || auth.probe) handshake(auth, hdl);
+  } catch (...) {
+    close();
+    throw;
+  }
 }
 
 Client::~Client() { close(); }
 
 void Client::close() {
+  if (ssl_) {
+    SSL_free(static_cast<SSL*>(ssl_));
+    ssl_ = nullptr;
+  }
+  if (ssl_ctx_) {
+    SSL_CTX_free(static_cast<SSL_CTX*>(ssl_ctx_));
+    ssl_ctx_ = nullptr;
+  }
   if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;
   }
+}
+
+void Client::wait_io(short events, Clock::time_point dl, const char* what) {
+  pollfd pfd{fd_, events, 0};
+  int ms = poll_ms(dl);
+  if (ms == 0) throw TimeoutError(std::string("timed out ") + what + " (" + peer_ + ")");
+  int pr = ::poll(&pfd, 1, ms);
+  if (pr < 0 && errno != EINTR) throw_errno("poll failed", errno);
+}
+
+void Client::throw_tls(const char* what, int ret) {
+  const int err = SSL_get_error(static_cast<SSL*>(ssl_), ret);
+  std::string detail;
+  if (err == SSL_ERROR_ZERO_RETURN ||
+      (err == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 && (ret == 0 || errno == 0)))
+    throw ConnectionError(ConnectionError::CLOSED,
+                          std::string(what) + " (" + peer_ + "): connection closed by server");
+  if (err == SSL_ERROR_SYSCALL && errno != 0) throw_errno(what, errno);
+  const long verify = SSL_get_verify_result(static_cast<SSL*>(ssl_));
+  if (verify != X509_V_OK)
+    detail = std::string("certificate verification failed: ") +
+             X509_verify_cert_error_string(verify);
+  for (unsigned long e; (e = ERR_get_error()) != 0;) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    if (!detail.empty()) detail += "; ";
+    detail += buf;
+  }
+  throw ConnectionError(ConnectionError::GENERIC, std::string(what) + " (" + peer_ + "): " +
+                                                      (detail.empty() ? "TLS error" : detail));
+}
+
+void Client::tls_connect(const Auth& auth, const std::string& host, Clock::time_point dl) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  if (!ctx) throw ConnectionError(ConnectionError::GENERIC, "cannot make a TLS context");
+  ssl_ctx_ = ctx;
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  // a server that closes without close_notify (every refusal) is an EOF, not an error
+  SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  const std::string name = auth.tls.server_name.empty() ? host : auth.tls.server_name;
+  if (!auth.tls.ca_file.empty()) {
+    if (SSL_CTX_load_verify_locations(ctx, auth.tls.ca_file.c_str(), nullptr) != 1)
+      throw ConnectionError(ConnectionError::GENERIC,
+                            "cannot load the TLS CA file " + auth.tls.ca_file);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  }
+  SSL* ssl = SSL_new(ctx);
+  if (!ssl) throw ConnectionError(ConnectionError::GENERIC, "cannot make a TLS connection");
+  ssl_ = ssl;
+  SSL_set_fd(ssl, fd_);
+  in6_addr a6;
+  in_addr a4;
+  const bool is_ip = inet_pton(AF_INET, name.c_str(), &a4) == 1 ||
+                     inet_pton(AF_INET6, name.c_str(), &a6) == 1;
+  if (!is_ip) SSL_set_tlsext_host_name(ssl, name.c_str());
+  if (!auth.tls.ca_file.empty()) {
+    X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+    if (is_ip ? X509_VERIFY_PARAM_set1_ip_asc(param, name.c_str()) != 1
+              : X509_VERIFY_PARAM_set1_host(param, name.c_str(), 0) != 1)
+      throw ConnectionError(ConnectionError::GENERIC, "bad TLS server name " + name);
+  }
+  for (;;) {
+    ERR_clear_error();
+    const int r = SSL_connect(ssl);
+    if (r == 1) break;
+    const int err = SSL_get_error(ssl, r);
+    if (err == SSL_ERROR_WANT_READ)
+      wait_io(POLLIN, dl, "in the TLS handshake");
+    else if (err == SSL_ERROR_WANT_WRITE)
+      wait_io(POLLOUT, dl, "in the TLS handshake");
+    else
+      throw_tls("TLS handshake failed", r);
+  }
+}
+
+namespace {
+
+std::string refusal_text(uint8_t status) {
+  switch (status) {
+    case ST_NOT_SERVED: return "does not serve this pool";
+    case ST_BAD_VERSION: return "does not speak protocol version 2";
+    case ST_TLS_REQUIRED: return "requires TLS";
+    case ST_BAD_HANDSHAKE: return "found the handshake malformed";
+    case ST_AUTH_FAILED: return "refused the proof";
+    default: return "refused the handshake (status " + std::to_string(status) + ")";
+  }
+}
+
+}  // namespace
+
+void Client::handshake(const Auth& auth, Clock::time_point dl) {
+  if (auth.pool.size() > 65535) throw std::invalid_argument("pool name longer than 65535 bytes");
+  if (auth.probe && !auth.pool.empty()) throw std::invalid_argument("a probe names no pool");
+  const std::string who = "sequencer " + peer_;
+  const std::string pool_q = "pool '" + auth.pool + "'";
+  // HELLO
+  ByteBuf b;
+  uint8_t* h = b.extend(4 + kHelloFixed + auth.pool.size());
+  put_u32(h, kHelloFixed + static_cast<uint32_t>(auth.pool.size()));
+  h[4] = OP_HELLO;
+  h[5] = kProtocolVersion;
+  put_u16(h + 6, 0);
+  uint8_t nonce_c[kNonce];
+  auth::random_bytes(nonce_c, kNonce);
+  std::memcpy(h + 8, nonce_c, kNonce);
+  put_u16(h + 8 + kNonce, static_cast<uint16_t>(auth.pool.size()));
+  if (!auth.pool.empty()) std::memcpy(h + 4 + kHelloFixed, auth.pool.data(), auth.pool.size());
+  std::string transcript(reinterpret_cast<const char*>(h + 4), b.size() - 4);
+  send_all(b.data(), b.size(), dl);
+  // CHALLENGE
+  const uint8_t* p;
+  uint32_t len;
+  read_frame(p, len, 1024, dl);
+  if (auth.probe && ((len == kChallengePayload && p[0] == OP_CHALLENGE) ||
+                     (len == kRespPayload && p[0] == ST_AUTH_REQUIRED)))
+    return;  // it answered: alive
+  if (len == kRespPayload && p[0] == ST_AUTH_REQUIRED)
+    throw AuthError(ST_AUTH_REQUIRED, 0, 0, who + " wants a request first: it speaks another protocol");
+  if (len != kChallengePayload || p[0] != OP_CHALLENGE)
+    throw ConnectionError(ConnectionError::GENERIC,
+                          "protocol error: " + who + " answered the handshake with a frame of " +
+                              std::to_string(len) + " bytes (is it a pyzlog sequencer of protocol 2?)");
+  const uint8_t status = p[2], mode = p[3];
+  const uint32_t server_gen = get_u32(p + 4);
+  if (status != ST_OK)
+    throw AuthError(status, 0, 0, who + " " + refusal_text(status) + " (" + pool_q + ")");
+  uint8_t nonce_s[kNonce];
+  std::memcpy(nonce_s, p + 8, kNonce);
+  transcript.append(reinterpret_cast<const char*>(p), len);
+  // PROOF
+  uint32_t gen = 0;
+  auth::Mac sk{}, mine{};
+  std::string t;
+  if (mode == AUTH_NONE) {
+    if (!auth.insecure)
+      throw AuthError(ST_AUTH_FAILED, 0, 0,
+                      who + " asks for no proof of the pool's key (zlog-seqr --insecure): refusing "
+                            "a sequencer that cannot prove it holds the key of " + pool_q);
+  } else if (mode == AUTH_HMAC_SHA256) {
+    const Key* key = nullptr;
+    for (const auto& k : auth.keys)
+      if (k.generation == server_gen) key = &k;
+    // else the newest older one: the server may still accept it (as its previous)
+    if (!key)
+      for (const auto& k : auth.keys)
+        if (k.generation < server_gen && (!key || k.generation > key->generation)) key = &k;
+    if (!key) {
+      std::string have;
+      for (const auto& k : auth.keys) have += (have.empty() ? "" : ", ") + std::to_string(k.generation);
+      throw AuthError(ST_AUTH_FAILED, REASON_UNKNOWN_GENERATION, server_gen,
+                      "no key for " + pool_q + " that " + who + " accepts: it uses generation " +
+                          std::to_string(server_gen) +
+                          (have.empty() ? ", this client has none" : ", this client has " + have));
+    }
+    gen = key->generation;
+    sk = auth::session_key(auth::pool_key(key->secret, auth.pool), nonce_c, nonce_s);
+    t = auth::transcript(transcript, auth::channel_binding(ssl_), gen);
+    mine = auth::client_proof(sk, t);
+  } else {
+    throw ConnectionError(ConnectionError::GENERIC,
+                          "protocol error: " + who + " asks for an unknown proof (" +
+                              std::to_string(mode) + ")");
+  }
+  b.clear();
+  uint8_t* q = b.extend(4 + kProofPayload);
+  std::memset(q, 0, 4 + kProofPayload);
+  put_u32(q, kProofPayload);
+  q[4] = OP_PROOF;
+  put_u32(q + 8, gen);
+  std::memcpy(q + 12, mine.data(), kMac);
+  send_all(b.data(), b.size(), dl);
+  // WELCOME
+  read_frame(p, len, 1024, dl);
+  if (len != kWelcomePayload || p[0] != OP_WELCOME)
+    throw ConnectionError(ConnectionError::GENERIC,
+                          "protocol error: " + who + " answered the proof with a frame of " +
+                              std::to_string(len) + " bytes");
+  if (p[1] != ST_OK) {
+    std::string why = p[1] != ST_AUTH_FAILED ? refusal_text(p[1])
+                      : p[2] == REASON_UNKNOWN_GENERATION
+                          ? "does not accept key generation " + std::to_string(gen) +
+                                " (it uses " + std::to_string(server_gen) + ")"
+                          : "refused the proof: wrong key";
+    throw AuthError(p[1], p[2], server_gen, who + " " + why + " for " + pool_q);
+  }
+  if (mode == AUTH_HMAC_SHA256) {
+    const auth::Mac theirs = auth::server_proof(sk, t, mine);
+    if (!auth::equal(theirs.data(), p + 16, kMac))
+      throw AuthError(ST_AUTH_FAILED, REASON_WRONG_PROOF, server_gen,
+                      who + " did not prove it holds the key of " + pool_q +
+                          ": not a genuine sequencer of this pool");
+    authenticated_ = true;
+  }
+  limits_.max_count = get_u32(p + 4);
+  limits_.max_outstanding = get_u32(p + 8);
+  limits_.max_rate = get_u32(p + 12);
+  pool_ = auth.pool;
+  generation_ = gen;
 }
 
 void Client::check_open() const {
@@ -152,6 +375,23 @@ size_t Client::read_into_buffer() {
     rpos_ = 0;
   }
   if (in_.size() - rlen_ < 4096) in_.resize(in_.size() * 2);
+  if (ssl_) {
+    SSL* ssl = static_cast<SSL*>(ssl_);
+    ERR_clear_error();
+    const int cap = static_cast<int>(std::min<size_t>(in_.size() - rlen_, 1u << 30));
+    const int n = SSL_read(ssl, in_.data() + rlen_, cap);
+    if (n > 0) {
+      rlen_ += size_t(n);
+      want_ = POLLIN;
+      return size_t(n);
+    }
+    const int err = SSL_get_error(ssl, n);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      want_ = err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+      return 0;
+    }
+    throw_tls("recv failed", n);
+  }
   for (;;) {
     ssize_t n = ::recv(fd_, in_.data() + rlen_, in_.size() - rlen_, 0);
     if (n > 0) {
@@ -170,7 +410,7 @@ bool Client::fill_nonblocking() { return read_into_buffer() > 0; }
 void Client::fill(Clock::time_point dl) {
   for (;;) {
     if (read_into_buffer() > 0) return;
-    pollfd pfd{fd_, POLLIN, 0};
+    pollfd pfd{fd_, static_cast<short>(ssl_ && want_ ? want_ : POLLIN), 0};
     int ms = poll_ms(dl);
     if (ms == 0) throw TimeoutError("timed out waiting for the sequencer (" + peer_ + ")");
     int pr = ::poll(&pfd, 1, ms);
@@ -179,6 +419,25 @@ void Client::fill(Clock::time_point dl) {
 }
 
 void Client::send_all(const uint8_t* p, size_t n, Clock::time_point dl) {
+  while (n > 0 && ssl_) {
+    SSL* ssl = static_cast<SSL*>(ssl_);
+    ERR_clear_error();
+    const int w = SSL_write(ssl, p, static_cast<int>(std::min<size_t>(n, 1u << 30)));
+    if (w > 0) {
+      p += w;
+      n -= size_t(w);
+      continue;
+    }
+    const int err = SSL_get_error(ssl, w);
+    if (err != SSL_ERROR_WANT_WRITE && err != SSL_ERROR_WANT_READ) throw_tls("send failed", w);
+    // as below: drain replies while waiting, so the peer cannot block on us
+    pollfd pfd{fd_, static_cast<short>(err == SSL_ERROR_WANT_WRITE ? POLLOUT | POLLIN : POLLIN), 0};
+    int ms = poll_ms(dl);
+    if (ms == 0) throw TimeoutError("timed out sending to the sequencer (" + peer_ + ")");
+    int pr = ::poll(&pfd, 1, ms);
+    if (pr < 0 && errno != EINTR) throw_errno("poll failed", errno);
+    if (pr > 0 && (pfd.revents & POLLIN)) read_into_buffer();
+  }
   while (n > 0) {
     ssize_t w = ::send(fd_, p, n, MSG_NOSIGNAL);
     if (w > 0) {
@@ -361,6 +620,8 @@ PipelineResult Client::pipeline_next(const std::string& pool, const std::string&
         case ST_RETRY: ++res.retry; break;
         case ST_BAD_REQUEST: ++res.bad_request; break;
         case ST_RECOVERY_FAILED: ++res.recovery_failed; break;
+        case ST_NOT_AUTHORISED: ++res.not_authorised; break;
+        case ST_RATE_LIMITED: ++res.rate_limited; break;
         default: ++res.other; break;
       }
       if (done >= total_requests || !try_frame(p, len, 1u << 20)) break;

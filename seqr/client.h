@@ -27,6 +27,56 @@ struct ConnectionError : std::runtime_error {
   Kind kind;
 };
 
+// The handshake failed: the server refused this client (status: NOT_SERVED,
+// AUTH_FAILED, ...), or the client refused the server (it proved no key, or
+// asked for none while the client requires it). The server answered, so it
+// is alive (-> Python pyzlog._seqr.AuthError, a PermissionError).
+struct AuthError : std::runtime_error {
+  AuthError(uint8_t st, uint8_t why, uint32_t server_gen, const std::string& msg)
+      : std::runtime_error(msg), status(st), reason(why), server_generation(server_gen) {}
+  uint8_t status;              // the server's refusal, or ST_AUTH_FAILED for the client's own
+  uint8_t reason;              // AuthReason for ST_AUTH_FAILED from the server
+  uint32_t server_generation;  // the server's current key generation, if it said
+};
+
+// One generation of a pool's secret.
+struct Key {
+  uint32_t generation = 0;
+  std::string secret;
+};
+
+struct Tls {
+  bool enabled = false;
+  // Verify the server's certificate against these CAs (PEM file), and its
+  // name against server_name (default: the host connected to). Empty: no
+  // verification; the handshake's channel binding still defeats a man in
+  // the middle whenever the pool's key is used.
+  std::string ca_file;
+  std::string server_name;
+};
+
+// How a connection authenticates (docs/seqr-protocol.md, "Handshake").
+struct Auth {
+  // The pool the connection is for; empty: no handshake at all (raw frames:
+  // the echo server, tests of the handshake itself).
+  std::string pool;
+  std::vector<Key> keys;  // the pool's secrets (any order)
+  // Accept a server that asks for no proof (zlog-seqr --insecure). Off: a
+  // client holding the key talks only to a server that proves it holds it too.
+  bool insecure = false;
+  // A liveness probe: a HELLO with no pool, and the constructor returns as
+  // soon as the server answers it (the server counts it, and logs nothing).
+  bool probe = false;
+  Tls tls;
+};
+
+// What the server allows this connection (from its WELCOME).
+struct Limits {
+  uint32_t max_count = 0;        // positions per NEXT
+  uint32_t max_outstanding = 0;  // token bucket size (0: no rate limit)
+  uint32_t max_rate = 0;         // positions per second (0: no limit)
+};
+
 struct Response {
   uint64_t request_id;
   uint8_t status;
@@ -38,6 +88,7 @@ struct Response {
 struct PipelineResult {
   uint64_t requests = 0;
   uint64_t ok = 0, stale = 0, retry = 0, bad_request = 0, recovery_failed = 0, other = 0;
+  uint64_t not_authorised = 0, rate_limited = 0;
   uint64_t positions = 0;
   bool have_positions = false;
   uint64_t first_position = 0;  // lowest position handed out
@@ -50,7 +101,11 @@ struct PipelineResult {
 
 class Client {
  public:
-  Client(const std::string& host, uint16_t port, double timeout_s = 5.0);
+  // Connects and, with auth.pool set, runs the handshake (TLS first if
+  // auth.tls.enabled): throws AuthError if either side refuses the other,
+  // ConnectionError / TimeoutError on transport failures.
+  Client(const std::string& host, uint16_t port, double timeout_s = 5.0,
+         const Auth& auth = Auth());
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -73,9 +128,18 @@ class Client {
   bool closed() const { return fd_ < 0; }
   double timeout() const { return timeout_s_; }
   void set_timeout(double t) { timeout_s_ = t; }
+  const std::string& pool() const { return pool_; }
+  uint32_t generation() const { return generation_; }  // the key generation proved (0: none)
+  bool authenticated() const { return authenticated_; }  // the server proved the key too
+  bool tls() const { return ssl_ != nullptr; }
+  const Limits& limits() const { return limits_; }
 
  private:
   using Clock = std::chrono::steady_clock;
+  void tls_connect(const Auth& auth, const std::string& host, Clock::time_point dl);
+  void handshake(const Auth& auth, Clock::time_point dl);
+  void wait_io(short events, Clock::time_point dl, const char* what);
+  [[noreturn]] void throw_tls(const char* what, int ret);
   Clock::time_point deadline() const;
   void check_open() const;
   void encode(ByteBuf& b, uint8_t op, uint64_t rid, uint64_t epoch, uint32_t count,
@@ -96,6 +160,13 @@ class Client {
 
   std::mutex mu_;
   int fd_ = -1;
+  void* ssl_ = nullptr;      // SSL* with TLS
+  void* ssl_ctx_ = nullptr;  // SSL_CTX*
+  short want_ = 0;           // what the last TLS read waits for (POLLIN / POLLOUT)
+  std::string pool_;
+  uint32_t generation_ = 0;
+  bool authenticated_ = false;
+  Limits limits_;
   double timeout_s_;
   std::string peer_;
   uint64_t next_rid_ = 1;

@@ -4,6 +4,7 @@
 
 #include <boost/system/system_error.hpp>
 
+#include "auth_py.h"
 #include "client.h"
 #include "frame_server.h"
 #include "log.h"
@@ -28,6 +29,8 @@ py::dict pipeline_dict(const PipelineResult& r, bool with_statuses) {
     d["bad_request"] = r.bad_request;
     d["recovery_failed"] = r.recovery_failed;
     d["other"] = r.other;
+    d["not_authorised"] = r.not_authorised;
+    d["rate_limited"] = r.rate_limited;
     d["positions"] = r.positions;
     d["first_position"] = r.have_positions ? py::object(py::int_(r.first_position)) : py::none();
     d["last_position"] = r.have_positions ? py::object(py::int_(r.last_position)) : py::none();
@@ -50,6 +53,8 @@ py::dict pipeline_dict(const PipelineResult& r, bool with_statuses) {
   return d;
 }
 
+PyObject* g_auth_error = nullptr;  // pyzlog._seqr.AuthError
+
 }  // namespace
 
 PYBIND11_MODULE(_seqr, m) {
@@ -60,8 +65,23 @@ PYBIND11_MODULE(_seqr, m) {
   m.attr("RETRY") = int(ST_RETRY);
   m.attr("BAD_REQUEST") = int(ST_BAD_REQUEST);
   m.attr("RECOVERY_FAILED") = int(ST_RECOVERY_FAILED);
+  m.attr("NOT_AUTHORISED") = int(ST_NOT_AUTHORISED);
+  m.attr("RATE_LIMITED") = int(ST_RATE_LIMITED);
+  m.attr("AUTH_REQUIRED") = int(ST_AUTH_REQUIRED);
+  m.attr("AUTH_FAILED") = int(ST_AUTH_FAILED);
+  m.attr("NOT_SERVED") = int(ST_NOT_SERVED);
+  m.attr("BAD_VERSION") = int(ST_BAD_VERSION);
+  m.attr("TLS_REQUIRED") = int(ST_TLS_REQUIRED);
+  m.attr("BAD_HANDSHAKE") = int(ST_BAD_HANDSHAKE);
   m.attr("OP_NEXT") = int(OP_NEXT);
   m.attr("OP_TAIL") = int(OP_TAIL);
+  m.attr("OP_HELLO") = int(OP_HELLO);
+  m.attr("OP_CHALLENGE") = int(OP_CHALLENGE);
+  m.attr("OP_PROOF") = int(OP_PROOF);
+  m.attr("OP_WELCOME") = int(OP_WELCOME);
+  m.attr("PROTOCOL_VERSION") = int(kProtocolVersion);
+  m.attr("REASON_UNKNOWN_GENERATION") = int(REASON_UNKNOWN_GENERATION);
+  m.attr("REASON_WRONG_PROOF") = int(REASON_WRONG_PROOF);
   {
     py::dict names;
     names[py::int_(int(ST_OK))] = "OK";
@@ -69,8 +89,27 @@ PYBIND11_MODULE(_seqr, m) {
     names[py::int_(int(ST_RETRY))] = "RETRY";
     names[py::int_(int(ST_BAD_REQUEST))] = "BAD_REQUEST";
     names[py::int_(int(ST_RECOVERY_FAILED))] = "RECOVERY_FAILED";
+    names[py::int_(int(ST_NOT_AUTHORISED))] = "NOT_AUTHORISED";
+    names[py::int_(int(ST_RATE_LIMITED))] = "RATE_LIMITED";
+    names[py::int_(int(ST_AUTH_REQUIRED))] = "AUTH_REQUIRED";
+    names[py::int_(int(ST_AUTH_FAILED))] = "AUTH_FAILED";
+    names[py::int_(int(ST_NOT_SERVED))] = "NOT_SERVED";
+    names[py::int_(int(ST_BAD_VERSION))] = "BAD_VERSION";
+    names[py::int_(int(ST_TLS_REQUIRED))] = "TLS_REQUIRED";
+    names[py::int_(int(ST_BAD_HANDSHAKE))] = "BAD_HANDSHAKE";
     m.attr("STATUS_NAMES") = names;
   }
+  {
+    py::list kinds;
+    for (const char* k : kRefusalNames) kinds.append(k);
+    m.attr("REFUSAL_KINDS") = kinds;
+  }
+  // The handshake failed; .status, .reason, .server_generation say how.
+  g_auth_error = PyErr_NewExceptionWithDoc(
+      "pyzlog._seqr.AuthError",
+      "The sequencer handshake failed: the server refused this client, or the client the server.",
+      PyExc_Exception, nullptr);
+  m.attr("AuthError") = py::handle(g_auth_error);
   m.attr("DEFAULT_MAX_FRAME") = kDefaultMaxFrame;
   m.attr("DEFAULT_MAX_NAME") = kDefaultMaxName;
   m.attr("DEFAULT_MAX_CONNECTIONS") = kDefaultMaxConnections;
@@ -81,6 +120,12 @@ PYBIND11_MODULE(_seqr, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const seqr::AuthError& e) {
+      py::object exc = py::reinterpret_borrow<py::object>(g_auth_error)(e.what());
+      exc.attr("status") = int(e.status);
+      exc.attr("reason") = int(e.reason);
+      exc.attr("server_generation") = e.server_generation;
+      PyErr_SetObject(g_auth_error, exc.ptr());
     } catch (const seqr::TimeoutError& e) {
       PyErr_SetString(PyExc_TimeoutError, e.what());
     } catch (const seqr::ConnectionError& e) {
@@ -107,11 +152,26 @@ PYBIND11_MODULE(_seqr, m) {
   m.def("get_log_level", &seqr::get_log_level);
 
   py::class_<Server>(m, "Server")
-      .def(py::init<std::string, uint16_t, uint32_t, uint32_t, uint32_t, uint32_t>(),
+      .def(py::init([](std::string host, uint16_t port, uint32_t max_connections, uint32_t max_frame,
+                       uint32_t max_name, uint32_t max_count, bool require_auth, std::string tls_cert,
+                       std::string tls_key, double handshake_timeout_s, uint32_t max_rate,
+                       uint32_t max_outstanding) {
+             auto s = std::make_unique<Server>(std::move(host), port, max_connections, max_frame,
+                                               max_name, max_count, require_auth,
+                                               TlsFiles{std::move(tls_cert), std::move(tls_key)},
+                                               handshake_timeout_s);
+             s->set_limits(max_rate, max_outstanding);
+             return s;
+           }),
            py::arg("host") = "127.0.0.1", py::arg("port") = 0,
            py::arg("max_connections") = kDefaultMaxConnections,
            py::arg("max_frame") = kDefaultMaxFrame, py::arg("max_name") = kDefaultMaxName,
-           py::arg("max_count") = kDefaultMaxCount)
+           py::arg("max_count") = kDefaultMaxCount, py::kw_only(), py::arg("require_auth") = true,
+           py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("handshake_timeout_s") = 5.0,
+           py::arg("max_rate") = 0, py::arg("max_outstanding") = 0,
+           "A sequencer server. require_auth: connections prove they hold a served pool's key "
+           "(set_pool); tls_cert/tls_key: TLS, and plaintext connections refused; max_rate, "
+           "max_outstanding: the per-connection position budget (0: none).")
       .def("start", &Server::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &Server::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &Server::port)
@@ -121,6 +181,36 @@ PYBIND11_MODULE(_seqr, m) {
       .def_property_readonly("max_frame", &Server::max_frame)
       .def_property_readonly("max_name", &Server::max_name)
       .def_property_readonly("max_count", &Server::max_count)
+      .def_property_readonly("require_auth", &Server::require_auth)
+      .def_property_readonly("tls", &Server::tls_enabled)
+      .def_property_readonly("max_rate", &Server::max_rate)
+      .def_property_readonly("max_outstanding", &Server::max_outstanding)
+      .def(
+          "set_pool",
+          [](Server& s, const std::string& pool, const std::vector<std::pair<uint32_t, py::bytes>>& keys) {
+            std::vector<std::pair<uint32_t, std::string>> v;
+            for (const auto& k : keys) v.emplace_back(k.first, std::string(k.second));
+            py::gil_scoped_release rel;
+            return s.set_pool(pool, v);
+          },
+          py::arg("pool"), py::arg("keys"),
+          "Serve `pool` with these (generation, secret) keys (the highest generation is the "
+          "current one); returns how many connections of a dropped generation were closed.")
+      .def("remove_pool", &Server::remove_pool, py::arg("pool"), py::call_guard<py::gil_scoped_release>())
+      .def("pools",
+           [](Server& s) {
+             std::vector<std::pair<std::string, std::vector<uint32_t>>> v;
+             {
+               py::gil_scoped_release rel;
+               v = s.pools();
+             }
+             py::dict d;
+             for (auto& [name, gens] : v) d[py::str(name)] = gens;
+             return d;
+           },
+           "{pool: [key generations accepted, newest first]}")
+      .def("set_limits", &Server::set_limits, py::arg("max_rate"), py::arg("max_outstanding"),
+           py::call_guard<py::gil_scoped_release>())
       .def("install", &Server::install, py::arg("pool"), py::arg("log"), py::arg("epoch"),
            py::arg("next_position"), py::call_guard<py::gil_scoped_release>())
       .def("fail", &Server::fail, py::arg("pool"), py::arg("log"), py::arg("message") = "",
@@ -156,6 +246,17 @@ PYBIND11_MODULE(_seqr, m) {
              d["recovery_failed"] = st.recovery_failed;
              d["recoveries_queued"] = st.recoveries_queued;
              d["logs"] = st.logs;
+             d["auth_ok"] = st.auth_ok;
+             d["not_authorised"] = st.not_authorised;
+             d["rate_limited"] = st.rate_limited;
+             d["handshake_timeouts"] = st.handshake_timeouts;
+             d["revoked"] = st.revoked;
+             d["connections_tls"] = st.connections_tls;
+             d["tls_failures"] = st.tls_failures;
+             d["probes"] = st.probes;
+             py::dict refused;
+             for (int i = 0; i < REFUSAL_KINDS; ++i) refused[kRefusalNames[i]] = st.refused[i];
+             d["refused"] = refused;
              return d;
            })
       .def("latency",
@@ -235,11 +336,26 @@ PYBIND11_MODULE(_seqr, m) {
       });
 
   py::class_<Client>(m, "Client")
-      .def(py::init([](const std::string& host, uint16_t port, double timeout_s) {
+      .def(py::init([](const std::string& host, uint16_t port, double timeout_s, const py::object& auth) {
+             const Auth a = auth_from_py(auth);
              py::gil_scoped_release rel;
-             return new Client(host, port, timeout_s);
+             return new Client(host, port, timeout_s, a);
            }),
-           py::arg("host"), py::arg("port"), py::arg("timeout_s") = 5.0)
+           py::arg("host"), py::arg("port"), py::arg("timeout_s") = 5.0, py::arg("auth") = py::none(),
+           "Connect, and with auth (a dict: pool, keys [(generation, secret)], insecure, tls, "
+           "tls_ca, tls_server_name) run the handshake; AuthError if either side refuses.")
+      .def_property_readonly("pool", &Client::pool)
+      .def_property_readonly("generation", &Client::generation)
+      .def_property_readonly("authenticated", &Client::authenticated)
+      .def_property_readonly("tls", &Client::tls)
+      .def_property_readonly("limits",
+                             [](const Client& c) {
+                               py::dict d;
+                               d["max_count"] = c.limits().max_count;
+                               d["max_outstanding"] = c.limits().max_outstanding;
+                               d["max_rate"] = c.limits().max_rate;
+                               return d;
+                             })
       .def(
           "next",
           [](Client& c, const std::string& pool, const std::string& log, uint64_t epoch,

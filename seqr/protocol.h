@@ -7,7 +7,19 @@
 
 namespace seqr {
 
-enum Op : uint8_t { OP_NEXT = 1, OP_TAIL = 2 };
+// Version 2 added the handshake (HELLO, CHALLENGE, PROOF, WELCOME); version 1
+// had none and is no longer spoken.
+constexpr uint8_t kProtocolVersion = 2;
+
+enum Op : uint8_t {
+  OP_NEXT = 1,
+  OP_TAIL = 2,
+  // handshake frames, in the order they are sent
+  OP_HELLO = 16,      // client: version, nonce, pool
+  OP_CHALLENGE = 17,  // server: status, auth mode, key generation, nonce
+  OP_PROOF = 18,      // client: key generation, HMAC over the transcript
+  OP_WELCOME = 19,    // server: status, limits, HMAC over the transcript
+};
 
 enum Status : uint8_t {
   ST_OK = 0,
@@ -15,7 +27,33 @@ enum Status : uint8_t {
   ST_RETRY = 2,
   ST_BAD_REQUEST = 3,
   ST_RECOVERY_FAILED = 4,
+  ST_NOT_AUTHORISED = 5,  // the request names a pool other than the connection's
+  ST_RATE_LIMITED = 6,    // over the connection's position budget; count = ms to wait
+  ST_AUTH_REQUIRED = 7,   // a request before the handshake (the connection is closed)
+  ST_AUTH_FAILED = 8,     // the proof is wrong or names a key generation the server lacks
+  ST_NOT_SERVED = 9,      // HELLO names a pool this server does not serve
+  ST_BAD_VERSION = 10,    // HELLO's protocol version is not spoken here
+  ST_TLS_REQUIRED = 11,   // a plaintext HELLO to a server that requires TLS
+  ST_BAD_HANDSHAKE = 12,  // a malformed handshake frame
 };
+
+// CHALLENGE auth modes
+enum AuthMode : uint8_t { AUTH_NONE = 0, AUTH_HMAC_SHA256 = 1 };
+// WELCOME reasons for ST_AUTH_FAILED
+enum AuthReason : uint8_t { REASON_NONE = 0, REASON_UNKNOWN_GENERATION = 1, REASON_WRONG_PROOF = 2 };
+
+constexpr size_t kNonce = 16;
+constexpr size_t kMac = 32;
+// HELLO: u8 op, u8 version, u16 flags, nonce, u16 pool_len, pool
+constexpr uint32_t kHelloFixed = 1 + 1 + 2 + kNonce + 2;  // 22
+// CHALLENGE: u8 op, u8 version, u8 status, u8 auth mode, u32 generation, nonce,
+//            u32 reserved (0)
+constexpr uint32_t kChallengePayload = 1 + 1 + 1 + 1 + 4 + kNonce + 4;  // 28
+// PROOF: u8 op, 3 reserved bytes (0), u32 generation, mac
+constexpr uint32_t kProofPayload = 1 + 3 + 4 + kMac;  // 40
+// WELCOME: u8 op, u8 status, u8 reason, u8 reserved, u32 max_count,
+//          u32 max_outstanding, u32 max_rate, mac
+constexpr uint32_t kWelcomePayload = 1 + 1 + 1 + 1 + 4 + 4 + 4 + kMac;  // 48
 
 // Request payload: u8 op, u64 request_id, u64 epoch, u32 count,
 //                  u16 pool_len, pool bytes, u16 log_len, log bytes.

@@ -1,5 +1,8 @@
 #include "seqr_server.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 
@@ -15,19 +18,261 @@ inline void respond(ByteBuf& out, uint8_t status, uint64_t rid, uint64_t epoch,
 }  // namespace
 
 Server::Server(std::string host, uint16_t port, uint32_t max_connections, uint32_t max_frame,
-               uint32_t max_name, uint32_t max_count)
-    : FrameServer(std::move(host), port, max_connections, kReqMinPayload, max_frame),
+               uint32_t max_name, uint32_t max_count, bool require_auth, const TlsFiles& tls,
+               double handshake_timeout_s)
+    // frames shorter than a request are handshake frames; handle_frame checks
+    // each against what the connection's stage expects
+    : FrameServer(std::move(host), port, max_connections, 1, max_frame, tls, handshake_timeout_s),
       max_connections_(max_connections),
       max_frame_(max_frame),
       max_name_(max_name),
-      max_count_(max_count) {
+      max_count_(max_count),
+      require_auth_(require_auth) {
   if (max_frame < kReqMinPayload)
     throw std::invalid_argument("max_frame must be >= " + std::to_string(kReqMinPayload));
   if (max_frame > (1u << 24)) throw std::invalid_argument("max_frame must be <= 16 MiB");
   if (max_name < 1 || max_name > 65535)
     throw std::invalid_argument("max_name must be in 1..65535");
   if (max_count < 1) throw std::invalid_argument("max_count must be >= 1");
+  if (max_frame < kHelloFixed + max_name)
+    throw std::invalid_argument("max_frame must hold a HELLO with a pool name of max_name bytes");
   key_.reserve(2 * 65536);
+}
+
+std::unique_ptr<Session> Server::new_session() {
+  auto s = std::make_unique<SeqrSession>();
+  s->established = false;  // until the handshake completes
+  return s;
+}
+
+uint32_t Server::effective_max_count() const {
+  const uint32_t cap = max_outstanding_.load(std::memory_order_relaxed);
+  return max_rate_.load(std::memory_order_relaxed) && cap ? std::min(max_count_, cap) : max_count_;
+}
+
+void Server::log_refusal(const SeqrSession& s, Refusal why, const char* detail) {
+  refused_[why].fetch_add(1, std::memory_order_relaxed);
+  if (!log_enabled(LL_WARNING)) return;
+  // at most 20 lines a second: someone knocking at the port must not flood the log
+  const auto now = std::chrono::steady_clock::now();
+  if (now - log_window_ >= std::chrono::seconds(1)) {
+    if (suppressed_logs_)
+      SEQR_LOG(LL_WARNING, "(%u more refused connections not logged)", suppressed_logs_);
+    log_window_ = now;
+    logged_in_window_ = suppressed_logs_ = 0;
+  }
+  if (logged_in_window_ >= 20) {
+    ++suppressed_logs_;
+    return;
+  }
+  ++logged_in_window_;
+  SEQR_LOG(LL_WARNING, "refused the connection from %s (%s): %s", s.peer.c_str(),
+           kRefusalNames[why], detail);
+}
+
+FrameResult Server::refuse_hello(SeqrSession& s, uint8_t status, Refusal why, ByteBuf& out,
+                                 const char* detail) {
+  log_refusal(s, why, detail);
+  uint8_t* p = out.extend(4 + kChallengePayload);
+  std::memset(p, 0, 4 + kChallengePayload);
+  put_u32(p, kChallengePayload);
+  p[4] = OP_CHALLENGE;
+  p[5] = kProtocolVersion;
+  p[6] = status;
+  return FrameResult::CLOSE_AFTER_FLUSH;
+}
+
+FrameResult Server::refuse_proof(SeqrSession& s, uint8_t reason, Refusal why, ByteBuf& out) {
+  char detail[400];
+  std::snprintf(detail, sizeof detail, "pool '%.255s': %s", s.pool.c_str(),
+                why == REFUSED_UNKNOWN_GENERATION ? "a key generation it does not hold"
+                : why == REFUSED_WRONG_KEY         ? "wrong key"
+                                                   : "malformed proof");
+  log_refusal(s, why, detail);
+  uint8_t* p = out.extend(4 + kWelcomePayload);
+  std::memset(p, 0, 4 + kWelcomePayload);
+  put_u32(p, kWelcomePayload);
+  p[4] = OP_WELCOME;
+  p[5] = why == REFUSED_BAD_HANDSHAKE ? ST_BAD_HANDSHAKE : ST_AUTH_FAILED;
+  p[6] = reason;
+  return FrameResult::CLOSE_AFTER_FLUSH;
+}
+
+FrameResult Server::on_hello(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out) {
+  if (p[0] != OP_HELLO) {
+    if ((p[0] == OP_NEXT || p[0] == OP_TAIL) && len >= 9) {
+      // a request with no handshake (a client of protocol 1, or a stranger):
+      // answered in the request's own format so that it can tell why
+      log_refusal(s, REFUSED_NO_HANDSHAKE, "a request before the handshake");
+      respond(out, ST_AUTH_REQUIRED, get_u64(p + 1), 0, 0, 0);
+      return FrameResult::CLOSE_AFTER_FLUSH;
+    }
+    log_refusal(s, REFUSED_NO_HANDSHAKE, "not a HELLO frame");
+    return FrameResult::BAD_FRAME;
+  }
+  if (len < 2 || p[1] != kProtocolVersion) {
+    char d[64];
+    std::snprintf(d, sizeof d, "protocol version %u", len >= 2 ? unsigned(p[1]) : 0u);
+    return refuse_hello(s, ST_BAD_VERSION, REFUSED_BAD_VERSION, out, d);
+  }
+  if (len < kHelloFixed || kHelloFixed + get_u16(p + kHelloFixed - 2) != len)
+    return refuse_hello(s, ST_BAD_HANDSHAKE, REFUSED_BAD_HANDSHAKE, out, "malformed HELLO");
+  const uint32_t plen = get_u16(p + kHelloFixed - 2);
+  if (plen == 0) {
+    // a liveness probe (another daemon asking whether this one answers):
+    // answered like a pool not served, and neither logged nor counted as a refusal
+    probes_.fetch_add(1, std::memory_order_relaxed);
+    uint8_t* c = out.extend(4 + kChallengePayload);
+    std::memset(c, 0, 4 + kChallengePayload);
+    put_u32(c, kChallengePayload);
+    c[4] = OP_CHALLENGE;
+    c[5] = kProtocolVersion;
+    c[6] = ST_NOT_SERVED;
+    return FrameResult::CLOSE_AFTER_FLUSH;
+  }
+  std::string pool(reinterpret_cast<const char*>(p + kHelloFixed), plen);
+  char detail[320];
+  std::snprintf(detail, sizeof detail, "pool '%.255s'", pool.c_str());
+  if (plen > max_name_)
+    return refuse_hello(s, ST_BAD_HANDSHAKE, REFUSED_BAD_HANDSHAKE, out, "too long a pool name");
+  if (tls_enabled() && !s.tls)
+    return refuse_hello(s, ST_TLS_REQUIRED, REFUSED_TLS_REQUIRED, out, "plaintext to a TLS server");
+  const auto it = pools_.find(pool);
+  const bool any_pool = !require_auth_ && pools_.empty();
+  if (it == pools_.end() && !any_pool)
+    return refuse_hello(s, ST_NOT_SERVED, REFUSED_NOT_SERVED, out, detail);
+  const bool hmac = require_auth_;
+  auth::random_bytes(s.server_nonce, kNonce);
+  std::memcpy(s.client_nonce, p + 4, kNonce);
+  uint8_t* c = out.extend(4 + kChallengePayload);
+  put_u32(c, kChallengePayload);
+  c += 4;
+  c[0] = OP_CHALLENGE;
+  c[1] = kProtocolVersion;
+  c[2] = ST_OK;
+  c[3] = hmac ? AUTH_HMAC_SHA256 : AUTH_NONE;
+  put_u32(c + 4, hmac ? it->second.current : 0);
+  std::memcpy(c + 8, s.server_nonce, kNonce);
+  put_u32(c + 8 + kNonce, 0);
+  s.transcript.assign(reinterpret_cast<const char*>(p), len);
+  s.transcript.append(reinterpret_cast<const char*>(c), kChallengePayload);
+  s.pool = std::move(pool);
+  s.stage = SeqrSession::PROOF_WAIT;
+  return FrameResult::CONTINUE;
+}
+
+FrameResult Server::on_proof(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out) {
+  if (p[0] != OP_PROOF || len != kProofPayload)
+    return refuse_proof(s, REASON_NONE, REFUSED_BAD_HANDSHAKE, out);
+  const uint32_t gen = get_u32(p + 4);
+  auth::Mac server_mac{};
+  if (require_auth_) {
+    const auto it = pools_.find(s.pool);  // removed meanwhile: no key verifies
+    const auth::Mac* key = nullptr;
+    if (it != pools_.end())
+      for (const auto& k : it->second.keys)
+        if (k.first == gen) key = &k.second;
+    if (key == nullptr) return refuse_proof(s, REASON_UNKNOWN_GENERATION, REFUSED_UNKNOWN_GENERATION, out);
+    const auth::Mac sk = auth::session_key(*key, s.client_nonce, s.server_nonce);
+    const std::string t = auth::transcript(s.transcript, auth::channel_binding(s.ssl), gen);
+    const auth::Mac expect = auth::client_proof(sk, t);
+    if (!auth::equal(expect.data(), p + 8, kMac))
+      return refuse_proof(s, REASON_WRONG_PROOF, REFUSED_WRONG_KEY, out);
+    server_mac = auth::server_proof(sk, t, expect);
+  }
+  std::string().swap(s.transcript);
+  s.generation = require_auth_ ? gen : 0;
+  s.stage = SeqrSession::READY;
+  s.established = true;
+  s.min_frame = kReqMinPayload;  // from now on every frame is a request
+  s.tokens = max_outstanding_.load(std::memory_order_relaxed);
+  s.refill_at = std::chrono::steady_clock::now();
+  auth_ok_.fetch_add(1, std::memory_order_relaxed);
+  SEQR_LOG(LL_DEBUG, "%s authenticated for pool '%s' (key generation %u%s)", s.peer.c_str(),
+           s.pool.c_str(), unsigned(s.generation), s.tls ? ", TLS" : "");
+  uint8_t* w = out.extend(4 + kWelcomePayload);
+  put_u32(w, kWelcomePayload);
+  w += 4;
+  w[0] = OP_WELCOME;
+  w[1] = ST_OK;
+  w[2] = REASON_NONE;
+  w[3] = 0;
+  put_u32(w + 4, effective_max_count());
+  put_u32(w + 8, max_outstanding_.load(std::memory_order_relaxed));
+  put_u32(w + 12, max_rate_.load(std::memory_order_relaxed));
+  std::memcpy(w + 16, server_mac.data(), kMac);
+  return FrameResult::CONTINUE;
+}
+
+size_t Server::set_pool(const std::string& pool,
+                        const std::vector<std::pair<uint32_t, std::string>>& secrets) {
+  if (pool.empty() || pool.size() > 65535)
+    throw std::invalid_argument("pool names must be 1..65535 bytes");
+  if (require_auth_ && secrets.empty())
+    throw std::invalid_argument("a pool served with authentication needs at least one secret");
+  PoolKeys pk;
+  for (const auto& [gen, secret] : secrets) {
+    if (secret.size() < 16) throw std::invalid_argument("a pool secret must be at least 16 bytes");
+    for (const auto& k : pk.keys)
+      if (k.first == gen) throw std::invalid_argument("two secrets of one generation");
+    pk.keys.emplace_back(gen, auth::pool_key(secret, pool));
+    pk.current = std::max(pk.current, gen);
+  }
+  size_t closed = 0;
+  run_on_io([&] {
+    pools_[pool] = std::move(pk);
+    const PoolKeys& now = pools_[pool];
+    closed = close_sessions([&](Session& s0) {
+      auto& s = static_cast<SeqrSession&>(s0);
+      if (s.stage != SeqrSession::READY || s.pool != pool || !require_auth_) return false;
+      for (const auto& k : now.keys)
+        if (k.first == s.generation) return false;
+      return true;
+    });
+  });
+  if (closed) {
+    revoked_.fetch_add(closed, std::memory_order_relaxed);
+    SEQR_LOG(LL_WARNING, "pool '%s': closed %zu connection(s) of a key generation no longer accepted",
+             pool.c_str(), closed);
+  }
+  return closed;
+}
+
+bool Server::remove_pool(const std::string& pool) {
+  bool found = false;
+  size_t closed = 0;
+  run_on_io([&] {
+    found = pools_.erase(pool) > 0;
+    closed = close_sessions([&](Session& s0) {
+      auto& s = static_cast<SeqrSession&>(s0);
+      return s.stage != SeqrSession::HELLO_WAIT && s.pool == pool;
+    });
+  });
+  revoked_.fetch_add(closed, std::memory_order_relaxed);
+  return found;
+}
+
+std::vector<std::pair<std::string, std::vector<uint32_t>>> Server::pools() {
+  std::vector<std::pair<std::string, std::vector<uint32_t>>> res;
+  run_on_io([&] {
+    for (const auto& [name, pk] : pools_) {
+      std::vector<uint32_t> gens;
+      for (const auto& k : pk.keys) gens.push_back(k.first);
+      std::sort(gens.rbegin(), gens.rend());
+      res.emplace_back(name, std::move(gens));
+    }
+  });
+  std::sort(res.begin(), res.end());
+  return res;
+}
+
+void Server::set_limits(uint32_t max_rate, uint32_t max_outstanding) {
+  if (max_rate && !max_outstanding)
+    throw std::invalid_argument("a rate limit needs max_outstanding >= 1");
+  run_on_io([&] {
+    max_rate_.store(max_rate);
+    max_outstanding_.store(max_outstanding);
+  });
 }
 
 void Server::make_key(std::string& key, const char* pool, size_t plen, const char* log,
@@ -52,8 +297,22 @@ void Server::begin_recovery(LogState& s, uint64_t client_epoch) {
            s.log.c_str(), static_cast<unsigned long long>(client_epoch));
 }
 
-void Server::handle_frame(const uint8_t* p, uint32_t len, ByteBuf& out) {
-  // len >= kReqMinPayload is guaranteed by FrameServer.
+FrameResult Server::handle_frame(Session& s0, const uint8_t* p, uint32_t len, ByteBuf& out) {
+  auto& s = static_cast<SeqrSession&>(s0);
+  switch (s.stage) {
+    case SeqrSession::READY:
+      if (len < kReqMinPayload) return FrameResult::BAD_FRAME;
+      handle_request(s, p, len, out);
+      return FrameResult::CONTINUE;
+    case SeqrSession::HELLO_WAIT:
+      return on_hello(s, p, len, out);
+    case SeqrSession::PROOF_WAIT:
+      return on_proof(s, p, len, out);
+  }
+  return FrameResult::BAD_FRAME;
+}
+
+void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, ByteBuf& out) {
   const uint8_t op = p[0];
   const uint64_t rid = get_u64(p + 1);
   const uint64_t epoch = get_u64(p + 9);
@@ -72,11 +331,31 @@ void Server::handle_frame(const uint8_t* p, uint32_t len, ByteBuf& out) {
   const bool bad = (size_t(kReqMinPayload) + plen + llen != len) ||  // overrun / trailing bytes
                    (op != OP_NEXT && op != OP_TAIL) || plen == 0 || llen == 0 ||
                    plen > max_name_ || llen > max_name_ ||
-                   (op == OP_NEXT && (count == 0 || count > max_count_)) ||
+                   (op == OP_NEXT && (count == 0 || count > effective_max_count())) ||
                    (op == OP_TAIL && count != 0);
   if (bad) {
     ++local_.bad_requests;
     return respond(out, ST_BAD_REQUEST, rid, 0, 0, 0);
+  }
+  // the connection may name only the pool it authenticated for
+  if (plen != sess.pool.size() || std::memcmp(pool, sess.pool.data(), plen) != 0) {
+    ++local_.not_authorised;
+    return respond(out, ST_NOT_AUTHORISED, rid, 0, 0, 0);
+  }
+  const uint32_t rate = max_rate_.load(std::memory_order_relaxed);
+  if (op == OP_NEXT && rate) {
+    if (batch_start_ > sess.refill_at) {  // once per batch of requests read together
+      const double dt = std::chrono::duration<double>(batch_start_ - sess.refill_at).count();
+      sess.tokens = std::min<double>(max_outstanding_.load(std::memory_order_relaxed),
+                                     sess.tokens + dt * rate);
+      sess.refill_at = batch_start_;
+    }
+    if (sess.tokens < count) {
+      ++local_.rate_limited;
+      const double wait_ms = std::ceil((count - sess.tokens) * 1000.0 / rate);
+      return respond(out, ST_RATE_LIMITED, rid, 0, 0,
+                     static_cast<uint32_t>(std::clamp(wait_ms, 1.0, 60000.0)));
+    }
   }
 
   make_key(key_, pool, plen, log, llen);
@@ -106,6 +385,7 @@ void Server::handle_frame(const uint8_t* p, uint32_t len, ByteBuf& out) {
           s.next += count;
           s.positions += count;
           local_.positions += count;
+          if (rate) sess.tokens -= count;
           return respond(out, ST_OK, rid, s.epoch, pos, count);
         }
         return respond(out, ST_OK, rid, s.epoch, s.next, 0);
@@ -162,6 +442,8 @@ void Server::on_batch_done() {
   flush(local_.stale, stale_);
   flush(local_.retries, retries_);
   flush(local_.recovery_failed, recovery_failed_);
+  flush(local_.not_authorised, not_authorised_);
+  flush(local_.rate_limited, rate_limited_);
 }
 
 void Server::on_stopped() {
@@ -267,6 +549,15 @@ ServerStats Server::stats() const {
   s.recovery_failed = recovery_failed_.load(std::memory_order_relaxed);
   s.recoveries_queued = recoveries_queued_.load(std::memory_order_relaxed);
   s.logs = logs_.load(std::memory_order_relaxed);
+  s.auth_ok = auth_ok_.load(std::memory_order_relaxed);
+  s.not_authorised = not_authorised_.load(std::memory_order_relaxed);
+  s.rate_limited = rate_limited_.load(std::memory_order_relaxed);
+  s.handshake_timeouts = handshake_timeouts();
+  s.revoked = revoked_.load(std::memory_order_relaxed);
+  s.probes = probes_.load(std::memory_order_relaxed);
+  s.connections_tls = tls_connections();
+  s.tls_failures = tls_failures();
+  for (int i = 0; i < REFUSAL_KINDS; ++i) s.refused[i] = refused_[i].load(std::memory_order_relaxed);
   return s;
 }
 

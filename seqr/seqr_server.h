@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "auth.h"
 #include "frame_server.h"
 #include "protocol.h"
 
@@ -46,19 +47,73 @@ struct LatencyStats {
   uint64_t count;
 };
 
+// Why a connection was refused before it could make a request.
+enum Refusal : int {
+  REFUSED_NO_HANDSHAKE = 0,  // a request (or anything but HELLO) first
+  REFUSED_BAD_HANDSHAKE,     // a malformed HELLO or PROOF
+  REFUSED_BAD_VERSION,       // a protocol version not spoken here
+  REFUSED_NOT_SERVED,        // a pool this server does not serve
+  REFUSED_TLS_REQUIRED,      // plaintext to a server that requires TLS
+  REFUSED_UNKNOWN_GENERATION,  // a key generation the server does not hold (old, revoked)
+  REFUSED_WRONG_KEY,         // a proof that does not verify
+  REFUSAL_KINDS
+};
+inline constexpr const char* kRefusalNames[REFUSAL_KINDS] = {
+    "no_handshake", "bad_handshake", "bad_version", "not_served",
+    "tls_required", "unknown_generation", "wrong_key"};
+
 struct ServerStats {
   uint64_t requests, positions, connections_open, connections_total,
       connections_rejected, bad_frames, bad_requests, stale, retries,
       recovery_failed, recoveries_queued, logs;
+  uint64_t auth_ok, not_authorised, rate_limited, handshake_timeouts, revoked,
+      connections_tls, tls_failures, probes;
+  uint64_t refused[REFUSAL_KINDS];
+};
+
+// The state of one client connection (io thread only).
+struct SeqrSession : Session {
+  enum Stage : uint8_t { HELLO_WAIT, PROOF_WAIT, READY };
+  Stage stage = HELLO_WAIT;
+  std::string pool;         // the pool the connection authenticated for
+  uint32_t generation = 0;  // the key generation it proved (0: no proof asked)
+  std::string transcript;   // HELLO and CHALLENGE payloads, until the proof
+  uint8_t client_nonce[kNonce] = {};
+  uint8_t server_nonce[kNonce] = {};
+  // token bucket of positions (with a rate limit)
+  double tokens = 0;
+  std::chrono::steady_clock::time_point refill_at{};
 };
 
 class Server : public FrameServer {
  public:
+  // require_auth: every connection proves it holds a served pool's key.
+  // Without it no proof is asked; connections are still bound to one pool,
+  // and to a served one if any pool is set (set_pool), else to any pool.
   Server(std::string host = "127.0.0.1", uint16_t port = 0,
          uint32_t max_connections = kDefaultMaxConnections,
          uint32_t max_frame = kDefaultMaxFrame, uint32_t max_name = kDefaultMaxName,
-         uint32_t max_count = kDefaultMaxCount);
+         uint32_t max_count = kDefaultMaxCount, bool require_auth = true,
+         const TlsFiles& tls = TlsFiles(), double handshake_timeout_s = 5.0);
   ~Server() override { stop(); }
+
+  // Serve `pool` with these secrets, (generation, secret) pairs; the highest
+  // generation is the current one, the others are still accepted (rotation).
+  // Connections that proved a generation no longer listed are closed after
+  // their queued answers are written (a revoked key keeps no session).
+  // Returns how many were closed.
+  size_t set_pool(const std::string& pool,
+                  const std::vector<std::pair<uint32_t, std::string>>& secrets);
+  // Stop serving `pool`; its connections are closed. False if it was not served.
+  bool remove_pool(const std::string& pool);
+  // Served pools and the key generations accepted for each.
+  std::vector<std::pair<std::string, std::vector<uint32_t>>> pools();
+  // Per connection: at most max_rate positions a second on average, and at
+  // most max_outstanding at once (a token bucket of that size). 0: no limit.
+  void set_limits(uint32_t max_rate, uint32_t max_outstanding);
+  uint32_t max_rate() const { return max_rate_.load(); }
+  uint32_t max_outstanding() const { return max_outstanding_.load(); }
+  bool require_auth() const { return require_auth_; }
 
   // The log becomes READY(epoch, next_position). Ignored (returns false) if
   // the log is already READY at a higher epoch; at the same epoch the
@@ -83,7 +138,9 @@ class Server : public FrameServer {
   uint32_t max_connections() const { return max_connections_; }
 
  protected:
-  void handle_frame(const uint8_t* payload, uint32_t len, ByteBuf& out) override;
+  FrameResult handle_frame(Session& s, const uint8_t* payload, uint32_t len,
+                           ByteBuf& out) override;
+  std::unique_ptr<Session> new_session() override;
   void on_batch_done() override;
   void on_stopped() override;
 
@@ -100,21 +157,41 @@ class Server : public FrameServer {
     uint64_t requests = 0, positions = 0, stale = 0, retries = 0, recovery_failed = 0;
   };
 
+  struct PoolKeys {
+    std::vector<std::pair<uint32_t, auth::Mac>> keys;  // (generation, pool key)
+    uint32_t current = 0;
+  };
+
   static void make_key(std::string& key, const char* pool, size_t plen, const char* log,
                        size_t llen);
   void begin_recovery(LogState& s, uint64_t client_epoch);
+  FrameResult on_hello(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out);
+  FrameResult on_proof(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out);
+  void handle_request(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out);
+  FrameResult refuse_hello(SeqrSession& s, uint8_t status, Refusal why, ByteBuf& out,
+                           const char* detail);
+  FrameResult refuse_proof(SeqrSession& s, uint8_t reason, Refusal why, ByteBuf& out);
+  void log_refusal(const SeqrSession& s, Refusal why, const char* detail);
+  uint32_t effective_max_count() const;
 
   const uint32_t max_connections_;
   const uint32_t max_frame_;
   const uint32_t max_name_;
   const uint32_t max_count_;
+  const bool require_auth_;
+  std::atomic<uint32_t> max_rate_{0}, max_outstanding_{0};
+
+  // io thread only
+  std::unordered_map<std::string, PoolKeys> pools_;
+  std::chrono::steady_clock::time_point log_window_{};
+  uint32_t logged_in_window_ = 0, suppressed_logs_ = 0;
 
   // io thread only
   std::unordered_map<std::string, LogState> table_;
   std::string key_;
   struct Local {
     uint64_t requests = 0, positions = 0, bad_requests = 0, stale = 0, retries = 0,
-             recovery_failed = 0;
+             recovery_failed = 0, not_authorised = 0, rate_limited = 0;
   } local_;
 
   uint64_t batch_requests_ = 0;  // io thread: requests in the current batch
@@ -123,6 +200,8 @@ class Server : public FrameServer {
 
   std::atomic<uint64_t> requests_{0}, positions_{0}, bad_requests_{0}, stale_{0},
       retries_{0}, recovery_failed_{0}, recoveries_queued_{0}, logs_{0};
+  std::atomic<uint64_t> auth_ok_{0}, not_authorised_{0}, rate_limited_{0}, revoked_{0}, probes_{0};
+  std::atomic<uint64_t> refused_[REFUSAL_KINDS] = {};
 
   std::mutex rq_mu_;
   std::condition_variable rq_cv_;

@@ -24,9 +24,15 @@ def free_port() -> int:
 
 
 class SeqrProcess:
+    """zlog-seqr serving `pool` with authentication on (the default); with no
+    --pool (or --insecure) in `args` it serves `pool` without standing by."""
+
     def __init__(self, conf: str, port: int | None = None, log_path: Path | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), pool: str | None = None) -> None:
         self.conf = conf
+        pool = pool or os.environ.get("ZLOG_TEST_POOL", "zlog")
+        if "--pool" not in args and "--insecure" not in args:
+            args = ("--pool", pool, "--no-standby", *args)
         self.args = args  # more zlog-seqr options, e.g. ("--pool", "zlog", "--lease", "1")
         self.port = port or free_port()
         self.log_path = log_path
@@ -89,7 +95,8 @@ class Fleet:
         if standby:
             args = ("--pool", self.pool, "--lease", str(self.lease))
             args += ("--group", self.group) if self.group else ()
-        p = SeqrProcess(self.conf, log_path=self.logdir / f"seqr{len(self.started)}.log", args=args).start()
+        p = SeqrProcess(self.conf, log_path=self.logdir / f"seqr{len(self.started)}.log", args=args,
+                        pool=self.pool).start()
         self.started.append(p)
         return p
 

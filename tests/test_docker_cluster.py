@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import pyzlog
+from pyzlog import _seqr  # type: ignore[attr-defined]
 from pyzlog import Log
 
 from dockermod import ROOT, dcluster
@@ -148,6 +149,11 @@ def test_bluestore_cluster_up_use_restart_stop(images: Any, tmp_path: Path) -> N
             lg = Log.create(r, "zlog", "life", width=3, sequencer=seqr0)
             first = [lg.append(b"a%d" % i) for i in range(20)]
             assert lg.refresh().sequencer == seqr0
+            # authentication is on: that went through the sequencer, and a client with no key gets in nowhere
+            assert lg.positions.sequencer_usable()
+            host, port = seqr0.rsplit(":", 1)
+            with pytest.raises(_seqr.AuthError, match="wrong key|does not accept"):
+                _seqr.Client(host, int(port), 10.0, {"pool": "zlog", "keys": [(1, os.urandom(32))]})
             lg2 = Log.open(r, "zlog", "life", sequencer=seqr1)
             second = [lg2.append(b"b%d" % i) for i in range(20)]
             assert lg2.sequencer is not None and lg2.sequencer.address == seqr0

@@ -170,7 +170,7 @@ def test_a_paused_sequencer_is_replaced_and_steps_down(rados_cluster, ceph, log_
     assert gap < LEASE + 10
     assert "stepped down" in (tmp_path / "seqr0.log").read_text()
     # the old sequencer hands out no position for the log any more
-    c = sq.SequencerClient(old.address)
+    c = sq.SequencerClient(old.address, cluster=rados_cluster)
     lg = Log.open(rados_cluster, ceph.pool, log_name)
     for _ in range(50):
         status, *_ = c.next(ceph.pool, log_name, lg.epoch, 1)

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from seqr_proc import SeqrProcess, free_port
 
-from pyzlog import Log, _seqr  # type: ignore[attr-defined]
+from pyzlog import Credentials, Log, _seqr  # type: ignore[attr-defined]
 from pyzlog.core.errors import InvalidRequest
 from pyzlog.daemon.metrics import parse_listen
 
@@ -36,8 +36,8 @@ def per_log(m: dict[Any, float], name: str, pool: str, log: str) -> float:
 class Counted:
     """A raw sequencer client that counts every answer it gets."""
 
-    def __init__(self, port: int) -> None:
-        self.c = _seqr.Client("127.0.0.1", port, 5.0)
+    def __init__(self, port: int, auth: dict[str, Any]) -> None:
+        self.c = _seqr.Client("127.0.0.1", port, 5.0, auth)
         self.requests = self.positions = self.retries = self.stale = 0
         self.by_log: dict[str, int] = {}  # requests per log
 
@@ -66,7 +66,8 @@ class Counted:
 def seqr(ceph, tmp_path: Path):  # type: ignore[no-untyped-def]
     port = free_port()
     p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log",
-                    args=("--metrics", str(port), "--metrics-max-logs", "2")).start()
+                    # the load below is over one connection's default position budget
+                    args=("--metrics", str(port), "--metrics-max-logs", "2", "--max-rate", "0")).start()
     p.metrics_port = port  # type: ignore[attr-defined]
     deadline = time.monotonic() + 10
     while True:
@@ -86,7 +87,8 @@ def test_metrics_match_the_load(rados_cluster, ceph, log_name, seqr) -> None:  #
     names = [f"{log_name}-a", f"{log_name}-b", f"{log_name}-c"]
     for n in names:
         Log.create(rados_cluster, pool, n, width=2)
-    client = Counted(seqr.port)
+    auth = Credentials(rados_cluster).native(pool)  # the pool's secret, read with this client's caps
+    client = Counted(seqr.port, auth)
     epoch = client.next_ok(pool, names[0], 1)
     scrape(port)  # the exporter sees log a first: it keeps a series of its own
 
@@ -101,7 +103,7 @@ def test_metrics_match_the_load(rados_cluster, ceph, log_name, seqr) -> None:  #
 
     t = threading.Thread(target=scraper)
     t.start()
-    loader = _seqr.Client("127.0.0.1", seqr.port, 10.0)
+    loader = _seqr.Client("127.0.0.1", seqr.port, 10.0, auth)
     total, rounds, deadline = 0, 0, time.monotonic() + 20
     while (rounds < 5 or len(seen) < 3) and time.monotonic() < deadline:  # bounded in count and time
         res = loader.pipeline_next(pool, names[0], epoch, 3, 20000, 64)
@@ -134,6 +136,9 @@ def test_metrics_match_the_load(rados_cluster, ceph, log_name, seqr) -> None:  #
     assert m[("zlog_seqr_connections_open", ())] >= 1
     assert m[("zlog_seqr_logs", (("state", "ready"),))] == 3
     assert m[("zlog_seqr_recovery_seconds_count", (("kind", "recovery"), ("outcome", "ok")))] == 3
+    assert m[("zlog_seqr_auth_ok_total", ())] == 2  # two connections, each authenticated once
+    assert m[("zlog_seqr_auth_refused_total", (("reason", "wrong_key"),))] == 0
+    assert m[("zlog_seqr_secret_generation", (("pool", pool),))] >= 1
 
 
 def test_metrics_address_parsing_and_refusal(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

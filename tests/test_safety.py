@@ -229,13 +229,13 @@ def test_a_recovery_asked_for_while_one_finishes_is_not_dropped(rados_cluster, c
         def __getattr__(self, name: str) -> Any:
             return getattr(self._server, name)
 
-    daemon = SequencerDaemon(rados_cluster, port=0)
+    daemon = SequencerDaemon(rados_cluster, port=0, pools=(ceph.pool,), standby=False)
     slow = SlowToFinish(daemon.server)
     daemon.server = slow  # type: ignore[assignment]
     daemon.start()
     try:
         lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
-        client = pyzlog.SequencerClient(f"127.0.0.1:{daemon.port}")
+        client = pyzlog.SequencerClient(f"127.0.0.1:{daemon.port}", cluster=rados_cluster)
         client.next(ceph.pool, log_name, lg.epoch)  # unknown log: a recovery starts
         assert slow.installed.wait(10)
         epoch = lg.seal_and_find_tail()[0]  # another client moves the epoch on

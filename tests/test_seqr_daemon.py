@@ -38,7 +38,7 @@ def test_recovery_seals_and_seeds_counter(rados_cluster, ceph, log_name, seqr) -
     log = Log.create(rados_cluster, ceph.pool, log_name, width=3)
     for p in (0, 1, 2, 9):
         log.write(p, b"before")
-    client = SequencerClient(seqr.address)
+    client = SequencerClient(seqr.address, cluster=rados_cluster)
     status, epoch, pos, n = next_ok(client, ceph.pool, log_name, log.epoch)
     # the daemon took a new epoch, so the client's epoch is stale now
     assert status == sq.STALE_EPOCH and epoch == 2
@@ -53,11 +53,11 @@ def test_recovery_seals_and_seeds_counter(rados_cluster, ceph, log_name, seqr) -
 
 
 def test_unknown_log_fails_and_daemon_keeps_serving(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
-    client = SequencerClient(seqr.address)
+    client = SequencerClient(seqr.address, cluster=rados_cluster)
     status, *_ = next_ok(client, ceph.pool, "no-such-log", 1)
     assert status == sq.RECOVERY_FAILED
-    status, *_ = next_ok(client, "no-such-pool", "x", 1)
-    assert status == sq.RECOVERY_FAILED
+    with pytest.raises(pyzlog.SequencerRefused, match="no-such-pool"):  # no secret to prove anything with
+        client.next("no-such-pool", "x", 1)
     log = Log.create(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
     assert log.append(b"still serving") == 0
 
@@ -66,7 +66,7 @@ def test_unique_gap_free_across_clients(rados_cluster, ceph, log_name, seqr) -> 
     log = Log.create(rados_cluster, ceph.pool, log_name)
     log.write(0, b"x")
     epoch = log.seal_and_find_tail()[0]  # so recovery happens before the race
-    first = SequencerClient(seqr.address)
+    first = SequencerClient(seqr.address, cluster=rados_cluster)
     status, epoch, start, _ = next_ok(first, ceph.pool, log_name, epoch + 0)
     if status == sq.STALE_EPOCH:
         status, epoch, start, _ = next_ok(first, ceph.pool, log_name, epoch)
@@ -75,7 +75,7 @@ def test_unique_gap_free_across_clients(rados_cluster, ceph, log_name, seqr) -> 
     lock = threading.Lock()
 
     def worker(i: int) -> None:
-        c = SequencerClient(seqr.address)
+        c = SequencerClient(seqr.address, cluster=rados_cluster)
         mine = []
         for k in range(300):
             s, _, p, n = c.next(ceph.pool, log_name, epoch, 1 + (k + i) % 7)
@@ -175,7 +175,11 @@ def test_daemon_with_cluster_down(tmp_path: Path) -> None:
     import subprocess
     import sys
     exe = Path(sys.executable).parent / "zlog-seqr"
-    out = subprocess.run([str(exe), "--conf", str(conf), "--port", "0"], capture_output=True, text=True,
-                         timeout=60, stdin=subprocess.DEVNULL)
+    out = subprocess.run([str(exe), "--conf", str(conf), "--port", "0", "--pool", "zlog"], capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert out.returncode == 1 and "Error: cannot reach the Ceph cluster" in out.stderr
     assert "Traceback" not in out.stderr
+    # a daemon must be told which pools it serves (or be run --insecure on purpose)
+    out = subprocess.run([str(exe), "--conf", str(conf), "--port", "0"], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "say which pools this daemon serves (--pool POOL" in out.stderr

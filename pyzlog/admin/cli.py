@@ -12,6 +12,7 @@ import collections
 import json
 import os
 import sys
+import time
 from concurrent.futures import Future
 from typing import IO, Any, Iterator, NoReturn
 
@@ -424,6 +425,46 @@ def reconfigure(env: Env, name: str, width: int) -> None:
     click.echo(f"new view: epoch {v.epoch}, from position {v.start}, width {v.width}")
 
 
+@cli.group(name="seqr-secret", context_settings=CONTEXT)
+def seqr_secret() -> None:
+    """The pool's sequencer secret: clients prove with it that they may take
+    positions (docs/deploy.md, "Rotating the sequencer secret")."""
+
+
+def _secret_lines(pool: str, secret: Any) -> list[str]:
+    lines = [f"pool {pool}: sequencer secret generation {secret.current.generation}"]
+    for k in secret.keys:
+        role = "current" if k is secret.current else "previous (still accepted)"
+        when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(k.created))
+        lines.append(f"  generation {k.generation}: {role}, made {when}")
+    return lines
+
+
+@seqr_secret.command(name="show", context_settings=CONTEXT)
+@pass_env
+def seqr_secret_show(env: Env) -> None:
+    """The generations held and when they were made (never the key)."""
+    from ..core.seqr_auth import read_secret
+
+    for line in _secret_lines(env.pool, read_secret(env.cluster, env.pool, create=False)):
+        click.echo(line)
+
+
+@seqr_secret.command(name="rotate", context_settings=CONTEXT)
+@click.option("--drop-previous", is_flag=True,
+              help="revoke the current key at once (a leaked key): daemons close the connections that proved "
+                   "it, and clients still holding only it are refused until they read the new one")
+@pass_env
+def seqr_secret_rotate(env: Env, drop_previous: bool) -> None:
+    """Make a new current key. The current one stays accepted as the previous
+    until the next rotation, so no client fails; daemons take the new one
+    within --secret-refresh seconds (or at once on SIGHUP)."""
+    from ..core.seqr_auth import rotate_secret
+
+    for line in _secret_lines(env.pool, rotate_secret(env.cluster, env.pool, drop_previous=drop_previous)):
+        click.echo(line)
+
+
 # -------------------------------------------------------------------- bench
 @cli.group(context_settings=CONTEXT)
 def bench() -> None:
@@ -436,7 +477,7 @@ def _bench_out(kind: str, out: str | None) -> str:
 
 @bench.command(name="seqr", context_settings=CONTEXT)
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=3.0, show_default=True,
-              help="seconds per case (8 cases)")
+              help="seconds per case (11 cases)")
 @click.option("--processes", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--depth", type=click.IntRange(1, 65536), default=128, show_default=True)
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-seqr.json]")

@@ -7,6 +7,7 @@ import time
 import uuid
 
 from .. import Log, ZlogError, connect
+from ..core.sequencer import authenticate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         if seqr:
             print(f"  (epoch {first_epoch} -> {log.epoch}: sequencer {seqr} sealed a new epoch when it took "
                   "the log, and recorded itself in the log's metadata, where every client finds it)")
+            print(f"  (the connection proved it holds the secret of pool {args.pool!r}, read with this client's cephx "
+                  f"caps, and the sequencer proved it too: {authenticate(seqr, args.pool, log.positions.credentials)})")
         else:
             print("  (no sequencer serves the pool: positions come from slow tail finding)")
         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from ..core.cluster import open_ioctx
 from ..core.errors import ClassNotLoaded, PermissionDenied, PoolNotFound, ZlogError
 from ..core.native import Connection, Op, Pool
 from ..core.registry import read_records, recent, registry_ioctx
-from .status import Probes
+from .status import PROBE_TIMEOUT, Probes
 
 CHECK_NAMESPACE = "zlog.check"
 #: trial object names per up OSD before giving up finding one it is primary for
@@ -169,21 +169,34 @@ def check_caps(conn: Connection, pool: Pool, ioctx: rados.Ioctx) -> Check:
 
 
 def check_sequencer(cluster: rados.Rados, pool: str, given: str | None) -> Check:
+    """Which sequencers answer, and whether this client gets in: the handshake
+    for the pool with the secret read with this client's caps."""
+    from ..core.errors import SequencerRefused, SequencerUnavailable
+    from ..core.seqr_auth import Credentials
+    from ..core.sequencer import authenticate
+
     probes = Probes()
+    credentials = Credentials(cluster)
     try:
         live = [r.address for r in recent(read_records(registry_ioctx(cluster, pool)))]
     except (ZlogError, rados.Error):
         live = []
     answering = [a for a in live if probes(a)]
-    parts = []
-    if given:
-        if not probes(given):
-            return Check("sequencer", "fail", f"--seqr/ZLOG_SEQR {given} does not answer (is zlog-seqr running "
-                                              "and reachable from here?)")
-        parts.append(f"{given} (given) answers")
+    parts, refused = [], []
+    for address in ([given] if given else []) + [a for a in answering if a != given]:
+        try:
+            parts.append(f"{address}{' (given)' if address == given else ''} lets this client in "
+                         f"({authenticate(address, pool, credentials, PROBE_TIMEOUT * 4)})")
+        except SequencerRefused as e:
+            refused.append(str(e))
+        except SequencerUnavailable as e:
+            if address == given:
+                return Check("sequencer", "fail", f"--seqr/ZLOG_SEQR {given} does not answer (is zlog-seqr running "
+                                                  f"and reachable from here?): {e}")
+    if refused:
+        return Check("sequencer", "fail", "; ".join(refused))
     if live:
-        parts.append(f"{len(answering)} of {len(live)} registered daemon(s) answer"
-                     + (f": {', '.join(answering)}" if answering else ""))
+        parts.append(f"{len(answering)} of {len(live)} registered daemon(s) answer")
     if not given and not answering:
         return Check("sequencer", "fail", "no sequencer: none given (--seqr/ZLOG_SEQR) and no registered daemon "
                                           f"answers (zlog-seqr --pool {pool}); appends would use slow tail "

