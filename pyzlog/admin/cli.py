@@ -494,7 +494,7 @@ def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, 
 
 @bench.command(name="peer", context_settings=CONTEXT)
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-              help="seconds per case (10 cases), split over the rounds")
+              help="seconds per case (10 or 11 cases), split over the rounds")
 @click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True,
               help="every case runs once per round, zlog and Redis alternately")
 @click.option("--size", type=click.IntRange(1, 1 << 20), default=1024, show_default=True,
