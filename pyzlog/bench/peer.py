@@ -87,14 +87,14 @@ class RedisServer:
             cmd = [*die_with_parent(), exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                    "--appendonly", "no", "--daemonize", "no", "--dir", self._dir.name]
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
-            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
+            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
             deadline = time.monotonic() + timeout
             try:
                 while time.monotonic() < deadline and self.proc.poll() is None:
                     try:
                         if client.ping():
                             return self
-                    except redis.ConnectionError:
+                    except (redis.ConnectionError, redis.TimeoutError):  # not listening yet, or a slow start
                         time.sleep(0.05)
             finally:
                 client.close()
