@@ -14,7 +14,10 @@ the bench started it), all per entry, and how busy the machine was.
 The raw cases write the same bytes in the same batch shape with plain
 librados, so "OSD CPU per coalesced append" can be judged against what the
 OSD needs to store those bytes at all: an omap set of `batch` 1 KB values
-per op, and an object-data append of `batch` entries' bytes per op.
+per op, and an object-data append of `batch` entries' bytes per op. When the
+stripe splits an append_many call over several objects, a third raw case
+writes in the shape the OSD then sees (batch / objects entries per op), so
+the split's share of the gap shows apart from cls_zlog's own.
 """
 from __future__ import annotations
 
