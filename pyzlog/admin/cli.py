@@ -554,6 +554,31 @@ def bench_compare(env: Env, baseline: str, duration: float, rounds: int, size: i
         size=size, entries=entries, out=out or "results/bench-before-after.json")
 
 
+@bench.command(name="peer", context_settings=CONTEXT)
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="seconds per case (10 or 11 cases), split over the rounds")
+@click.option("--rounds", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="every case runs once per round, zlog and Redis alternately")
+@click.option("--size", type=click.IntRange(1, 1 << 20), default=1024, show_default=True,
+              help="entry size in bytes")
+@click.option("--depth", type=click.IntRange(1, 65536), default=128, show_default=True,
+              help="append_async in flight, and XADDs per Redis pipeline")
+@click.option("--batch", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="entries per append_many call and per raw batch write")
+@click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--entries", type=click.IntRange(1, 10_000_000), default=20000, show_default=True,
+              help="entries in the log and the Redis stream that the read cases scan")
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-peer.json]")
+@pass_env
+def bench_peer(env: Env, duration: float, rounds: int, size: int, depth: int, batch: int, width: int,
+               entries: int, out: str | None) -> None:
+    """pyzlog against Redis Streams (a redis-server of its own) and raw librados batch writes."""
+    from ..bench.peer import bench_peer as run
+
+    run(env, duration=duration, rounds=rounds, size=size, depth=depth, batch=batch, width=width,
+        entries=entries, out=_bench_out("peer", out))
+
+
 @bench.command(name="failover", context_settings=CONTEXT)
 @click.option("--kills", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="rounds that kill -9 the active sequencer")

@@ -224,6 +224,15 @@ def machine_info(cluster: Any = None) -> dict[str, Any]:
     return info
 
 
+def die_with_parent() -> list[str]:
+    """A command prefix after which the kernel sends the server SIGTERM when
+    the bench dies, even by SIGKILL, so no server a bench started outlives it
+    (util-linux's setpriv execs the command: the pid stays the server's).
+    Empty where setpriv is missing."""
+    exe = shutil.which("setpriv")
+    return [exe, "--pdeathsig", "TERM"] if exe else []
+
+
 class SeqrProcess:
     """A zlog-seqr subprocess on a free loopback port, serving `pool` (clients
     authenticated, as by default); stopped by its pid."""
@@ -245,7 +254,7 @@ class SeqrProcess:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        cmd = [exe, "--port", str(self.port), "--conf", self.conf, "--client", self.client,
+        cmd = [*die_with_parent(), exe, "--port", str(self.port), "--conf", self.conf, "--client", self.client,
                "--log-level", "warning", "--pool", self.pool, "--no-standby"]
         if self.keyring:
             cmd += ["--keyring", self.keyring]
@@ -342,7 +351,7 @@ class _Bench:
                 pass
         try:
             if self.raw_objects:
-                self._remove_raw()
+                self.remove_raw()
             self._remove_logs()
         finally:
             try:
@@ -369,7 +378,7 @@ class _Bench:
         finally:
             meta.close()
 
-    def _remove_raw(self) -> None:
+    def remove_raw(self) -> None:
         self._remove_objects(self.raw_objects, self.ioctx)
         self.raw_objects.clear()
 
