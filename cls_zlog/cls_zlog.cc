@@ -114,10 +114,11 @@ int get_entry(Store* st, uint64_t pos, Entry* e, bufferlist* data) {
 
 // Whether `pos` is free to store at. Every stored entry is at or below the
 // header's max (write, fill and trim all raise it), so an append, which is
-// almost always above it, needs no lookup.
+// almost always above it, needs no lookup. A full object's unwritten
+// positions are filled.
 int check_free(Store* st, uint64_t pos) {
   if (pos < st->h.trim_below) return -ZLOG_ERR_TRIMMED;
-  if (!st->h.has_max || pos > st->h.max_pos) return 0;
+  if (!st->h.has_max || pos > st->h.max_pos) return st->full() ? -ZLOG_ERR_FILLED : 0;
   Entry e;
   int r = get_entry(st, pos, &e, nullptr);
   if (r < 0) return r;
@@ -149,7 +150,6 @@ int do_write(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) 
   if (!st->holds(q.position)) return -EINVAL;  // not this object's position: a client's bug
   if (past_end(st->h, q.position)) return -ZLOG_ERR_STALE;
   if ((r = check_free(st.get(), q.position)) < 0) return r;
-  if (!st->room(q.len)) return -ZLOG_ERR_FULL;
   return store_entries(st.get(), {NewEntry{q.position, ZLOG_WRITTEN, q.epoch, false, q.data, q.len}});
 }
 
@@ -163,7 +163,7 @@ int do_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*, int pr
   std::vector<NewEntry> entries;
   entries.reserve(q.count);
   std::set<uint64_t> seen;
-  uint64_t top = 0, bytes = 0;
+  uint64_t top = 0;
   bool too_big = false;
   for (uint32_t i = 0; i < q.count; i++) {
     NewEntry n{0, ZLOG_WRITTEN, q.epoch, false, nullptr, 0};
@@ -171,7 +171,6 @@ int do_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*, int pr
     if (n.pos > ZLOG_MAX_POSITION || !seen.insert(n.pos).second) return -EINVAL;  // the same position twice
     if (n.len > kMaxEntryBytes) too_big = true;
     top = std::max(top, n.pos);
-    bytes += n.len;
     entries.push_back(n);
   }
   if (too_big) return -ZLOG_ERR_TOO_BIG;
@@ -183,7 +182,6 @@ int do_write_many(cls_method_context_t hctx, bufferlist* in, bufferlist*, int pr
   if (past_end(st->h, top)) return -ZLOG_ERR_STALE;
   for (uint64_t pos : seen)  // in position order: the error is the lowest refused position's
     if ((r = check_free(st.get(), pos)) < 0) return r;
-  if (!st->room(bytes)) return -ZLOG_ERR_FULL;
   return store_entries(st.get(), entries);
 }
 

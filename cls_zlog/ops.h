@@ -68,7 +68,6 @@ extern "C" {
 #define ZLOG_ERR_CORRUPT EIO           /* an object's header is lost or damaged */
 #define ZLOG_ERR_VERSION EPROTONOSUPPORT /* a request too new for this class */
 
-#define ZLOG_ERR_FULL EXFULL        /* the object's byte bound is reached */
 
 /* ----------------------------------------------------------------- states */
 enum { ZLOG_WRITTEN = 1, ZLOG_FILLED = 2, ZLOG_TRIMMED = 3 };

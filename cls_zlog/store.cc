@@ -260,7 +260,7 @@ bool DataStore::holds(uint64_t pos) const {
   return pos >= h.base && (pos - h.base) % h.width == 0 && (pos - h.base) / h.width < h.slots;
 }
 
-bool DataStore::room(uint64_t bytes) const { return h.data_end + bytes <= data_start() + h.byte_bound; }
+bool DataStore::full() const { return exists && h.data_end >= data_start() + h.byte_bound; }
 
 int DataStore::load(bool) {
   h = Header{};
@@ -359,6 +359,7 @@ int DataStore::get(uint64_t pos, Entry* e, bufferlist* data) {
   int r = read_slots(slot_of(pos), 1, &raw);
   if (r < 0) return r;
   *e = decode_slot(raw.data());
+  if (!e->state && full()) e->state = ZLOG_FILLED;  // never to be written now
   if (data && e->state == ZLOG_WRITTEN && e->len) {
     r = cls_cxx_read(hctx_, static_cast<int>(e->offset), static_cast<int>(e->len), data);
     if (r < 0) return r;
@@ -458,7 +459,10 @@ int DataStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
     if (r < 0) return r;
     for (uint64_t k = 0; k < n; ++k) {
       Entry e = decode_slot(&raw[k * kSlotBytes]);
-      if (e.state == 0) continue;
+      if (e.state == 0) {
+        if (!full()) continue;
+        e.state = ZLOG_FILLED;  // a full object's unwritten position: listed as filled
+      }
       const uint64_t pos = h.base + (s + k) * h.width;
       // a lost fill's data is its one mark byte, as the omap format keeps it
       const bool lost = e.state == ZLOG_FILLED && e.lost;

@@ -11,8 +11,10 @@
 //    `slots` 16-byte slots (the positions base, base + width, ...), then the
 //    entries' bytes, appended in the order they are written, so the entries
 //    of a range are mostly one extent. The object is made by init (with its
-//    geometry), never by a write; it holds at most `slots` positions and
-//    `byte_bound` bytes of entries.
+//    geometry), never by a write; it holds at most `slots` positions, and
+//    takes no entry once it holds `byte_bound` bytes of them (the write that
+//    crosses the bound is stored whole); its unwritten positions then read
+//    as filled.
 #pragma once
 
 #include <cstdint>
@@ -92,8 +94,10 @@ class Store {
   virtual int list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) = 0;
   // Whether `pos` belongs to this object (the data format knows its slots).
   virtual bool holds(uint64_t pos) const { return true; }
-  // Room for `bytes` more entry bytes (the data format's bound).
-  virtual bool room(uint64_t bytes) const { return true; }
+  // Whether the object takes no more entries (the data format's byte bound
+  // is reached). A full object's unwritten positions read as filled: no
+  // write can ever store one, so a reader must not wait for it.
+  virtual bool full() const { return false; }
   virtual uint8_t format() const = 0;
 
   Header h;
@@ -129,7 +133,7 @@ class DataStore : public Store {
   int drop_trimmed() override;
   int list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) override;
   bool holds(uint64_t pos) const override;
-  bool room(uint64_t bytes) const override;
+  bool full() const override;
   uint8_t format() const override { return ZLOG_FORMAT_DATA; }
 
   // Creates the object with its geometry, sealed at `epoch`; an object that

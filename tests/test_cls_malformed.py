@@ -104,16 +104,32 @@ VALID1: dict[str, bytes] = {
 }
 
 
-def envelope(body: bytes, v: int = 1, compat: int = 1) -> bytes:
+def envelope(body: bytes, v: int = 2, compat: int = 1) -> bytes:
     return struct.pack("<BBI", v, compat, len(body)) + body
 
 
-def body2(op: str) -> bytes:
-    """Protocol 2's body of VALID1[op]: the same fields, and the sequencer
-    field always present (length 0: none)."""
+ANY_STRIPES = 0xFFFFFFFF
+OMAP = struct.pack("<B", 1)
+#: the fields struct_v 2 appended to each op (ops.h, zlog_req_fields_v2), at their defaults
+V2_FIELDS = {
+    "meta_create": OMAP + struct.pack("<IQ", 0, 0),
+    "meta_get": b"",
+    "meta_new_epoch": struct.pack("<I", ANY_STRIPES),
+    "meta_propose_view": OMAP + struct.pack("<IQI", 0, 0, ANY_STRIPES),
+}
+
+
+def body1(op: str) -> bytes:
+    """Protocol 2's body of VALID1[op] at struct_v 1: the same fields, and the
+    sequencer field always present (length 0: none)."""
     if op in ("meta_new_epoch", "meta_propose_view"):
         return VALID1[op] + struct.pack("<I", 0)
     return VALID1[op]
+
+
+def body2(op: str) -> bytes:
+    """... and at struct_v 2: with the fields it appended (the data ops' format)."""
+    return body1(op) + V2_FIELDS.get(op, OMAP)
 
 
 VALID2 = {op: envelope(body2(op)) for op in OPS}
@@ -171,8 +187,8 @@ class Proto:
         return VALID1[op] if self.number == 1 else VALID2[op]
 
     def frame(self, body: bytes) -> bytes:
-        """A protocol 1 body as this protocol sends it."""
-        return body if self.number == 1 else envelope(body)
+        """A protocol 1 body as this protocol sends it (at struct_v 1, whose layout it is)."""
+        return body if self.number == 1 else envelope(body, 1, 1)
 
 
 # ------------------------------------------------------------------ objects
@@ -303,13 +319,15 @@ def _envelopes() -> Iterator[tuple[str, str, bytes]]:
     for op in OPS:
         body = body2(op)
         yield op, "struct_v=0", envelope(body, 0, 0)
-        yield op, "compat=0", envelope(body, 1, 0)
-        yield op, "compat>struct_v", envelope(body, 1, 2)
-        yield op, "needs a newer class", envelope(body, 2, 2)
-        yield op, "length+1", struct.pack("<BBI", 1, 1, len(body) + 1) + body
+        yield op, "compat=0", envelope(body, 2, 0)
+        yield op, "compat>struct_v", envelope(body, 2, 3)
+        yield op, "needs a newer class", envelope(body, 3, 3)
+        yield op, "length+1", struct.pack("<BBI", 2, 1, len(body) + 1) + body
         if body:
-            yield op, "length-1 (then 1 byte after)", struct.pack("<BBI", 1, 1, len(body) - 1) + body
+            yield op, "length-1 (then 1 byte after)", struct.pack("<BBI", 2, 1, len(body) - 1) + body
             yield op, "body cut short", envelope(body[:-1])
+        if V2_FIELDS.get(op, OMAP):
+            yield op, "struct_v 2 without its fields", envelope(body1(op))
     for op in ("meta_new_epoch", "meta_propose_view"):
         yield op, "no sequencer field", envelope(VALID1[op])  # protocol 2 always has it
 
@@ -326,8 +344,8 @@ def malformed_cases(proto: int) -> Iterator[tuple[str, str, bytes]]:
     for op, label, body, in_both in _overclaims():
         if proto == 1:
             yield op, label, body
-        elif in_both:
-            yield op, label, envelope(body)
+        elif in_both:  # at struct_v 1, whose layout the body is
+            yield op, label, envelope(body, 1, 1)
     if proto == 1:
         yield from _protocol1_only()
     else:
@@ -360,10 +378,21 @@ def test_a_newer_clients_fields_are_skipped(io: Raw) -> None:
     appended a field, with struct_v raised and compat_v left alone) is
     served, the extra field ignored."""
     o = populate(io)
-    newer = struct.pack("<BBI", 2, 1, len(body2("write")) + 4) + body2("write") + b"new!"
+    newer = struct.pack("<BBI", 3, 1, len(body2("write")) + 4) + body2("write") + b"new!"
     assert o.call("write2", newer, OUT_LEN)[0] == OK
     assert o.read(7, 20) == (OK, b"hello")
     assert o.call("write2", struct.pack("<BBI", 3, 3, 4) + b"????", OUT_LEN)[0] == TOO_NEW
+
+
+def test_struct_v_1_requests_take_the_defaults(io: Raw) -> None:
+    """Protocol 2 at struct_v 1 (before the format and geometry fields): served,
+    the object taken to be in the omap format."""
+    o = populate(io)
+    assert o.call("write2", envelope(body1("write"), 1, 1), OUT_LEN)[0] == OK
+    assert o.read(7, 20) == (OK, b"hello")
+    m = Obj(io, f"bad.m.{uuid.uuid4().hex}")
+    assert m.call("meta_create2", envelope(body1("meta_create"), 1, 1), OUT_LEN)[0] == OK
+    assert m.meta_get()[1].views[0].format == wire.FORMAT_OMAP  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("number,op,label,payload", CASES, ids=IDS)
