@@ -274,7 +274,8 @@ def _wheel_deps() -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
-    for dist in ("click", "zstandard", "prometheus-client"):  # zlog-seqr imports prometheus-client
+    # zlog-seqr imports prometheus-client; every import of pyzlog loads the cffi data plane
+    for dist in ("click", "zstandard", "prometheus-client", "cffi", "pycparser"):
         try:
             out.append(f"{dist}=={version(dist)}")
         except PackageNotFoundError as e:

@@ -30,9 +30,7 @@ struct Pipeline::Log {
   double seqr_timeout = 2.0;
   seqr::Auth seqr_auth;
   bool have_view = false;
-  uint64_t epoch = 0, start = 0;
-  uint32_t width = 1;
-  std::string prefix;
+  View view;
   std::deque<Entry> queue;
   uint32_t batches_in_flight = 0;  // sequencer batches whose writes are not all done
   bool removed = false;
@@ -57,8 +55,16 @@ struct Pipeline::WriteOp {
   dp_pool* pool;
   std::string oid;
   uint64_t epoch;
+  uint8_t format;
   std::vector<Entry> entries;
 };
+
+std::string View::oid(uint64_t position) const {
+  const std::string index = std::to_string(position % width);
+  if (format != ZLOG_FORMAT_DATA) return prefix + index;
+  const uint64_t stripe = (position - start) / (uint64_t(width) * slots);
+  return prefix + "s" + std::to_string(stripe) + "." + index;
+}
 
 Pipeline::Pipeline(dp_cluster* cluster, dp_queue* results, Options options)
     : cluster_(cluster), results_(results), opt_(options) {
@@ -102,18 +108,14 @@ void Pipeline::set_sequencer(uint32_t id, const std::string& host, uint16_t port
   it->second->seqr_auth = auth;
 }
 
-void Pipeline::set_view(uint32_t id, uint64_t epoch, const std::string& oid_prefix, uint32_t width,
-                        uint64_t start) {
-  if (width == 0) throw std::invalid_argument("width must be at least 1");
+void Pipeline::set_view(uint32_t id, const View& view) {
+  if (view.width == 0) throw std::invalid_argument("width must be at least 1");
+  if (view.format == ZLOG_FORMAT_DATA && view.slots == 0) throw std::invalid_argument("a data-format view has slots");
   std::lock_guard<std::mutex> l(mu_);
   auto it = logs_.find(id);
   if (it == logs_.end()) throw std::invalid_argument("no such log in the pipeline");
-  Log& log = *it->second;
-  log.epoch = epoch;
-  log.prefix = oid_prefix;
-  log.width = width;
-  log.start = start;
-  log.have_view = true;
+  it->second->view = view;
+  it->second->have_view = true;
 }
 
 void Pipeline::remove_log(uint32_t id) {
@@ -190,9 +192,7 @@ void Pipeline::send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& roun
   struct Asked {
     Log* log;
     std::vector<Entry>* batch;
-    uint64_t epoch, start;
-    uint32_t width;
-    std::string prefix;
+    View view;
     Sequencer* seqr;
   };
   std::vector<Asked> asked;
@@ -204,7 +204,7 @@ void Pipeline::send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& roun
         back.push_back(&batch);
         continue;
       }
-      asked.push_back(Asked{log, &batch, log->epoch, log->start, log->width, log->prefix, nullptr});
+      asked.push_back(Asked{log, &batch, log->view, nullptr});
     }
   }
   // the requests, one per log, all sent before any answer is read; a
@@ -223,7 +223,7 @@ void Pipeline::send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& roun
       // rest goes back to the front of the log's queue for the next round
       const uint32_t most = s->client->limits().max_count;
       if (most && a.batch->size() > most) requeue_front(a.log, *a.batch, most);
-      s->client->send_request(seqr::OP_NEXT, a.log->pool_name, a.log->name, a.epoch,
+      s->client->send_request(seqr::OP_NEXT, a.log->pool_name, a.log->name, a.view.epoch,
                               static_cast<uint32_t>(a.batch->size()));
       a.seqr = s.get();
       sent.emplace_back(s.get(), &a);
@@ -244,14 +244,14 @@ void Pipeline::send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& roun
           std::lock_guard<std::mutex> l(mu_);
           ++stats_.sequencer_requests;
         }
-        ok = r.status == seqr::ST_OK && r.count == a->batch->size() && r.position >= a->start;
+        ok = r.status == seqr::ST_OK && r.count == a->batch->size() && r.position >= a->view.start;
         first = r.position;
       } catch (const std::exception&) {
         s->client.reset();  // its other answers are lost with it: those batches go back too
       }
     }
     if (ok)
-      write(a->log, a->epoch, a->prefix, a->width, first, *a->batch, nullptr);
+      write(a->log, a->view, first, *a->batch);
     else
       back.push_back(a->batch);
   }
@@ -276,16 +276,21 @@ void Pipeline::requeue_front(Log* log, std::vector<Entry>& batch, size_t keep) {
 
 // Entries for one object go in one write_many (all or nothing; one call costs
 // the OSD one header read and write for the lot).
-void Pipeline::write(Log* log, uint64_t epoch, const std::string& prefix, uint32_t width, uint64_t first,
-                     std::vector<Entry>& batch, Batch*) {
-  std::vector<std::vector<Entry>> by_object(std::min<size_t>(width, batch.size()));
+void Pipeline::write(Log* log, const View& view, uint64_t first, std::vector<Entry>& batch) {
+  std::vector<std::pair<std::string, std::vector<Entry>>> by_object;
+  std::unordered_map<std::string, size_t> index;
   for (size_t k = 0; k < batch.size(); ++k) {
     batch[k].position = first + k;
-    by_object[k % by_object.size()].push_back(std::move(batch[k]));
+    const std::string oid = view.oid(batch[k].position);
+    auto it = index.find(oid);
+    if (it == index.end()) {
+      it = index.emplace(oid, by_object.size()).first;
+      by_object.emplace_back(oid, std::vector<Entry>());
+    }
+    by_object[it->second].second.push_back(std::move(batch[k]));
   }
   std::vector<std::pair<std::string, std::vector<Entry>>> calls;
-  for (auto& entries : by_object) {
-    const std::string oid = prefix + std::to_string(entries.front().position % width);
+  for (auto& [oid, entries] : by_object) {
     size_t i = 0;
     while (i < entries.size()) {
       std::vector<Entry> call;
@@ -300,16 +305,17 @@ void Pipeline::write(Log* log, uint64_t epoch, const std::string& prefix, uint32
     }
   }
   auto* owner = new Batch{log, static_cast<uint32_t>(calls.size())};
-  for (auto& [oid, call] : calls) submit(oid, log->pool, epoch, std::move(call), owner, log->id);
+  for (auto& [oid, call] : calls) submit(oid, log->pool, view.epoch, view.format, std::move(call), owner);
 }
 
-void Pipeline::submit(const std::string& oid, dp_pool* pool, uint64_t epoch, std::vector<Entry> entries,
-                      Batch* owner, uint32_t) {
-  auto* op = new WriteOp{this, owner, pool, oid, epoch, std::move(entries)};
+void Pipeline::submit(const std::string& oid, dp_pool* pool, uint64_t epoch, uint8_t format,
+                      std::vector<Entry> entries, Batch* owner) {
+  auto* op = new WriteOp{this, owner, pool, oid, epoch, format, std::move(entries)};
   const size_t n = op->entries.size();
   zlog_req req;
   std::memset(&req, 0, sizeof req);
   req.epoch = epoch;
+  req.format = format;
   std::vector<uint64_t> positions;
   std::vector<const char*> datas;
   std::vector<uint32_t> lens;
@@ -357,7 +363,7 @@ void Pipeline::written(WriteOp* op, int code) {
     for (auto& e : op->entries) {
       std::vector<Entry> one;
       one.push_back(std::move(e));
-      submit(op->oid, op->pool, op->epoch, std::move(one), batch, 0);
+      submit(op->oid, op->pool, op->epoch, op->format, std::move(one), batch);
     }
     delete op;
     return;

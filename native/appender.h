@@ -47,6 +47,22 @@ struct Stats {
   uint64_t handed_back = 0;   // entries given back to Python unsent
 };
 
+// Where a log's new positions go: positions >= start, striped over `width`
+// objects. In the omap format object i of the view is prefix + i; in the
+// data format the view is a sequence of stripes of `slots` positions per
+// object, and position p's object is prefix + "s" + stripe + "." + (p % width)
+// (pyzlog.core.layout). A data-format object not made yet answers ENOENT,
+// which Python handles (it opens the stripe and writes there again).
+struct View {
+  uint64_t epoch = 0, start = 0;
+  uint32_t width = 1;
+  std::string prefix;
+  uint8_t format = ZLOG_FORMAT_OMAP;
+  uint32_t slots = 0;
+
+  std::string oid(uint64_t position) const;
+};
+
 struct Options {
   size_t window_entries = 1 << 16;     // queued + in flight, the whole connection
   size_t window_bytes = 256u << 20;
@@ -69,9 +85,9 @@ class Pipeline {
   // over a connection authenticated with `auth` (its pool: the log's pool).
   void set_sequencer(uint32_t log, const std::string& host, uint16_t port, double timeout_s,
                      const seqr::Auth& auth);
-  // The newest view: positions >= start go to oid_prefix + (position % width),
-  // tagged with epoch. Until the first call, entries are handed back.
-  void set_view(uint32_t log, uint64_t epoch, const std::string& oid_prefix, uint32_t width, uint64_t start);
+  // The newest view, its requests tagged with its epoch. Until the first
+  // call, entries are handed back.
+  void set_view(uint32_t log, const View& view);
   // Forget a log once nothing of it is queued or in flight (later outcomes are
   // still posted).
   void remove_log(uint32_t log);
@@ -102,10 +118,9 @@ class Pipeline {
   void run();
   void send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& round);
   void requeue_front(Log* log, std::vector<Entry>& batch, size_t keep);
-  void write(Log* log, uint64_t epoch, const std::string& prefix, uint32_t width, uint64_t first,
-             std::vector<Entry>& batch, Batch* owner);
-  void submit(const std::string& oid, dp_pool* pool, uint64_t epoch, std::vector<Entry> entries, Batch* owner,
-              uint32_t log_id);
+  void write(Log* log, const View& view, uint64_t first, std::vector<Entry>& batch);
+  void submit(const std::string& oid, dp_pool* pool, uint64_t epoch, uint8_t format, std::vector<Entry> entries,
+              Batch* owner);
   static void on_written(void* arg, int code);
   void written(WriteOp* op, int code);
   void post(const std::vector<uint64_t>& tickets, const std::vector<int32_t>& codes,

@@ -50,8 +50,21 @@ PYBIND11_MODULE(_appender, m) {
           [](Pipeline& self, uint32_t log, const std::string& host, uint16_t port, double timeout_s,
              const py::object& auth) { self.set_sequencer(log, host, port, timeout_s, seqr::auth_from_py(auth)); },
           py::arg("log"), py::arg("host"), py::arg("port"), py::arg("timeout_s"), py::arg("auth") = py::none())
-      .def("set_view", &Pipeline::set_view, py::arg("log"), py::arg("epoch"), py::arg("oid_prefix"),
-           py::arg("width"), py::arg("start"))
+      .def(
+          "set_view",
+          [](Pipeline& self, uint32_t log, uint64_t epoch, const std::string& oid_prefix, uint32_t width,
+             uint64_t start, uint8_t format, uint32_t slots) {
+            zlog_native::View v;
+            v.epoch = epoch;
+            v.prefix = oid_prefix;
+            v.width = width;
+            v.start = start;
+            v.format = format;
+            v.slots = slots;
+            self.set_view(log, v);
+          },
+          py::arg("log"), py::arg("epoch"), py::arg("oid_prefix"), py::arg("width"), py::arg("start"),
+          py::arg("format") = static_cast<uint8_t>(ZLOG_FORMAT_OMAP), py::arg("slots") = 0u)
       .def("remove_log", &Pipeline::remove_log, py::arg("log"))
       .def(
           "append",

@@ -64,6 +64,11 @@ static const char CLS[] = "zlog";
  * protocol 1 for this long, then tries 2 again (the class may have been
  * upgraded meanwhile). */
 #define LEGACY_SECONDS 60
+/* A write to a pool at its quota, or a cluster at its full ratio, comes back
+ * at once with EDQUOT or ENOSPC (the caller's PoolFull) instead of waiting in
+ * librados until space returns: appends fail within their timeout, and no
+ * retry storm builds up behind a full pool. */
+#define WRITE_FLAGS LIBRADOS_OPERATION_FULL_TRY
 
 /* --------------------------------------------------------------- objects */
 struct dp_pool {
@@ -480,7 +485,7 @@ static int op_send(dp_op *op) {
   int r = rados_aio_create_completion2(op, on_complete, &comp);
   if (r == 0) {
     live_add(LIVE_COMPLETIONS, 1);
-    r = op->write ? rados_aio_write_op_operate(op->wop, op->p->io, comp, op->oid, NULL, 0)
+    r = op->write ? rados_aio_write_op_operate(op->wop, op->p->io, comp, op->oid, NULL, WRITE_FLAGS)
                   : rados_aio_read_op_operate(op->rop, op->p->io, comp, op->oid, 0);
     if (r == 0) return 0;
     rados_aio_release(comp);
@@ -678,7 +683,7 @@ static int call_once(dp_pool *p, const char *oid, int op, int proto, const char 
     rados_write_op_t w = rados_create_write_op();
     if (!w) return -ENOMEM;
     rados_write_op_exec(w, CLS, method, in, in_len, &rval);
-    r = rados_write_op_operate(w, p->io, oid, NULL, 0);
+    r = rados_write_op_operate(w, p->io, oid, NULL, WRITE_FLAGS);
     rados_release_write_op(w);
   } else {
     rados_read_op_t rd = rados_create_read_op();
@@ -746,9 +751,10 @@ int dp_call(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_req *
 }
 
 int dp_call_pos(dp_cluster *c, dp_pool *p, const char *oid, int op, uint64_t epoch, uint64_t position,
-                const char *data, uint32_t len, uint8_t reason, dp_result *out) {
+                const char *data, uint32_t len, uint8_t reason, uint8_t format, dp_result *out) {
   zlog_req req;
   memset(&req, 0, sizeof req);
+  req.format = format;
   req.epoch = epoch;
   req.position = position;
   req.data = data;
@@ -782,8 +788,8 @@ int dp_submit_cb(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_
   return op_send(o);
 }
 
-int dp_read_many(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, const uint64_t *positions,
-                 const uint64_t *tags, size_t n) {
+int dp_read_many(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, uint8_t format,
+                 const uint64_t *positions, const uint64_t *tags, size_t n) {
   if (n == 0) return 0;
   if (n > DP_MAX_CALLS_PER_OP) return -E2BIG;
   const int proto = dp_pool_protocol(p);
@@ -792,6 +798,7 @@ int dp_read_many(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, const
   for (size_t i = 0; i < n; ++i) {
     zlog_req req;
     memset(&req, 0, sizeof req);
+    req.format = format;
     req.epoch = epoch;
     req.position = positions[i];
     int r = slot_encode(op, (uint32_t)i, ZLOG_OP_READ, proto, &req, tags[i]);
@@ -1063,9 +1070,9 @@ dp_window *dp_window_parse(const char *reply, size_t len, uint64_t first, int pr
   return w;
 }
 
-dp_window *dp_window_empty(uint64_t first, uint64_t next) {
+dp_window *dp_window_empty(uint64_t first, uint64_t next, uint64_t trim_below) {
   zw_writer wr = {0};
-  zlog_range_head h = {0, 0, 0, next, 0};
+  zlog_range_head h = {trim_below, 0, 0, next, 0};
   zlog_range_head_encode(&wr, &h);
   if (wr.oom) {
     zw_free(&wr);

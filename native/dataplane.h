@@ -201,15 +201,15 @@ int dp_submit_cb(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_
  * holds. The same protocol fallback as dp_submit. Returns out->code. */
 int dp_call(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_req *req, dp_result *out);
 void dp_result_release(dp_result *r);
-/* dp_call for the ops that take no more than an epoch, a position, data and
- * a fill reason (read, write, fill, trim, trim_to, seal, close,
- * max_position, stat): the fields as arguments, for the sync calls a log
- * makes most. */
+/* dp_call for the ops that take no more than an epoch, a position, data, a
+ * fill reason and the object's format (read, write, fill, trim, trim_to,
+ * seal, close, max_position, stat): the fields as arguments, for the sync
+ * calls a log makes most. */
 int dp_call_pos(dp_cluster *c, dp_pool *p, const char *oid, int op, uint64_t epoch, uint64_t position,
-                const char *data, uint32_t len, uint8_t reason, dp_result *out);
-/* One op, n "read" calls on one object (each may fail alone): n results. */
-int dp_read_many(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, const uint64_t *positions,
-                 const uint64_t *tags, size_t n);
+                const char *data, uint32_t len, uint8_t reason, uint8_t format, dp_result *out);
+/* One op, n "read" calls on one object of `format` (each may fail alone): n results. */
+int dp_read_many(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, uint8_t format,
+                 const uint64_t *positions, const uint64_t *tags, size_t n);
 /* Any method of any class, with raw bytes in and out (tests, probes):
  * `write` picks a write op (no output) over a read op. */
 int dp_exec(dp_queue *q, dp_pool *p, const char *oid, const char *cls, const char *method, const char *in,
@@ -249,9 +249,10 @@ void dp_free(void *p);
 /* ---------------------------------------------------------------- windows */
 /* Parses a read_range reply of protocol proto (copied); NULL if malformed. */
 dp_window *dp_window_parse(const char *reply, size_t len, uint64_t first, int proto);
-/* A window with no entries over [first, next): what a read_range of an object
- * that does not exist stands for. */
-dp_window *dp_window_empty(uint64_t first, uint64_t next);
+/* A window with no entries over [first, next), positions below trim_below
+ * trimmed: what a read_range of an object that does not exist stands for
+ * (trim_below: the log's trim point). */
+dp_window *dp_window_empty(uint64_t first, uint64_t next, uint64_t trim_below);
 void dp_window_free(dp_window *w);
 /* Entry i of w (0 <= i < count): 0, or -1 when out of range. */
 int dp_window_entry(const dp_window *w, uint32_t i, uint64_t *position, uint8_t *state, uint64_t *epoch,

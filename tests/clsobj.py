@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyzlog.core import native, scan, wire
+from pyzlog.core.layout import data_oid_prefix
 from pyzlog.core.native import Connection, Op, Pool
 
 # The class's return codes (docs/cls_zlog.md), as the tests assert them.
@@ -170,5 +171,13 @@ class Obj:
 def log_obj(log: Any, oid: str, protocol: int | None = None) -> Obj:
     """Raw access to one object of a pyzlog.Log, through its data plane, in
     `protocol` (default: the one the log's pool speaks now, 1 on a cluster
-    whose class predates protocol 2)."""
-    return Obj(Raw(log.state.conn, log.state.data, protocol or log.state.data.protocol), oid)
+    whose class predates protocol 2) and in the format of the view it
+    belongs to (never made here: a data-format object is made by the log)."""
+    fmt = next((v.format for v in log.views if oid.startswith(data_oid_prefix(log.name, v))), wire.FORMAT_OMAP)
+    return Obj(Raw(log.state.conn, log.state.data, protocol or log.state.data.protocol, fmt), oid, made=False)
+
+
+def shape(views: Any) -> list[tuple[int, int, int]]:
+    """(epoch, start, width) of each view: what a test of the log's history
+    asserts, whatever format the cluster's class makes its views in."""
+    return [(v.epoch, v.start, v.width) for v in views]

@@ -2,11 +2,14 @@
 native path (pyzlog.client.batches) is checked against.
 
 A plain, independent walk: every read_range goes out through python-rados'
-Ioctx.execute in protocol 1, its request built and its reply parsed here
-with struct, not with the data plane's codecs. What it finds at each
-position (data, a gap kind, a hole to wait on and fill, the tail) follows
-the same rules (reader.HoleClock, ops.fill_hole), so for any log the two
-must give the same records.
+Ioctx.execute, in protocol 1 to an omap-format view's objects and in
+protocol 2 (with the format field) to a data-format view's, its request
+built and its reply parsed here with struct, not with the data plane's
+codecs; a data-format view's stripes and object names are worked out here
+too (docs/storage.md). What it finds at each position (data, a gap kind, a
+hole to wait on and fill, the tail) follows the same rules
+(reader.HoleClock, ops.fill_hole), so for any log the two must give the
+same records.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from pyzlog.client.reader import HOLE_WAIT_SECONDS, MAX_POLL_SECONDS, HoleClock,
 from pyzlog.client.stale import StaleWait
 from pyzlog.core import wire
 from pyzlog.core.errors import InvalidRequest, error_for
-from pyzlog.core.layout import data_oid, first_in_stride, view_end, view_of
+from pyzlog.core.layout import first_in_stride, view_end, view_of
 from pyzlog.core.state import LogState
 
 #: entries asked of one object per read_range call
@@ -36,6 +39,10 @@ CALL_BYTES = 4 << 20
 _RANGE_REQ = struct.Struct("<QQQII")
 _RANGE_HEAD = struct.Struct("<QBQQI")
 _RANGE_ENTRY = struct.Struct("<QBQI")
+#: protocol 2: u8 struct_v, u8 compat_v, u32 length; a record is pos, epoch, len, state
+_ENVELOPE = struct.Struct("<BBI")
+_RANGE_REC2 = struct.Struct("<QQIB")
+_DATA_FORMAT = 3
 
 
 def parse_range_reply(buf: bytes) -> tuple[int, int | None, int, list[wire.RangeEntry]]:
@@ -53,6 +60,36 @@ def parse_range_reply(buf: bytes) -> tuple[int, int | None, int, list[wire.Range
     return trim_below, (max_pos if has_max else None), nxt, entries
 
 
+def parse_range_reply2(buf: bytes) -> tuple[int, int | None, int, list[wire.RangeEntry]]:
+    """A protocol 2 read_range reply: the records, then their data back to back."""
+    _v, _compat, length = _ENVELOPE.unpack_from(buf, 0)
+    if _ENVELOPE.size + length != len(buf):
+        raise ValueError("malformed read_range reply")
+    trim_below, has_max, max_pos, nxt, n = _RANGE_HEAD.unpack_from(buf, _ENVELOPE.size)
+    off = _ENVELOPE.size + _RANGE_HEAD.size
+    recs = [_RANGE_REC2.unpack_from(buf, off + k * _RANGE_REC2.size) for k in range(n)]
+    off += n * _RANGE_REC2.size
+    entries = []
+    for pos, epoch, ln, state in recs:
+        entries.append(wire.RangeEntry(pos, wire.EntryState(state), epoch, bytes(buf[off:off + ln])))
+        off += ln
+    if off != len(buf):
+        raise ValueError("malformed read_range reply")
+    return trim_below, (max_pos if has_max else None), nxt, entries
+
+
+def segment(log: LogState, view: wire.View, position: int) -> tuple[list[str], int | None]:
+    """The objects holding `position`'s part of `view` (by position % width),
+    and where that part ends (None: with the view): a data-format view's
+    stripe of `slots` positions per object, named ...s{stripe}.{index}."""
+    prefix = f"zlog.{log.name}.{view.epoch}."
+    if view.format != _DATA_FORMAT:
+        return [f"{prefix}{i}" for i in range(view.width)], None
+    span = view.width * view.slots
+    stripe = (position - view.start) // span
+    return [f"{prefix}s{stripe}.{i}" for i in range(view.width)], view.start + (stripe + 1) * span
+
+
 class _Rados:
     """read_range through python-rados, in protocol 1, answered as a Future."""
 
@@ -64,13 +101,19 @@ class _Rados:
             self._ioctx[key] = log.cluster.open_ioctx(log.pool)
         self.ioctx = self._ioctx[key]
 
-    def read_range(self, oid: str, epoch: int, first: int, last: int, n: int, nbytes: int) -> Future[tuple[int, bytes]]:
+    def read_range(self, oid: str, epoch: int, first: int, last: int, n: int, nbytes: int,
+                   data_format: bool = False) -> Future[tuple[int, bytes]]:
         import rados
 
         fut: Future[tuple[int, bytes]] = Future()
+        body = _RANGE_REQ.pack(epoch, first, last, n, nbytes)
+        method = "read_range"
+        if data_format:
+            body += struct.pack("<B", _DATA_FORMAT)
+            body, method = _ENVELOPE.pack(2, 1, len(body)) + body, "read_range2"
         try:
-            _, out = self.ioctx.execute(oid, "zlog", "read_range", _RANGE_REQ.pack(epoch, first, last, n, nbytes),
-                                        _RANGE_HEAD.size + n * _RANGE_ENTRY.size + nbytes + 64)
+            _, out = self.ioctx.execute(oid, "zlog", method, body,
+                                        _ENVELOPE.size + _RANGE_HEAD.size + n * _RANGE_ENTRY.size + nbytes + 64)
             fut.set_result((0, bytes(out)))
         except rados.Error as e:
             fut.set_result((-abs(getattr(e, "errno", None) or errno.EIO), b""))
@@ -89,8 +132,9 @@ class ObjectCursor:
     """One data object's entries in [first, last], fetched ahead with aio."""
 
     def __init__(self, log: LogState, oid: str, first: int, last: int, stride: int,
-                 per_call: int = PER_CALL, call_bytes: int = CALL_BYTES) -> None:
+                 per_call: int = PER_CALL, call_bytes: int = CALL_BYTES, data_format: bool = False) -> None:
         self.log = log
+        self.data_format = data_format
         self.oid = oid
         self.last = last
         self.per_call = per_call
@@ -113,7 +157,7 @@ class ObjectCursor:
             self._pending_from = first
             self._pending_epoch = epoch = self.log.epoch
             self._pending = _Rados(self.log).read_range(self.oid, epoch, first, last, self.per_call,
-                                                        self.call_bytes)
+                                                        self.call_bytes, self.data_format)
 
     def _wait(self) -> None:
         self._issue()
@@ -124,13 +168,14 @@ class ObjectCursor:
             self._stale(self._pending_epoch)  # StaleEpoch if the epoch stays refused
             return  # the caller loops and re-issues at the new epoch
         self._stale.reset()
-        if ret == -errno.ENOENT:  # object never created: nothing stored in the range
+        if ret == -errno.ENOENT:  # object never created: nothing stored in the range (trimmed below the log's trim point)
+            self.trim_below = max(self.trim_below, self.log.meta.trim_below)
             self.known_upto = min(self.last, self._pending_from + self._stride * self.per_call - 1) + 1
             self.max_fresh = True
             return
         if ret < 0:
             raise error_for(ret, f"read_range on {self.oid}")
-        trim_below, top, nxt, entries = parse_range_reply(out)
+        trim_below, top, nxt, entries = (parse_range_reply2 if self.data_format else parse_range_reply)(out)
         self.trim_below = max(self.trim_below, trim_below)
         if top is not None:
             self.max_position = max(self.max_position or 0, top)
@@ -197,6 +242,7 @@ class Stream:
         self.holes = HoleClock(hole_wait, known_tail)
         self._view: wire.View | None = None
         self._view_end: int | None = None
+        self._segment_end: int | None = None  # a data-format view's stripe ends there
         self._cursors: list[ObjectCursor] = []
         self._views: tuple[wire.View, ...] | None = None
         self._idle_since: float | None = None
@@ -210,13 +256,11 @@ class Stream:
         view = view_of(views, self.position)
         self._view = view
         self._view_end = view_end(views, view)
-        last = (self._view_end - 1) if self._view_end is not None else wire.MAX_POSITION
-        if self.end is not None:
-            last = min(last, self.end - 1)
-        self._cursors = []
-        for i in range(view.width):
-            self._cursors.append(ObjectCursor(self.log, data_oid(self.log.name, view, i), self.position,
-                                              last, view.width, self.per_call))
+        oids, self._segment_end = segment(self.log, view, self.position)
+        last = min(x for x in (self._view_end, self._segment_end, self.end, wire.MAX_POSITION + 1)
+                   if x is not None) - 1
+        self._cursors = [ObjectCursor(self.log, oid, self.position, last, view.width, self.per_call,
+                                      data_format=view.format == _DATA_FORMAT) for oid in oids]
         if self.stride_index is not None and self.stride is not None:
             self.position = first_in_stride(self.position, self.stride_index, self.stride)
         else:
@@ -226,7 +270,24 @@ class Stream:
     def _highest(self) -> int | None:
         for c in self._cursors:
             c.refresh_max()  # every object, not only those read so far
-        return max((c.max_position for c in self._cursors if c.max_position is not None), default=None)
+        top = max((c.max_position for c in self._cursors if c.max_position is not None), default=None)
+        view = self._view
+        if view is None or view.format != _DATA_FORMAT or (top is not None and top >= self.position):
+            return top
+        # a data-format view: a later open stripe that holds something puts the tail past this one
+        newest = self.log.refresh().views[-1]
+        if newest.epoch != view.epoch or self._segment_end is None:
+            return top
+        for start in range(view.start + newest.stripes * view.width * view.slots - 1, self._segment_end - 1,
+                           -view.width * view.slots):
+            oids, end = segment(self.log, view, start)
+            later = [ObjectCursor(self.log, oid, start, start, view.width, 1, data_format=True) for oid in oids]
+            for c in later:
+                c.refresh_max()
+            found = [c.max_position for c in later if c.max_position is not None]
+            if found:
+                return max(found + ([top] if top is not None else []))
+        return top
 
     def _advance(self) -> None:
         self.position += self.stride or 1
@@ -239,7 +300,8 @@ class Stream:
                 # the view history changed (reconfiguration): the current view may end now
                 self._views = self.log.views
                 self._view_end = view_end(self._views, self._view)
-            if self._view is None or (self._view_end is not None and self.position >= self._view_end):
+            if self._view is None or any(e is not None and self.position >= e
+                                         for e in (self._view_end, self._segment_end)):
                 self._enter_view()
                 continue
             cursor = self._cursors[self.position % self._view.width]

@@ -20,7 +20,9 @@ from test_cli import ZLOG, ok, run
 
 #: raw_split too: at width 4 an append_many of 64 reaches the OSD as 4 ops of 16
 CASES = {"zlog_append_async", "redis_xadd_pipelined", "zlog_append_many", "raw_omap", "raw_append", "raw_split",
-         "zlog_append", "redis_xadd", "zlog_stream", "redis_xrange", "zlog_stream_batches"}
+         "zlog_append", "redis_xadd", "zlog_stream", "redis_xrange", "zlog_stream_batches",
+         # the same cases on a log in the omap format, for the data format's OSD ratios
+         "zlog_append_async_omap", "zlog_append_many_omap", "zlog_stream_batches_omap"}
 RATIOS = {"append_async_vs_xadd", "append_many_vs_xadd", "append_vs_single_xadd", "stream_vs_xrange",
           "stream_batches_vs_xrange"}
 ROUNDS = 2
@@ -73,6 +75,21 @@ def test_bench_peer(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-de
     assert cases["raw_split"]["entries_per_osd_op"] == 16 and "16" in cases["raw_split"]["label"]
     assert cases["zlog_append_async"]["entries_per_osd_op"] >= 1
     assert cases["zlog_stream"]["gaps"] == 0 and cases["zlog_stream_batches"]["gaps"] == 0
+    assert cases["zlog_stream_batches_omap"]["gaps"] == 0
+    assert r["entry_layout"]["layout"] == "data"  # a new log's default format
+
+    # data format over omap format, OSD CPU per entry: the median of the per-round ratios
+    f = r["format_ratios"]
+    assert set(f) == {"append_many", "append_async", "stream_batches"}
+    for name, v in f.items():
+        if not local:
+            continue
+        want = statistics.median(x["osd_us_per_entry"] / y["osd_us_per_entry"] for x, y in
+                                 zip(cases[f"zlog_{name}"]["cpu_rounds"], cases[f"zlog_{name}_omap"]["cpu_rounds"]))
+        assert v["data_vs_omap_osd"] == pytest.approx(want), name
+    if local:
+        sb = f["stream_batches"]
+        assert sb["target"] == pytest.approx(1 / 3) and sb["target_met"] == (sb["data_vs_omap_osd"] <= 1 / 3)
 
     # each ratio is the median of the per-round ratios of the rates it names
     assert set(r["ratios"]) == RATIOS == set(r["ratio_cases"])

@@ -15,7 +15,8 @@ from pyzlog import Log
 from pyzlog.core import wire
 from pyzlog.core.native import Connection
 
-from clsobj import log_obj
+from clsobj import log_obj, shape
+from pyzlog.core.layout import view_objects
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def log(rados_cluster, ceph, log_name):  # type: ignore[no-untyped-def]
 
 def test_create_open_list(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
     created = Log.create(rados_cluster, ceph.pool, log_name, width=5, config={"x": 1})
-    assert created.views == (wire.View(1, 0, 5),)
+    assert shape(created.views) == [(1, 0, 5)]
     assert created.config == {"x": 1, "compression": "none"}
     with pytest.raises(pyzlog.LogExists):
         Log.create(rados_cluster, ceph.pool, log_name)
@@ -113,8 +114,8 @@ def test_slow_tail_finding(log: Log) -> None:
     assert (epoch, nxt) == (3, 32)
     assert log.epoch == 3
     # every object of the view is sealed at the new epoch: old-epoch writes are refused
-    for i in range(3):
-        ret, st = log_obj(log, f"zlog.{log.name}.1.{i}").stat()
+    for oid in view_objects(log.name, log.views[-1]):
+        ret, st = log_obj(log, oid).stat()
         assert ret == 0 and st is not None and st.sealed_epoch == 3
     stale = log_obj(log, log.oid_of(40)).write(2, 40, b"old")
     assert isinstance(pyzlog.core.errors.error_for(stale, "write"), pyzlog.StaleEpoch)

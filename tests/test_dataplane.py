@@ -2,7 +2,9 @@
 cluster: every kind of call and its result, range windows walked into Arrow
 batches, view scans, async callbacks on the completion thread, typed errors,
 and lifetimes (queues dropped or a process exiting with calls in flight, a
-stopped OSD)."""
+stopped OSD). Its logs are in the omap format, whose objects protocol 1
+reads too (the replies are checked against it); the data format's objects
+are read the same way, with the format named (test_batches, test_cls_data)."""
 from __future__ import annotations
 
 import errno
@@ -93,7 +95,7 @@ def gappy_log(rados_cluster, ceph, log_name) -> Iterator[Log]:  # type: ignore[n
     """Width 4: data at 0..39 except the gaps below; 13 filled (junk), 17
     filled as lost, 21 trimmed, 25 unwritten (a hole), 40 filled (the tail
     is 41); everything below 2 trimmed by trim_to."""
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=4)
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=4, format="omap")
     gaps = {13, 17, 21, 25}
     log.append_many([b"d%d" % p for p in range(13)])
     for p in range(14, 40):
@@ -136,7 +138,7 @@ def test_single_reads_match_the_python_path(native, queue, gappy_log: Log) -> No
 
 
 def test_read_of_an_object_never_created_is_not_written(native, queue, log_name, rados_cluster, ceph) -> None:  # type: ignore[no-untyped-def]
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=4)
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=4, format="omap")
     read(queue, native.pool(ceph.pool), log.oid_of(7), log.epoch, 7, 1)
     ((code, value),) = wait_all(queue).values()
     assert code == -errno.ENOENT and value is None
@@ -156,7 +158,7 @@ def test_read_many_shares_one_op_and_fails_per_position(native, queue, gappy_log
 
 
 def test_read_many_over_the_op_limit_is_split(native, queue, rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=1)
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=1, format="omap")
     n = MAX_CALLS_PER_OP + 300
     log.append_many([b"v%d" % i for i in range(n)])
     queue.read_many(native.pool(ceph.pool), log.oid_of(0), log.epoch, list(range(n)), list(range(n)))
@@ -322,7 +324,7 @@ def test_view_scan_matches_stream(native, gappy_log: Log) -> None:  # type: igno
 
 
 def test_view_scan_one_object_and_missing_objects(native, rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=8)
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=8, format="omap")
     log.append_many([b"x%d" % p for p in range(3)])  # objects 3..7 never created
     scan = ViewScan(native.queue(), native.pool(log.pool), native_oids(log), log.epoch, 0, 100)
     assert [r["position"] for b in scan.batches() for r in b.to_pylist()] == [0, 1, 2]
@@ -337,7 +339,7 @@ def test_view_scan_one_object_and_missing_objects(native, rados_cluster, ceph, l
 
 
 def test_view_scan_forget_from_rereads(native, rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, format="omap")
     log.append_many([b"a", b"b"])
     scan = ViewScan(native.queue(), native.pool(log.pool), native_oids(log), log.epoch, 0, 1000)
     assert [r["data"] for b in scan.batches() for r in b.to_pylist()] == [b"a", b"b"]
@@ -349,7 +351,7 @@ def test_view_scan_forget_from_rereads(native, rados_cluster, ceph, log_name) ->
 
 
 def test_arrow_decoding_of_many_entries(native, rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=3)
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=3, format="omap")
     payloads = [os.urandom(p % 50) for p in range(3000)]
     for i in range(0, 3000, 1000):
         log.append_many(payloads[i:i + 1000])
@@ -450,7 +452,7 @@ from pyzlog.core.scan import ViewScan
 from pyzlog._dataplane import lib
 from pyzlog.core.layout import view_objects
 c = pyzlog.connect({ceph.conf!r})
-log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=4)
+log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=4, format="omap")
 log.append_many([b"x" * 200] * 4000)
 native = Connection.of(c)
 pool = native.pool({ceph.pool!r})
@@ -494,7 +496,7 @@ from pyzlog.core.native import Connection, Op
 from pyzlog.core.scan import ViewScan
 from pyzlog.core.layout import view_objects
 c = pyzlog.connect({ceph.conf!r})
-log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=8)
+log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=8, format="omap")
 log.append_many([b"y" * 500] * 5000)
 native = Connection.of(c)
 pool = native.pool({ceph.pool!r})
@@ -540,7 +542,7 @@ def paused_osd(ceph) -> Iterator[Callable[[], None]]:  # type: ignore[no-untyped
 def test_reads_of_a_stopped_cluster_time_out(ceph, log_name, paused_osd) -> None:  # type: ignore[no-untyped-def]
     cluster = pyzlog.connect(ceph.conf, op_timeout=2)
     try:
-        log = Log.create(cluster, ceph.pool, log_name, width=2)
+        log = Log.create(cluster, ceph.pool, log_name, width=2, format="omap")
         log.append_many([b"z"] * 10)
         native = Connection.of(cluster)
         assert native.op_timeout == 2
@@ -568,7 +570,7 @@ import pyzlog
 from pyzlog import Log
 from pyzlog.core.native import Connection, Op
 c = pyzlog.connect({ceph.conf!r}, op_timeout=60)
-log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=2)
+log = Log.create(c, {ceph.pool!r}, {log_name!r}, width=2, format="omap")
 log.append_many([b"z"] * 10)
 native = Connection.of(c)
 pool = native.pool({ceph.pool!r})

@@ -142,10 +142,11 @@ def test_refresh_never_goes_back_to_an_older_epoch(rados_cluster, ceph, log_name
     a = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     before = a.state.meta_store.get()
     Log.open(rados_cluster, ceph.pool, log_name).reconfigure(width=3)
-    assert a.refresh().epoch == 2
+    epoch = a.refresh().epoch  # 2 (omap), or 3 (data: the epoch is installed, then the view)
+    assert epoch >= 2
     a.state.meta_store.get = lambda: before  # type: ignore[method-assign]  # a slow refresh's older read
-    assert a.refresh().epoch == 2
-    assert a.epoch == 2 and len(a.views) == 2
+    assert a.refresh().epoch == epoch
+    assert a.epoch == epoch and len(a.views) == 2
 
 
 def test_an_old_views_object_refuses_positions_past_its_end(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from clsobj import log_obj
+from pyzlog.core.layout import view_objects
 from seqr_proc import SeqrProcess
 
 import pyzlog
@@ -46,8 +47,8 @@ def test_recovery_seals_and_seeds_counter(rados_cluster, ceph, log_name, seqr) -
     status, epoch, pos, n = next_ok(client, ceph.pool, log_name, 2, 5)
     assert (status, epoch, pos, n) == (sq.OK, 2, 10, 5)  # max + 1
     # every data object is sealed at the new epoch
-    for i in range(3):
-        st = log_obj(log, f"zlog.{log_name}.1.{i}").stat()[1]
+    for oid in view_objects(log_name, log.views[-1]):
+        st = log_obj(log, oid).stat()[1]
         assert st.sealed_epoch == 2
     assert client.tail(ceph.pool, log_name, 2)[2] == 15  # TAIL takes nothing
 

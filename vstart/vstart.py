@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """A real single-machine Ceph dev cluster for pyzlog, from Debian's Ceph packages.
 
-    vstart.py start  [--dir D] [--osds N] [--bluestore] [--pool P] [--cls-lib PATH] [--mgr]
+    vstart.py start  [--dir D] [--osds N] [--bluestore] [--pool P] [--cls-lib PATH] [--no-mgr]
     vstart.py status [--dir D]
     vstart.py stop   [--dir D]
     vstart.py osd-stop ID [--signal KILL] / osd-start ID   (for fault tests)
 
-One mon (and a mgr on request), N OSDs (memstore by default: fast, but a killed
+One mon, one mgr (usage figures, pool quotas), N OSDs (memstore by default: fast, but a killed
 OSD loses its data; --bluestore gives file-backed OSDs that survive a kill),
 cephx on, cls_zlog loaded, one pool for logs. Every daemon writes its pid file
 under DIR/run; `stop` signals exactly those pids and nothing else.
@@ -135,7 +135,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ start
     def start(self, osds: int = 1, bluestore: bool = False, pool: str = "zlog",
-              cls_lib: Path | None = None, mgr: bool = False, pg_num: int = 16,
+              cls_lib: Path | None = None, mgr: bool = True, pg_num: int = 16,
               owner_pid: int | None = None) -> dict:
         """Start the cluster. With `owner_pid`, a watcher process stops it when
         that process is gone, even if it was killed before it could clean up
@@ -232,7 +232,6 @@ auth service required = cephx
 auth client required = cephx
 keyring = {d}/keyring
 run dir = {d}/run
-admin socket = {d}/run/$name.asok
 pid file = {d}/run/$name.pid
 log file = {d}/log/$name.log
 mon cluster log file = {d}/log/cluster.log
@@ -256,11 +255,19 @@ osd memory target = 1073741824
 osd heartbeat grace = 8
 osd heartbeat interval = 2
 mon osd down out interval = 0
+[mon]
+# daemons only: a client's admin socket would clash with every other client's
+admin socket = {d}/run/$name.asok
 [osd]
 keyring = {d}/$name/keyring
+admin socket = {d}/run/$name.asok
 [mgr]
 keyring = {d}/$name/keyring
+admin socket = {d}/run/$name.asok
 mgr disabled modules = dashboard prometheus restful
+# usage reaches the mon within seconds: pool quotas and `ceph df` follow writes closely
+mgr stats period = 1
+mgr tick period = 1
 """)
 
     def _create_osd(self, i: int, bluestore: bool) -> None:
@@ -361,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bluestore", action="store_true", help="file-backed OSDs (survive kill -9)")
     s.add_argument("--pool", default="zlog")
     s.add_argument("--cls-lib", type=Path, default=None, help="libcls_zlog.so to load")
-    s.add_argument("--mgr", action="store_true", help="also run a ceph-mgr")
+    s.add_argument("--no-mgr", dest="mgr", action="store_false",
+                   help="run no ceph-mgr (then `ceph df` shows no usage and pool quotas are not enforced)")
     sub.add_parser("status", help="show the daemons and config")
     sub.add_parser("stop", help="stop every daemon this cluster started")
     w = sub.add_parser("watch", help="stop the cluster when process PID is gone")

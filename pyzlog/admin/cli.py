@@ -19,6 +19,7 @@ from typing import IO, Any, Iterator, NoReturn
 import click
 
 from ..core.errors import ZlogError
+from ..core.metadata import DEFAULT_BYTE_BOUND, DEFAULT_SLOTS
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 #: lets "-1" reach a POS argument (and be refused as a position) instead of
@@ -120,8 +121,15 @@ def kind_name(kind: Any) -> str:
     return str(getattr(kind, "value", kind)).lower()
 
 
-def view_dict(v: Any) -> dict[str, int]:
-    return {"epoch": int(v.epoch), "start": int(v.start), "width": int(v.width)}
+def _size(n: int | None) -> str:
+    """Bytes for people: 1.5 MiB."""
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
 
 
 # ---------------------------------------------------------------------- cli
@@ -161,14 +169,24 @@ def cli(ctx: click.Context, conf: str | None, pool: str, seqr: str | None, keyri
               help="number of objects positions are striped over")
 @click.option("--compression", type=click.Choice(["zstd", "none"]), default=None,
               help="stored in the log's config")
+@click.option("--format", "fmt", type=click.Choice(["data", "omap"]), default="data", show_default=True,
+              help="data: bounded objects, counted by Ceph (docs/storage.md); omap: round 2's format")
+@click.option("--slots", type=click.IntRange(1, 1 << 22), default=DEFAULT_SLOTS, show_default=True,
+              help="positions per object (data format)")
+@click.option("--byte-bound", type=click.IntRange(1, 1 << 31), default=DEFAULT_BYTE_BOUND, show_default=True,
+              help="bytes of entries per object (data format)")
 @pass_env
-def create(env: Env, name: str, width: int, compression: str | None) -> None:
+def create(env: Env, name: str, width: int, compression: str | None, fmt: str, slots: int,
+           byte_bound: int) -> None:
     """Create log NAME."""
     from ..client.log import Log
 
     config = {"compression": compression} if compression else None
-    log = Log.create(env.cluster, env.pool, name, width=width, config=config)
-    click.echo(f"created log {name!r} in pool {env.pool!r}: width {width}, epoch {log.epoch}")
+    log = Log.create(env.cluster, env.pool, name, width=width, config=config, format=fmt, slots=slots,
+                     byte_bound=byte_bound)
+    view = log.views[-1]
+    shape = f"{view.slots} positions and {_size(view.byte_bound)} per object" if view.bounded else "omap format"
+    click.echo(f"created log {name!r} in pool {env.pool!r}: width {width}, {shape}, epoch {log.epoch}")
 
 
 @cli.command(context_settings=CONTEXT)
@@ -315,17 +333,18 @@ def trim(env: Env, name: str, pos: int, to: bool) -> None:
 @pass_env
 def info(env: Env, name: str, as_json: bool) -> None:
     """Show the views, epoch, width, tail, config and sequencer of NAME."""
-    from .status import Probes, registry_daemons, sequencer_of
+    from .status import Probes, registry_daemons, sequencer_of, stored, view_dict
 
     log = env.open(name)
     tail_pos = log.tail()
-    views = [view_dict(v) for v in log.views]
-    meta = log.meta
+    meta = log.refresh()
+    views = [view_dict(v) for v in meta.views]
     probes = Probes()
     seqr = sequencer_of(env.pool, name, meta.sequencer, meta.sequencer_epoch, env.seqr, probes,
                         registry_daemons(env.cluster, env.pool, probes))
-    doc = {"name": name, "pool": env.pool, "epoch": log.epoch, "width": views[-1]["width"],
-           "tail": tail_pos, "views": views, "config": log.config, "sequencer": seqr}
+    doc = {"name": name, "pool": env.pool, "epoch": meta.epoch, "width": views[-1]["width"],
+           "tail": tail_pos, "views": views, "config": log.config, "stored": stored(log.state, meta),
+           "sequencer": seqr}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -335,9 +354,18 @@ def info(env: Env, name: str, as_json: bool) -> None:
     click.echo(f"tail:   {tail_pos}")
     click.echo(f"config: {json.dumps(doc['config'])}")
     click.echo(f"seqr:   {_seqr_line(seqr)}")
+    click.echo(f"stored: {_stored_line(doc['stored'])}")
     click.echo("views:")
     for v in views:
-        click.echo(f"  epoch {v['epoch']:>4}  from position {v['start']:>10}  width {v['width']}")
+        shape = (f"data format, {v['slots']} positions and {_size(v['byte_bound'])} per object, "
+                 f"{v['stripes']} stripe(s) open" if v["format"] == "data" else "omap format")
+        click.echo(f"  epoch {v['epoch']:>4}  from position {v['start']:>10}  width {v['width']}  ({shape})")
+
+
+def _stored_line(st: dict[str, Any]) -> str:
+    line = (f"{st['entries']} entries, {_size(st['bytes'])} in {st['objects']} object(s); "
+            f"first position {st['first_position']}")
+    return line if st["counted"] else line + " (omap-format views not counted)"
 
 
 def _answers(flag: bool | None) -> str:
@@ -368,14 +396,22 @@ def status(env: Env, as_json: bool) -> None:
         click.echo(json.dumps(doc, indent=2))
         return
     click.echo(f"pool {env.pool}: {doc['log_count']} log(s), {len(doc['sequencers'])} sequencer(s) seen")
+    use = doc["usage"]
+    quota = (f"quota {_size(use['quota_max_bytes'])}" if use["quota_max_bytes"] else "no byte quota") + \
+        (f", {use['quota_max_objects']} objects" if use["quota_max_objects"] else "")
+    click.echo(f"  ceph counts {_size(use['stored_bytes'])} stored in {use['objects'] if use['objects'] is not None else '?'}"
+               f" object(s); {quota}")
     if doc["logs"]:
-        click.echo(f"  {'LOG':<24} {'EPOCH':>6} {'VIEWS':>5} {'WIDTH':>5} {'TAIL':>12}  SEQUENCER")
+        click.echo(f"  {'LOG':<24} {'EPOCH':>6} {'VIEWS':>5} {'WIDTH':>5} {'TAIL':>12} {'ENTRIES':>10} "
+                   f"{'STORED':>10}  SEQUENCER")
     for entry in doc["logs"]:
         if "error" in entry:
             click.echo(f"  {entry['name']:<24} error: {entry['error']}")
             continue
+        st = entry["stored"]
+        entries = f"{st['entries']}" + ("" if st["counted"] else "+")
         click.echo(f"  {entry['name']:<24} {entry['epoch']:>6} {len(entry['views']):>5} {entry['width']:>5} "
-                   f"{entry['tail']:>12}  {_seqr_line(entry['sequencer'])}")
+                   f"{entry['tail']:>12} {entries:>10} {_size(st['bytes']):>10}  {_seqr_line(entry['sequencer'])}")
     click.echo("sequencers:")
     for s in doc["sequencers"]:
         how = "registered" if s["registered"] else "not registered"

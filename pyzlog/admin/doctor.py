@@ -19,7 +19,7 @@ from typing import Any
 
 import rados
 
-from ..core.cluster import open_ioctx
+from ..core.cluster import mon_json, open_ioctx
 from ..core.errors import ClassNotLoaded, PermissionDenied, PoolNotFound, ZlogError
 from ..core.native import Connection, Op, Pool
 from ..core.registry import read_records, recent, registry_ioctx
@@ -35,15 +35,6 @@ class Check:
     name: str
     status: str  # ok, warn, fail, skip
     detail: str
-
-
-def mon_json(cluster: rados.Rados, prefix: str, **args: Any) -> Any:
-    ret, out, err = cluster.mon_command(json.dumps({"prefix": prefix, "format": "json", **args}), b"", timeout=10)
-    if ret < 0:
-        if -ret in (errno.EACCES, errno.EPERM):
-            raise PermissionDenied(f"the monitors refused '{prefix}': this client needs mon 'allow r'")
-        raise ZlogError(f"'{prefix}' failed: {err or errno.errorcode.get(-ret, ret)}")
-    return json.loads(out)
 
 
 def run_checks(env: Any) -> list[Check]:

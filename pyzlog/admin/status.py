@@ -13,14 +13,16 @@ from typing import Any
 
 import rados
 
-from ..core.cluster import open_ioctx
+from ..core import wire
+from ..core.cluster import mon_json, open_ioctx
 from ..core.errors import ZlogError
-from ..core.layout import META_NAMESPACE
+from ..core.layout import META_NAMESPACE, view_places
 from ..core.metadata import MetaStore
 from ..client.positions import next_position_hint
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.sequencer import parse_address
 from ..core.state import LogState
+from ..core.tailfind import stat_places
 
 PROBE_TIMEOUT = 0.5
 
@@ -61,12 +63,54 @@ def log_status(cluster: rados.Rados, pool: str, name: str, given: str | None, pr
     """One log: epoch, views, tail (from storage) and its sequencer."""
     state = LogState(cluster, pool, name)
     meta = state.refresh()  # LogNotFound if missing
-    views = [{"epoch": v.epoch, "start": v.start, "width": v.width} for v in meta.views]
+    views = [view_dict(v) for v in meta.views]
     if daemons is None:
         daemons = registry_daemons(cluster, pool, probes)
     return {"name": name, "pool": pool, "epoch": meta.epoch, "width": views[-1]["width"],
             "tail": next_position_hint(state), "views": views, "config": state.config,
+            "stored": stored(state, meta),
             "sequencer": sequencer_of(pool, name, meta.sequencer, meta.sequencer_epoch, given, probes, daemons)}
+
+
+def view_dict(v: wire.View) -> dict[str, Any]:
+    out: dict[str, Any] = {"epoch": v.epoch, "start": v.start, "width": v.width,
+                           "format": "data" if v.bounded else "omap"}
+    if v.bounded:
+        out.update(slots=v.slots, byte_bound=v.byte_bound, stripes=v.stripes)
+    return out
+
+
+def stored(state: LogState, meta: wire.Meta) -> dict[str, Any]:
+    """What the log's data-format objects hold (entries written and their
+    bytes, from every object's header), how many objects it has, and its
+    first untrimmed position. Omap-format views are not counted (their
+    objects do not count what they hold): `counted` says whether all were."""
+    places = [p for v in meta.views if v.bounded for p in view_places(state.name, v)]
+    stats = stat_places(state, places) if places else []
+    return {"entries": sum(st.entries for st in stats), "bytes": sum(st.bytes for st in stats),
+            "objects": len(stats), "first_position": meta.trim_below,
+            "counted": all(v.bounded for v in meta.views)}
+
+
+def pool_usage(cluster: rados.Rados, pool: str) -> dict[str, Any]:
+    """The pool as Ceph counts it (`ceph df`: stored bytes and objects, from
+    the mgr) and its quotas; a figure Ceph cannot give here is None."""
+    out: dict[str, Any] = {"stored_bytes": None, "objects": None, "quota_max_bytes": None,
+                           "quota_max_objects": None}
+    try:
+        quota = mon_json(cluster, "osd pool get-quota", pool=pool)
+        out["quota_max_bytes"] = quota.get("quota_max_bytes") or None
+        out["quota_max_objects"] = quota.get("quota_max_objects") or None
+    except ZlogError:
+        pass
+    try:
+        for entry in mon_json(cluster, "df").get("pools", []):
+            if entry.get("name") == pool:
+                out["stored_bytes"] = entry["stats"].get("stored", entry["stats"].get("bytes_used"))
+                out["objects"] = entry["stats"].get("objects")
+    except (ZlogError, KeyError, TypeError):
+        pass
+    return out
 
 
 def sequencer_of(pool: str, name: str, recorded: str, recorded_epoch: int, given: str | None, probes: Probes,
@@ -113,4 +157,4 @@ def pool_status(cluster: rados.Rados, pool: str, given: str | None, probes: Prob
     if given and given not in seen:
         seen[given] = {"address": given, "registered": False, "answers": probes(given), "logs": 0}
     return {"pool": pool, "logs": logs, "log_count": len(names), "daemons": daemons,
-            "sequencers": sorted(seen.values(), key=lambda s: s["address"])}
+            "usage": pool_usage(cluster, pool), "sequencers": sorted(seen.values(), key=lambda s: s["address"])}

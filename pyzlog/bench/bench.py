@@ -310,11 +310,11 @@ class _Bench:
         self.logs: list[Any] = []
         self.log_names: list[str] = []
 
-    def new_log(self, width: int) -> Any:
+    def new_log(self, width: int, format: str = "data") -> Any:
         from ..client.log import Log
 
         name = f"bench-{self.run_id}-{uuid.uuid4().hex[:6]}"
-        Log.create(self.cluster, self.pool, name, width=width)
+        Log.create(self.cluster, self.pool, name, width=width, format=format)
         self.log_names.append(name)
         return name
 

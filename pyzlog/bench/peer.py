@@ -323,6 +323,9 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
         rc = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=60)
         xadd_key, read_key = f"bench-{b.run_id}:append", f"bench-{b.run_id}:read"
         name, read_name = b.new_log(width), b.new_log(width)
+        # the omap format (round 2's, and what a class without the data format
+        # makes) in the same run: the baseline of the format's OSD figures
+        omap_name, omap_read_name = b.new_log(width, "omap"), b.new_log(width, "omap")
         seqr_pid = b.seqr_proc.proc.pid if b.seqr_proc is not None and b.seqr_proc.proc else None
         with _progress() as progress:
             slice_s = duration / rounds
@@ -341,9 +344,19 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
             # entries per OSD op of append_many when the stripe splits a call
             # over several objects (0: one op per call, the raw cases' shape)
             split = batch // many_objects if many_objects > 1 else 0
+            olog = b.open(omap_name)
+            b.warm_up(olog)
+            oalog = b.open(omap_name, max_in_flight=depth)
+            for _ in range(depth * 2):
+                oalog.append_async(data)
+            oalog.flush()
             rlog = b.open(read_name)
             b.warm_up(rlog)
             lo, hi = _fill_read_sources(rlog, rc, read_key, data, entries, batch, depth, progress)
+            orlog = b.open(omap_read_name)
+            b.warm_up(orlog)
+            olo, ohi = _fill_log(orlog, data, entries, batch)
+            omap_counts = {"full_passes": 0, "gaps": 0}
             rc.xadd(xadd_key, fields)  # the key exists before its first timed case
             pipe = rc.pipeline(transaction=False)
 
@@ -371,6 +384,12 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                       f"pipeline of {depth}"),
                 _Case("zlog_append_many", f"zlog append_many of {batch}", "zlog", batch, "append_many",
                       lambda d, t: _entries(run_sync(lambda i: log.append_many(entries_many), d, t), batch),
+                      f"call of {batch}"),
+                _Case("zlog_append_async_omap", f"zlog append_async, depth {depth}, omap format", "zlog", depth,
+                      "append_async", lambda d, t: _async_appends(oalog, data, d, t)),
+                _Case("zlog_append_many_omap", f"zlog append_many of {batch}, omap format", "zlog", batch,
+                      "append_many",
+                      lambda d, t: _entries(run_sync(lambda i: olog.append_many(entries_many), d, t), batch),
                       f"call of {batch}"),
                 _Case("raw_omap", f"raw omap set, {batch} keys per op", "raw", raw_depth * batch,
                       "WriteOp set_omap (aio)",
@@ -403,6 +422,8 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                       lambda d, t: _xrange_passes(rc, read_key, read_batch, d, t, xrange_counts)),
                 _Case("zlog_stream_batches", "zlog stream_batches()", "zlog", 0, "stream_batches",
                       lambda d, t: _batch_passes(rlog, lo, hi, size, d, t, batch_counts)),
+                _Case("zlog_stream_batches_omap", "zlog stream_batches(), omap format", "zlog", 0, "stream_batches",
+                      lambda d, t: _batch_passes(orlog, olo, ohi, size, d, t, omap_counts)),
             ]
             others = {"redis": [server.pid]} if server.pid else {}
             if seqr_pid:
@@ -441,6 +462,7 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
             cases["raw_split"]["entries_per_osd_op"] = float(split)
         cases["zlog_stream"].update(stream_counts)
         cases["zlog_stream_batches"].update(batch_counts)
+        cases["zlog_stream_batches_omap"].update(omap_counts)
         cases["redis_xrange"].update(xrange_counts)
 
         ratios = {k: _rate_ratio(cases[a], cases[b_]) for k, (a, b_) in COMPARED.items()}
@@ -457,7 +479,7 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                                  "--daemonize no"},
             "sequencer": {"address": b.seqr, "started_by_bench": b.seqr_proc is not None, "pid": seqr_pid,
                           "served_appends": seqr_ok},
-            "logs": {"append": name, "read": read_name},
+            "logs": {"append": name, "read": read_name, "append_omap": omap_name, "read_omap": omap_read_name},
             "read_positions": [lo, hi],
             "entry_layout": layout,
             "rates": "entries_per_s: median of the rounds' rates; ops_per_s: all rounds together",
@@ -465,6 +487,7 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
             "ratios": ratios,
             "ratio_cases": {k: list(v) for k, v in COMPARED.items()},
             "osd_ratios": _osd_ratios(cases, cpu_rounds, layout["layout"], batch, size),
+            "format_ratios": _format_ratios(cpu_rounds),
         }
     finally:
         try:
@@ -503,6 +526,36 @@ def _fill_read_sources(rlog: Any, rc: Any, key: str, data: bytes, entries: int, 
         filled += k
         progress.update(task, completed=entries + filled)
     return min(positions), max(positions) + 1
+
+
+def _fill_log(log: Any, data: bytes, entries: int, batch: int) -> tuple[int, int]:
+    positions: list[int] = []
+    while len(positions) < entries:
+        positions += log.append_many([data] * min(batch, entries - len(positions)))
+    return min(positions), max(positions) + 1
+
+
+#: the data format's cases and the omap format's, compared by OSD CPU per entry
+FORMAT_PAIRS = {"append_many": ("zlog_append_many", "zlog_append_many_omap"),
+                "append_async": ("zlog_append_async", "zlog_append_async_omap"),
+                "stream_batches": ("zlog_stream_batches", "zlog_stream_batches_omap")}
+#: issue 23's read target: OSD CPU per entry of a range read <= this x the omap format's
+READ_TARGET_RATIO = 1 / 3
+
+
+def _format_ratios(cpu_rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """OSD CPU per entry of each case in the data format over the same case in
+    the omap format (median of the per-round ratios; the rounds alternate)."""
+    out: dict[str, Any] = {}
+    for name, (data_case, omap_case) in FORMAT_PAIRS.items():
+        vals = [(x.get("osd_us_per_entry"), y.get("osd_us_per_entry"))
+                for x, y in zip(cpu_rounds[data_case], cpu_rounds[omap_case])]
+        r = None if not vals or any(x is None or not y for x, y in vals) else \
+            float(statistics.median(x / y for x, y in vals))  # type: ignore[operator]
+        out[name] = {"data_vs_omap_osd": r}
+    r = out["stream_batches"]["data_vs_omap_osd"]
+    out["stream_batches"].update(target=READ_TARGET_RATIO, target_met=None if r is None else r <= READ_TARGET_RATIO)
+    return out
 
 
 def _summarize(plan: list[_Case], runs: dict[str, list[Run]], cpu_rounds: dict[str, list[dict[str, Any]]],
@@ -636,7 +689,8 @@ def markdown_peer(r: dict[str, Any]) -> str:
               "| OSD vs raw |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     o = r["osd_ratios"]
-    for key in ("zlog_append", "zlog_append_async", "zlog_append_many", "raw_omap", "raw_append", "raw_split"):
+    for key in ("zlog_append", "zlog_append_async", "zlog_append_many", "zlog_append_async_omap",
+                "zlog_append_many_omap", "raw_omap", "raw_append", "raw_split"):
         if key not in cs:
             continue
         c = cs[key]
@@ -656,4 +710,15 @@ def markdown_peer(r: dict[str, Any]) -> str:
         lines[-1] += (f" In the shape append_many sent ({_fmt(many['entries_per_osd_op'], 'g')} entries per op: "
                       f"the stripe splits a call over objects), against the {cs['raw_split']['label']}: "
                       f"append_many {_fmt(many['vs_raw_split'], '.2f')}.")
+    f = r.get("format_ratios")
+    if f:
+        sb = cs.get("zlog_stream_batches_omap")
+        lines += ["",
+                  "The data format against the omap format (OSD CPU per entry, data / omap, same run): "
+                  f"append_many {_fmt(f['append_many']['data_vs_omap_osd'], '.2f')}, append_async "
+                  f"{_fmt(f['append_async']['data_vs_omap_osd'], '.2f')}, stream_batches "
+                  f"{_fmt(f['stream_batches']['data_vs_omap_osd'], '.2f')} (read target <= "
+                  f"{f['stream_batches']['target']:.2f})" + (
+                      f"; stream_batches in the omap format ran at {_fmt(sb['entries_per_s'])} entries/s, "
+                      f"OSD {_fmt(sb['cpu']['osd_us_per_entry'], '.2f')} µs/entry" if sb else "") + "."]
     return "\n".join(lines)

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from enum import Enum
 
 from . import metrics
 from ..core import wire
 from ..core.errors import EntryTooLarge, InvalidRequest, ZlogError, error_for
-from ..core.layout import oid_of
+from ..core.layout import Place, oid_of, place_of
 from ..core.native import Op
+from ..core.stripes import make
 from .positions import Positions
 from .stale import StaleWait
 from ..core.state import LogState
@@ -120,33 +121,79 @@ def write_error(log: LogState, meta: wire.Meta) -> Callable[[int, str, int], Zlo
 
 
 def _write(log: LogState, meta: wire.Meta, first: int,
-           todo: list[tuple[int, bytes]]) -> Iterator[tuple[int, tuple[int, bytes], int]]:
+           todo: list[tuple[int, bytes]]) -> list[tuple[int, tuple[int, bytes], int]]:
     """Write todo[k] at first + k at meta's epoch: one class write for a single
     entry, else one write_many per object and batch, sent concurrently.
-    Yields (position, item, return code) for every entry."""
-    epoch = meta.epoch
+    Data-format objects not made yet are made first (stripes.make), once
+    for those the metadata shows unopened and again for any a write finds
+    missing, which then goes again to the same position. Returns (position,
+    item, return code) for every entry."""
+    placed = [(first + k, item, place_of(log.name, meta.views, first + k)) for k, item in enumerate(todo)]
+    code = _make_unopened(log, meta, [w for _, _, w in placed])
+    if code:
+        return [(pos, item, code) for pos, item, _ in placed]
+    out = _send(log, meta.epoch, placed)
+    missing = [k for k, (_, _, ret) in enumerate(out) if ret == -errno.ENOENT]
+    if not missing:
+        return out
+    made: dict[tuple[int, int], int] = {}
+    for k in missing:
+        where = placed[k][2]
+        if (where.view.epoch, where.stripe) not in made:
+            made[where.view.epoch, where.stripe] = make(log, meta.epoch, where)
+    again = [k for k in missing if made[placed[k][2].view.epoch, placed[k][2].stripe] == 0]
+    for k, result in zip(again, _send(log, meta.epoch, [placed[k] for k in again])):
+        out[k] = result
+    for k in set(missing) - set(again):
+        pos, item, where = placed[k]
+        out[k] = (pos, item, made[where.view.epoch, where.stripe])
+    return out
+
+
+def _make_unopened(log: LogState, meta: wire.Meta, places: list[Place]) -> int:
+    """Open (and make the objects of) the stripes of the newest view that
+    `places` reach and the metadata shows unopened: 0 or -errno."""
+    newest = meta.views[-1]
+    if not newest.bounded:
+        return 0
+    todo: dict[int, Place] = {}
+    for where in places:
+        if where.view is newest and where.stripe >= log.open_stripes(newest):
+            todo.setdefault(where.stripe, where)
+    for where in todo.values():  # in stripe order: a stripe is opened with every one below it
+        code = make(log, meta.epoch, where)
+        if code:
+            return code
+    return 0
+
+
+def _send(log: LogState, epoch: int,
+          placed: list[tuple[int, tuple[int, bytes], Place]]) -> list[tuple[int, tuple[int, bytes], int]]:
     conn, pool = log.conn, log.data
-    if len(todo) == 1:
-        oid = oid_of(log.name, meta.views, first)
-        code, _ = conn.call_pos(pool, oid, Op.WRITE, epoch, first, todo[0][1])
-        yield first, todo[0], code
-        return
-    by_oid: dict[str, list[tuple[int, tuple[int, bytes]]]] = {}
-    for k, item in enumerate(todo):
-        by_oid.setdefault(oid_of(log.name, meta.views, first + k), []).append((first + k, item))
-    calls = [(oid, batch) for oid, placed in by_oid.items() for batch in _batches(placed)]
-    results = conn.calls([(pool, oid, Op.WRITE_MANY, {"epoch": epoch, "entries": [(p, it[1]) for p, it in batch]})
-                          for oid, batch in calls])
-    for (oid, batch), (code, _) in zip(calls, results):
+    if len(placed) == 1:
+        pos, item, where = placed[0]
+        code, _ = conn.call_pos(pool, where.oid, Op.WRITE, epoch, pos, item[1], 0, where.format)
+        return [(pos, item, code)]
+    by_oid: dict[str, tuple[Place, list[tuple[int, tuple[int, bytes]]]]] = {}
+    for pos, item, where in placed:
+        by_oid.setdefault(where.oid, (where, []))[1].append((pos, item))
+    calls = [(where, batch) for where, entries in by_oid.values() for batch in _batches(entries)]
+    results = conn.calls([(pool, where.oid, Op.WRITE_MANY,
+                           {"epoch": epoch, "entries": [(p, it[1]) for p, it in batch], "format": where.format})
+                          for where, batch in calls])
+    done: dict[int, tuple[int, tuple[int, bytes], int]] = {}
+    for (where, batch), (code, _) in zip(calls, results):
         if code in _TAKEN_CODES:
             # write_many is all or nothing: store what can be stored one by one
-            singles = conn.calls([(pool, oid, Op.WRITE, {"epoch": epoch, "position": pos, "data": item[1]})
+            singles = conn.calls([(pool, where.oid, Op.WRITE, {"epoch": epoch, "position": pos, "data": item[1],
+                                                               "format": where.format})
                                   for pos, item in batch])
             for (pos, item), (one, _) in zip(batch, singles):
-                yield pos, item, one
+                done[pos] = (pos, item, one)
         else:
             for pos, item in batch:
-                yield pos, item, code
+                done[pos] = (pos, item, code)
+    return [done[pos] for pos, _, _ in placed]
 
 
 def _batches(items: list[tuple[int, tuple[int, bytes]]]) -> list[list[tuple[int, tuple[int, bytes]]]]:

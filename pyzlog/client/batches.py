@@ -19,7 +19,8 @@ from . import metrics
 from ..core import wire
 from ..core.errors import StaleEpoch, ZlogError
 from ..core.native import Queue
-from ..core.layout import first_in_stride, view_end, view_objects, view_of
+from ..core.layout import first_in_stride, stripe_end, stripe_of, stripe_places, view_end, view_of
+from ..core.tailfind import highest_position
 from .ops import fill_hole
 from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind
 from .stale import StaleWait
@@ -61,21 +62,46 @@ class BatchStream:
 
     # ---------------------------------------------------------------- views
     def _scan(self) -> tuple[ViewScan, wire.View, int | None, tuple[wire.View, ...]]:
-        """A scan of the view holding `position`, up to its end (or `end`)."""
+        """A scan of the view holding `position` (of its stripe, in the data
+        format), up to the end of either (or `end`)."""
         meta = self.log.meta
         view = view_of(meta.views, self.position)
         vend = view_end(meta.views, view)
-        last = min(x for x in (vend, self.end, wire.MAX_POSITION + 1) if x is not None)
+        stripe = stripe_of(view, self.position)
+        last = min(x for x in (vend, stripe_end(view, stripe), self.end, wire.MAX_POSITION + 1) if x is not None)
         step = 1
         self._filter = self.stride is not None
         if self.stride is not None and view.width == self.stride:
             step = view.width  # one object of the view holds exactly the positions asked for
             self._filter = False
             self.position = first_in_stride(self.position, self.stride_index, self.stride)  # type: ignore[arg-type]
-        scan = ViewScan(self._queue, self._pool, view_objects(self.log.name, view), meta.epoch,
-                           self.position, last, per_call=PER_CALL, step=step, max_rows=self.max_rows,
-                           signed=self.signed)
+        scan = ViewScan(self._queue, self._pool, [p.oid for p in stripe_places(self.log.name, view, stripe)],
+                        meta.epoch, self.position, last, per_call=PER_CALL, step=step, max_rows=self.max_rows,
+                        signed=self.signed, format=view.format, trim_below=meta.trim_below)
         return scan, view, vend, meta.views
+
+    def _max_position(self, scan: ViewScan, view: wire.View, position: int) -> int | None:
+        """The highest position written in `view` as far as the gap rules
+        need it: the scan's objects', and for a data-format view whose
+        scanned stripe shows nothing at or past `position`, the later open
+        stripes' (a hole at the end of a stripe lies below the tail once the
+        next stripe holds something)."""
+        scan.refresh_max()
+        top = scan.max_position()
+        if not view.bounded or (top is not None and top >= position):
+            return top
+        meta = self.log.refresh()
+        if meta.views[-1].epoch != view.epoch:
+            return top  # closed since: its end (vend) decides on the next walk
+        stripe = stripe_of(view, position)
+        for later in range(self.log.open_stripes(meta.views[-1]) - 1, stripe, -1):
+            try:
+                found = highest_position(self.log, stripe_places(self.log.name, view, later), meta.epoch)
+            except StaleEpoch:
+                return top
+            if found is not None:
+                return found if top is None else max(top, found)
+        return top
 
     def _walk(self) -> Iterator[Any]:
         stale = StaleWait(self.log, "stream_batches")
@@ -119,7 +145,7 @@ class BatchStream:
                 scan.skip()  # another partition's position: its reader's gap rules decide
                 self.position = scan.position
                 continue
-            since = self.holes.since(pos, vend, lambda: (scan.refresh_max(), scan.max_position())[1])
+            since = self.holes.since(pos, vend, lambda: self._max_position(scan, view, pos))
             if since is None:  # the tail
                 if not self.follow:
                     return

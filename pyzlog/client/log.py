@@ -18,7 +18,7 @@ from ..core.cluster import open_ioctx
 from ..core.codec import check_codec, codec_for
 from ..core.errors import InvalidRequest, ZlogError
 from ..core.layout import META_NAMESPACE, check_position
-from ..core.metadata import MetaStore
+from ..core.metadata import DEFAULT_BYTE_BOUND, DEFAULT_SLOTS, MAX_BYTE_BOUND, MAX_SLOTS, Geometry, MetaStore
 from ..core.sequencer import SequencerClient
 from ..core.state import LogState
 from ..core.tailfind import find_tail, seal_new_epoch
@@ -56,16 +56,22 @@ class Log:
     def create(cls, cluster: rados.Rados, pool: str, name: str, width: int = DEFAULT_WIDTH,
                config: dict[str, Any] | None = None,
                sequencer: SequencerClient | str | None = None, *, compression: str = "none",
-               max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True) -> Log:
+               max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True, format: str = "data",
+               slots: int = DEFAULT_SLOTS, byte_bound: int = DEFAULT_BYTE_BOUND) -> Log:
         """A new log striped over `width` objects; LogExists if the name is taken.
         `compression` ("none" or "zstd") is recorded in the log's metadata.
-        `max_in_flight` and `coalesce` are as for open()."""
+        `format`: "data" (the default: entries in bounded objects' data,
+        `slots` positions and `byte_bound` bytes of entries per object,
+        counted by Ceph's usage and quotas; docs/storage.md) or "omap" (round
+        2's unbounded objects; also what an OSD whose class predates the data
+        format makes). `max_in_flight` and `coalesce` are as for open()."""
         _check_width(width)
+        geometry = _geometry(format, slots, byte_bound)
         config = dict(config or {})
         config.setdefault("compression", check_codec(compression))
         codec_for(config)  # refuse an unknown codec before creating anything
         log = cls(cluster, pool, name, sequencer, max_in_flight, coalesce)
-        log.state.meta_store.create(width, config)
+        log.state.meta_store.create(width, config, geometry)
         log.refresh()
         return log
 
@@ -280,6 +286,17 @@ class Log:
             raise ZlogError(f"reconfigure {self.name!r}: other reconfigurations kept racing ours")
         logger.info("log %r: view %d from position %d over %d objects", self.name, epoch, start, width)
         return self.views[-1]
+
+
+def _geometry(format: str, slots: int, byte_bound: int) -> Geometry | None:
+    if format == "omap":
+        return None
+    if format != "data":
+        raise InvalidRequest(f"format must be 'data' or 'omap', not {format!r}")
+    for what, value, top in (("slots", slots, MAX_SLOTS), ("byte_bound", byte_bound, MAX_BYTE_BOUND)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+            raise InvalidRequest(f"{what} must be 1..{top}, not {value!r}")
+    return Geometry(slots, byte_bound)
 
 
 def _check_width(width: int) -> None:

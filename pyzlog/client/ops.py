@@ -9,9 +9,10 @@ from typing import Any
 from . import metrics
 from ..core import wire
 from ..core.errors import Filled, ReadOnly, Trimmed
-from ..core.layout import check_position, view_objects
+from ..core.layout import Place, check_position, stripe_of, view_end, view_places
 from ..core.native import Op
 from ..core.state import LogState
+from ..core.stripes import make
 from ..core.tailfind import find_tail, stat_objects
 from .positions import max_position
 from .stale import StaleWait
@@ -19,20 +20,30 @@ from .stale import StaleWait
 
 def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int = 0) -> Any:
     """`op` on the object holding `position`, at the current epoch; a refused
-    epoch refreshes the view and retries. Raises the typed error for any
-    other failure."""
+    epoch refreshes the view and retries, a data-format object not made yet
+    is made (stripes.make) for any op but a read. Raises the typed error for
+    any other failure."""
     check_position(position)
     stale: StaleWait | None = None
+    made = False
     while True:
-        epoch, oid = log.locate(position)
-        code, value = log.conn.call_pos(log.data, oid, op, epoch, position, data, reason)
+        epoch, where = log.locate(position)
+        code, value = log.conn.call_pos(log.data, where.oid, op, epoch, position, data, reason, where.format)
+        if code == -errno.ENOENT and op == Op.READ and position < log.meta.trim_below:
+            code = -errno.EIDRM  # below the log's trim point: its object is gone or was never made
+        elif code == -errno.ENOENT and where.view.bounded and op != Op.READ and not made:
+            code = make(log, epoch, where)
+            made = code == 0
+            if made:
+                continue
         if code != -errno.ESTALE:
             break
         stale = stale or StaleWait(log, f"{op.name.lower()} at {position}")
         stale(epoch)
+        made = False
     if code < 0:
         raise log.conn.error(code, f"{op.name.lower()} at position {position} of {log.name!r}", pool=log.data,
-                             oid=oid, position=position, op=op)
+                             oid=where.oid, position=position, op=op)
     return value
 
 
@@ -69,29 +80,62 @@ def trim(log: LogState, position: int) -> None:
 def trim_to(log: LogState, position: int) -> None:
     """Trim every position <= `position`, on every object that may hold one.
 
-    The objects' max rises to `position` with the watermark, so tail finding
-    never hands out a trimmed position again; a trim beyond what is stored
-    also moves the log to a new epoch, so a sequencer counting below it
-    recovers its counter above it instead of handing out trimmed positions."""
+    The log's trim point is raised first (the metadata keeps it for
+    data-format logs: first_position, and readers, start there). The
+    objects' max rises to `position` with the watermark, so tail finding
+    never hands out a trimmed position again; a data-format object wholly
+    trimmed keeps only its header. A trim beyond what is stored also moves
+    the log to a new epoch, so a sequencer counting below it recovers its
+    counter above it instead of handing out trimmed positions."""
     check_position(position)
     stored_top = max_position(log)
+    log.meta_store.trim(position)
     stale = StaleWait(log, f"trim_to {position}")
     while True:
         meta = log.meta
-        oids = [oid for v in meta.views if v.start <= position for oid in view_objects(log.name, v)]
-        results = log.conn.calls([(log.data, oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position})
-                                  for oid in oids])
-        if not any(code == -errno.ESTALE for code, _ in results):
+        places = _trimmed_places(log, meta, position)
+        results = log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position,
+                                                                 "format": p.format}) for p in places])
+        if any(code == -errno.ESTALE for code, _ in results):
+            stale(meta.epoch)
+            continue
+        # an open stripe whose objects nobody made yet: make them, then trim
+        missing = {(p.view.epoch, p.stripe): p for p, (code, _) in zip(places, results)
+                   if code == -errno.ENOENT and p.view.bounded}
+        if not missing:
             break
-        stale(meta.epoch)
-    for oid, (code, _) in zip(oids, results):
+        if any(make(log, meta.epoch, p) == -errno.ESTALE for p in missing.values()):
+            stale(meta.epoch)
+    for p, (code, _) in zip(places, results):
         if code < 0:
-            raise log.conn.error(code, f"trim_to {position} on {oid}", pool=log.data, oid=oid, op=Op.TRIM_TO)
+            raise log.conn.error(code, f"trim_to {position} on {p.oid}", pool=log.data, oid=p.oid, op=Op.TRIM_TO)
     if stored_top is None or position > stored_top:
         find_tail(log)
 
 
+def _trimmed_places(log: LogState, meta: wire.Meta, position: int) -> list[Place]:
+    """The objects that may hold a position <= `position` and are not wholly
+    trimmed already: an omap view's every object; a data-format view's
+    stripes from the one holding the log's old trim point to the one holding
+    `position` (or its last open one)."""
+    out: list[Place] = []
+    for v in meta.views:
+        if v.start > position:
+            continue
+        if not v.bounded:
+            out += view_places(log.name, v)
+            continue
+        first = stripe_of(v, max(v.start, meta.trim_below))
+        last = min(stripe_of(v, position), log.open_stripes(v) - 1)
+        end = view_end(meta.views, v)
+        if end is not None:
+            last = min(last, stripe_of(v, max(v.start, end - 1)))
+        out += view_places(log.name, v, range(first, last + 1))
+    return out
+
+
 def first_position(log: LogState) -> int:
     """The first position not trimmed by trim_to (0 if none was)."""
-    oids = [oid for v in log.views for oid in view_objects(log.name, v)]
-    return max((st.trim_below for st in stat_objects(log, oids)), default=0)
+    meta = log.refresh()
+    omap = [p.oid for v in meta.views if not v.bounded for p in view_places(log.name, v)]
+    return max([meta.trim_below] + [st.trim_below for st in stat_objects(log, omap)])

@@ -31,8 +31,10 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures
 from typing import Any
 
-from ..core.errors import NotWritten, Timeout, ZlogError
-from ..core.layout import data_oid_prefix
+from ..core.errors import NotWritten, Timeout, Trimmed, ZlogError
+from ..core.layout import data_oid_prefix, place, stripe_span, stripe_start
+from ..core.stripes import make
+from ..core.wire import MAX_POSITION
 from ..core.native import Connection, Op, native_call
 from ..core.state import LogState
 from . import metrics
@@ -208,6 +210,10 @@ class LogAsync:
         self._stale = StaleWait(log, "async append")
         self._refused_epoch = 0
         self._retries: list[Item] = []
+        #: (item, position) whose write found its data-format object missing
+        self._remake: list[tuple[Item, int]] = []
+        #: the position past which appends open the next stripe (None: no stripes, or asked already)
+        self._open_ahead: int | None = None
         #: entries that went the retry path (refused, handed back, or no sequencer)
         self.retried = 0
         self._retry_stale = False
@@ -296,7 +302,11 @@ class LogAsync:
         """Give the C++ pipeline the newest view and the sequencer to ask."""
         self.positions.follow()
         view = meta.views[-1]
-        pipe.native.set_view(self._id, meta.epoch, data_oid_prefix(self.log.name, view), view.width, view.start)
+        pipe.native.set_view(self._id, meta.epoch, data_oid_prefix(self.log.name, view), view.width, view.start,
+                             view.format, view.slots)
+        # appends reaching the last quarter of the last open stripe open the next one ahead of them
+        span, opened = stripe_span(view), self.log.open_stripes(view)
+        self._open_ahead = stripe_start(view, opened) - span // 4 if span and opened else None
         seqr = self.positions.sequencer
         auth = None
         if seqr is not None:
@@ -320,8 +330,14 @@ class LogAsync:
                 self._room.notify(len(done))
             if not self._in_flight:
                 self._idle.set()
+        top = -1
         for fut, position in done:
             fut.set_result(position)
+            top = position if position > top else top
+        ahead = self._open_ahead
+        if ahead is not None and top >= ahead:
+            self._open_ahead = None  # once: _tell sets it again for the next stripe
+            (self._pipe or self._pipeline()).later(lambda: self._open_next(top))
 
     def outcome(self, item: Item, code: int, position: int) -> None:
         """An entry's outcome (the completion thread, or a retry's write)."""
@@ -336,6 +352,12 @@ class LogAsync:
             return
         if code == HANDED_BACK:
             self._retry(item, stale=False)
+            return
+        if code == -errno.ENOENT and self.log.meta.views[-1].bounded:
+            # its object is not made yet: make it and write there again, off this thread
+            with self._retry_lock:
+                self._remake.append((item, position))
+            (self._pipe or self._pipeline()).later(self._run_remakes)
             return
         try:
             outcome = judge(code, self.log.name, position, write_error(self.log, self.log.meta))
@@ -386,15 +408,62 @@ class LogAsync:
             for item in todo:
                 self._finish(item[1], error=e)
             return
+        self._write_at([(item, first + k) for k, item in enumerate(todo)])
+
+    def _write_at(self, placed: list[tuple[Item, int]]) -> None:
+        """Write each item at its position; outcomes come back to outcome()."""
         conn, pool = self.log.conn, self.log.data
-        for k, item in enumerate(todo):
-            pos = first + k
-            epoch, oid = self.log.locate(pos)
+        for item, pos in placed:
+            epoch, where = self.log.locate(pos)
             try:
-                conn.submit(pool, oid, Op.WRITE, lambda code, _v, item=item, pos=pos: self.outcome(item, code, pos),
-                            epoch=epoch, position=pos, data=item[2])
+                conn.submit(pool, where.oid, Op.WRITE,
+                            lambda code, _v, item=item, pos=pos: self.outcome(item, code, pos),
+                            epoch=epoch, position=pos, data=item[2], format=where.format)
             except ZlogError as e:
                 self._finish(item[1], error=e)
+
+    def _run_remakes(self) -> None:
+        """On the retry thread: make the objects writes found missing, then
+        write those entries again at the same positions (a stale epoch sends
+        them the stale way: new positions after a refresh)."""
+        with self._retry_lock:
+            batch, self._remake = self._remake, []
+        if not batch:
+            return
+        made: dict[tuple[int, int], int] = {}
+        again: list[tuple[Item, int]] = []
+        for item, pos in batch:
+            epoch, where = self.log.locate(pos)
+            key = (where.view.epoch, where.stripe)
+            if key not in made:
+                made[key] = make(self.log, epoch, where) if where.view.bounded else -errno.ENOENT
+            code = made[key]
+            if code == 0:
+                again.append((item, pos))
+            elif code == -errno.ESTALE:
+                self._refused_epoch = epoch
+                self._retry(item, stale=True)
+            else:
+                self._finish(item[1], error=self.log.conn.error(code, f"append to {self.log.name!r}",
+                                                                pool=self.log.data, oid=where.oid))
+        self._meta = None  # _tell again: stripes were opened
+        self._write_at(again)
+
+    def _open_next(self, top: int) -> None:
+        """On the retry thread: open the stripe after the one holding `top`,
+        before appends reach it (so they find its objects made)."""
+        epoch, where = self.log.locate(top)
+        view = where.view
+        nxt = stripe_start(view, where.stripe + 1)
+        if not view.bounded or nxt > MAX_POSITION or view is not self.log.meta.views[-1]:
+            return
+        if where.stripe + 1 < self.log.open_stripes(view):
+            return
+        try:
+            make(self.log, epoch, place(self.log.name, view, nxt))
+        except ZlogError as e:  # appends that reach it make it themselves
+            logger.debug("log %r: opening stripe %d ahead failed: %s", self.log.name, where.stripe + 1, e)
+        self._meta = None  # _tell again: the next stripe's threshold
 
     # ----------------------------------------------------------------- reads
     def read(self, position: int) -> Future[bytes]:
@@ -407,7 +476,8 @@ class LogAsync:
         return fut
 
     def _read(self, position: int, fut: Future[bytes], stale: StaleWait | None) -> None:
-        epoch, oid = self.log.locate(position)
+        epoch, where = self.log.locate(position)
+        oid = where.oid
         log = self.log
 
         def done(code: int, value: Any) -> None:
@@ -417,6 +487,8 @@ class LogAsync:
                     self._finish(fut, result=log.decode(value))
                 except Exception as e:  # noqa: BLE001 - a corrupt payload fails this read only
                     self._finish(fut, error=ZlogError(f"position {position}: cannot decode entry: {e}"))
+            elif code == -errno.ENOENT and position < log.meta.trim_below:
+                self._finish(fut, error=Trimmed(position, errno=errno.ENOENT))
             elif code == -errno.ENOENT:
                 self._finish(fut, error=NotWritten(position, errno=errno.ENOENT))
             elif code == -errno.ESTALE:
@@ -426,7 +498,7 @@ class LogAsync:
                 self._finish(fut, error=log.conn.error(code, f"read at {position} of {log.name!r}", pool=log.data,
                                                       oid=oid, position=position, op=Op.READ))
 
-        log.conn.submit(log.data, oid, Op.READ, done, epoch=epoch, position=position)
+        log.conn.submit(log.data, oid, Op.READ, done, epoch=epoch, position=position, format=where.format)
 
     def _reread(self, position: int, fut: Future[bytes], stale: StaleWait | None, epoch: int) -> None:
         stale = stale or StaleWait(self.log, f"read_async at {position}")

@@ -21,14 +21,13 @@ import time
 
 from . import metrics
 from ..core.errors import InvalidRequest, SequencerUnavailable, StaleEpoch, ZlogError
-from ..core.layout import view_objects
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
 from ..core.sequencer import (BAD_REQUEST, OK, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
                               SequencerClient)
 from .stale import StaleWait
 from ..core.state import LogState
-from ..core.tailfind import find_tail, highest_position
+from ..core.tailfind import find_tail, newest_position
 
 logger = logging.getLogger("pyzlog")
 
@@ -50,7 +49,7 @@ def max_position(log: LogState) -> int | None:
     while True:
         meta = log.meta
         try:
-            return highest_position(log, view_objects(log.name, meta.views[-1]), meta.epoch)
+            return newest_position(log, meta)
         except StaleEpoch:
             stale(meta.epoch)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 from pathlib import Path
@@ -128,3 +129,13 @@ def open_ioctx(cluster: rados.Rados, pool: str, namespace: str | None = None) ->
     if namespace:
         ioctx.set_namespace(namespace)
     return ioctx
+
+
+def mon_json(cluster: rados.Rados, prefix: str, **args: Any) -> Any:
+    """A monitor (or mgr-backed) command's JSON answer; typed errors."""
+    ret, out, err = cluster.mon_command(json.dumps({"prefix": prefix, "format": "json", **args}), b"", timeout=10)
+    if ret < 0:
+        if -ret in (errno.EACCES, errno.EPERM):
+            raise PermissionDenied(f"the monitors refused '{prefix}': this client needs mon 'allow r'")
+        raise ZlogError(f"'{prefix}' failed: {err or errno.errorcode.get(-ret, ret)}")
+    return json.loads(out)

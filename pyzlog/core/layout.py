@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from dataclasses import dataclass
 
 from .errors import InvalidRequest
 from .wire import MAX_POSITION, View
@@ -29,16 +30,90 @@ def check_position(position: int) -> int:
 
 
 def data_oid_prefix(log: str, view: View) -> str:
-    """Data objects are per view, so a new width never reuses an old object."""
+    """Data objects are per view, so a new width never reuses an old object.
+    A data-format view's objects add their stripe: prefix + "s{stripe}.{index}"
+    (the "s" keeps its names apart from an omap view's, whatever the log's name)."""
     return f"zlog.{log}.{view.epoch}."
 
 
-def data_oid(log: str, view: View, index: int) -> str:
+def data_oid(log: str, view: View, index: int, stripe: int = 0) -> str:
+    if view.bounded:
+        return f"{data_oid_prefix(log, view)}s{stripe}.{index}"
     return f"{data_oid_prefix(log, view)}{index}"
 
 
+# ------------------------------------------------------------------ stripes
+# A data-format view is a sequence of stripes: stripe s holds the positions
+# [start + s * width * slots, start + (s + 1) * width * slots), position p in
+# its object p % width, `slots` positions per object. An omap view is one
+# stripe without end.
+def stripe_span(view: View) -> int:
+    """Positions per stripe (0: the view is one unbounded stripe)."""
+    return view.width * view.slots if view.bounded else 0
+
+
+def stripe_of(view: View, position: int) -> int:
+    span = stripe_span(view)
+    return (position - view.start) // span if span else 0
+
+
+def stripe_start(view: View, stripe: int) -> int:
+    return view.start + stripe * stripe_span(view)
+
+
+def stripe_end(view: View, stripe: int) -> int | None:
+    """The first position past the stripe (None: unbounded)."""
+    span = stripe_span(view)
+    return view.start + (stripe + 1) * span if span else None
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """One data object of a view, and what a call on it needs: its name, its
+    format, and (data format) the geometry init makes it with."""
+
+    oid: str
+    view: View
+    stripe: int
+    index: int
+
+    @property
+    def format(self) -> int:
+        return self.view.format
+
+    @property
+    def base(self) -> int:
+        """Its first position."""
+        return first_in_stride(stripe_start(self.view, self.stripe), self.index, self.view.width)
+
+    def init_fields(self, epoch: int) -> dict[str, int]:
+        """An init request's fields for this object, made sealed at `epoch`."""
+        v = self.view
+        return {"epoch": epoch, "position": self.base, "width": v.width, "slots": v.slots,
+                "byte_bound": v.byte_bound}
+
+
+def place(log: str, view: View, position: int) -> Place:
+    stripe, index = stripe_of(view, position), position % view.width
+    return Place(data_oid(log, view, index, stripe), view, stripe, index)
+
+
+def stripe_places(log: str, view: View, stripe: int) -> list[Place]:
+    """The objects of one stripe, by index."""
+    return [Place(data_oid(log, view, i, stripe), view, stripe, i) for i in range(view.width)]
+
+
+def view_places(log: str, view: View, stripes: range | None = None) -> list[Place]:
+    """The objects of `stripes` of a view (default: every open one)."""
+    if not view.bounded:
+        return stripe_places(log, view, 0)
+    return [p for s in (stripes if stripes is not None else range(view.stripes))
+            for p in stripe_places(log, view, s)]
+
+
 def view_objects(log: str, view: View) -> list[str]:
-    return [data_oid(log, view, i) for i in range(view.width)]
+    """The names of a view's objects (a data-format view's open stripes')."""
+    return [p.oid for p in view_places(log, view)]
 
 
 def first_in_stride(position: int, index: int, stride: int) -> int:
@@ -61,9 +136,12 @@ def view_of(views: tuple[View, ...], position: int) -> View:
     return views[max(i, 0)]
 
 
+def place_of(log: str, views: tuple[View, ...], position: int) -> Place:
+    return place(log, view_of(views, position), position)
+
+
 def oid_of(log: str, views: tuple[View, ...], position: int) -> str:
-    view = view_of(views, position)
-    return data_oid(log, view, position % view.width)
+    return place_of(log, views, position).oid
 
 
 def view_end(views: tuple[View, ...], view: View) -> int | None:

@@ -3,13 +3,11 @@ compare-and-swap on the epoch inside the object class. Its calls go through
 the native data plane like every other cls_zlog call."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import errno
 import json
 import logging
-from typing import Any
-
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from . import wire
 from .errors import InvalidRequest, LogExists, LogNotFound
@@ -20,6 +18,31 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("pyzlog")
 
+#: a data-format object's bounds by default: 16384 positions and 32 MiB of
+#: entries (entries of up to 2 KiB on average use up the positions first;
+#: larger ones the bytes, and the object's remaining positions are filled);
+#: docs/storage.md
+DEFAULT_SLOTS = 16384
+DEFAULT_BYTE_BOUND = 32 << 20
+#: what the class accepts (cls_zlog/store.cc)
+MAX_SLOTS = 1 << 22
+MAX_BYTE_BOUND = 1 << 31
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """A data-format view's bounds: positions per object and bytes per object."""
+
+    slots: int = DEFAULT_SLOTS
+    byte_bound: int = DEFAULT_BYTE_BOUND
+
+    @classmethod
+    def of(cls, view: wire.View) -> Geometry | None:
+        return cls(view.slots, view.byte_bound) if view.bounded else None
+
+    def fields(self) -> dict[str, int]:
+        return {"format": wire.FORMAT_DATA, "slots": self.slots, "byte_bound": self.byte_bound}
+
 
 class MetaStore:
     def __init__(self, conn: Connection, pool: Pool, name: str) -> None:
@@ -27,9 +50,13 @@ class MetaStore:
         self.pool = pool  # the pool's META_NAMESPACE
         self.name = name
 
-    def create(self, width: int, config: dict[str, Any]) -> None:
+    def create(self, width: int, config: dict[str, Any], geometry: Geometry | None = None) -> None:
+        """Create the log with one view of `width` objects, in the data format
+        with `geometry` (an OSD whose class predates it creates an omap log),
+        else in the omap format."""
         blob = json.dumps(config, sort_keys=True).encode()
-        code, _ = self.conn.call_raw(self.pool, self.name, Op.META_CREATE, width=width, data=blob)
+        code, _ = self.conn.call_raw(self.pool, self.name, Op.META_CREATE, width=width, data=blob,
+                                     **(geometry.fields() if geometry else {}))
         if code == -errno.EEXIST:
             raise LogExists(f"log {self.name!r} already exists", errno=errno.EEXIST)
         if code < 0:
@@ -45,16 +72,42 @@ class MetaStore:
                                   op=Op.META_GET)
         return wire.parse_meta(raw)
 
-    def new_epoch(self, expected: int, new_epoch: int, sequencer: str | None = None) -> None:
-        """EpochChanged if the stored epoch is no longer `expected`. With
-        `sequencer`, record it as the log's sequencer from `new_epoch` on;
-        without, the recorded sequencer stays."""
-        self._cas(Op.META_NEW_EPOCH, sequencer, expected=expected, next_epoch=new_epoch)
+    def new_epoch(self, expected: int, new_epoch: int, sequencer: str | None = None,
+                  stripes: int = wire.ANY_STRIPES) -> None:
+        """EpochChanged if the stored epoch is no longer `expected` (or the
+        newest view has other than `stripes` stripes open). With `sequencer`,
+        record it as the log's sequencer from `new_epoch` on; without, the
+        recorded sequencer stays."""
+        self._cas(Op.META_NEW_EPOCH, sequencer, expected=expected, next_epoch=new_epoch, expected_stripes=stripes)
 
     def propose_view(self, expected: int, new_epoch: int, start: int, width: int,
-                     sequencer: str | None = None) -> None:
+                     sequencer: str | None = None, geometry: Geometry | None = None,
+                     stripes: int = wire.ANY_STRIPES) -> None:
+        """Install a view of `width` objects from `start` (in the data format
+        with `geometry`) at `new_epoch`, if the epoch is still `expected`."""
         self._cas(Op.META_PROPOSE_VIEW, sequencer, expected=expected, next_epoch=new_epoch, start=start,
-                  width=width)
+                  width=width, expected_stripes=stripes, **(geometry.fields() if geometry else {}))
+
+    def open_stripe(self, expected: int, stripe: int) -> int:
+        """Open the newest view's stripes up to `stripe` if the epoch is still
+        `expected`: 0, or -ESTALE if it moved on (the caller refreshes)."""
+        code, _ = self.conn.call_raw(self.pool, self.name, Op.META_OPEN_STRIPE, expected=expected, stripe=stripe)
+        if code == -errno.ECANCELED:
+            return -errno.ESTALE
+        if code < 0:
+            raise self.conn.error(code, f"open stripe {stripe} of log {self.name!r}", pool=self.pool,
+                                  oid=self.name, op=Op.META_OPEN_STRIPE)
+        return 0
+
+    def trim(self, position: int) -> bool:
+        """Raise the log's trim point to position + 1; False where the class
+        predates it (an omap log's objects keep their own watermarks)."""
+        code, _ = self.conn.call_raw(self.pool, self.name, Op.META_TRIM, position=position)
+        if code in (-errno.EOPNOTSUPP, -errno.EPROTONOSUPPORT):
+            return False
+        if code < 0:
+            raise self.conn.error(code, f"trim log {self.name!r}", pool=self.pool, oid=self.name, op=Op.META_TRIM)
+        return True
 
     def _cas(self, op: Op, sequencer: str | None, **fields: Any) -> None:
         try:

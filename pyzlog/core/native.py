@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import wire
 from .cluster import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, connection_settings, on_shutdown
-from .errors import ClusterUnavailable, PermissionDenied, PoolNotFound, Timeout, ZlogError, error_for
+from .errors import (ClusterUnavailable, InvalidRequest, PermissionDenied, PoolNotFound, Timeout, ZlogError,
+                     error_for)
 
 if TYPE_CHECKING:
     import rados
@@ -75,7 +76,7 @@ class Op(IntEnum):
 
 
 #: the fields call_pos takes (a READ_RANGE has more, so no window comes back there)
-_POSITION_FIELDS = frozenset(("epoch", "position", "data", "reason"))
+_POSITION_FIELDS = frozenset(("epoch", "position", "data", "reason", "format"))
 #: a result that no class call produced: an appended entry's outcome
 POSTED = lib.DP_OP_POSTED
 #: a raw exec (tests, probes): the reply as it came
@@ -160,7 +161,7 @@ def method(op: Op | int, protocol: int = wire.PROTOCOL) -> str:
     """The class method carrying `op` in `protocol` ("write2", "write", ...)."""
     name = lib.dp_method(op, protocol)
     if name == ffi.NULL:
-        raise InvalidArgument(f"{Op(op).name} has no method in protocol {protocol}")
+        raise InvalidRequest(f"{Op(op).name} has no method in protocol {protocol}")
     return str(ffi.string(name).decode())
 
 
@@ -206,7 +207,7 @@ def decode_reply(op: Op | int, raw: bytes, protocol: int = wire.PROTOCOL, first:
         ret = lib.dp_decode_version(raw, len(raw), v)
         value = None if ret < 0 else (int(v.major), int(v.minor), int(v.protocol))
     else:
-        raise InvalidArgument(f"{Op(op).name} has no reply")
+        raise InvalidRequest(f"{Op(op).name} has no reply")
     if ret < 0:
         raise error_for(ret if ret == -errno.EPROTONOSUPPORT else -errno.EBADMSG, f"{Op(op).name.lower()} reply")
     return value
@@ -357,16 +358,17 @@ class Queue:
             raise self.conn.error(ret, f"{Op(op).name.lower()} on {oid!r}", pool=pool, oid=oid)
 
     def read_many(self, pool: Pool, oid: str | bytes, epoch: int, positions: Sequence[int],
-                  tags: Sequence[int]) -> None:
-        """"read" of several positions of one object in one op (one round
-        trip); each position fails or succeeds alone, with its own result."""
+                  tags: Sequence[int], format: int = wire.FORMAT_OMAP) -> None:
+        """"read" of several positions of one object (of `format`) in one op
+        (one round trip); each position fails or succeeds alone, with its
+        own result."""
         n = len(positions)
         if n != len(tags):
-            raise InvalidArgument("one tag per position")
+            raise InvalidRequest("one tag per position")
         step = lib.DP_MAX_CALLS_PER_OP
         for i in range(0, n, step):
             chunk = slice(i, i + step)
-            ret = lib.dp_read_many(self.handle, pool.handle, _b(oid), epoch, list(positions[chunk]),
+            ret = lib.dp_read_many(self.handle, pool.handle, _b(oid), epoch, format, list(positions[chunk]),
                                    list(tags[chunk]), min(step, n - i))
             if ret < 0:
                 raise self.conn.error(ret, f"read of {n} positions on {oid!r}", pool=pool, oid=oid)
@@ -409,10 +411,6 @@ class Queue:
         if self._q is not None:
             ffi.release(self._q)
             self._q = None
-
-
-class InvalidArgument(ZlogError, ValueError):
-    """A bad argument to the data plane itself (a bug in its caller)."""
 
 
 class Connection:
@@ -585,15 +583,15 @@ class Connection:
             _gate.leave()
 
     def call_pos(self, pool: Pool, oid: str | bytes, op: Op | int, epoch: int = 0, position: int = 0,
-                 data: bytes = b"", reason: int = 0) -> tuple[int, Any]:
+                 data: bytes = b"", reason: int = 0, format: int = wire.FORMAT_OMAP) -> tuple[int, Any]:
         """call_raw of an op whose fields are at most an epoch, a position,
-        data and a fill reason: the sync calls a log makes most, with the
-        least Python between the caller and librados."""
+        data, a fill reason and the object's format: the sync calls a log
+        makes most, with the least Python between the caller and librados."""
         _gate.enter()
         try:
             r = ffi.new("dp_result *")
             code = lib.dp_call_pos(self.handle, pool.handle, _b(oid), op, epoch, position, data, len(data), reason,
-                                   r)
+                                   format, r)
             try:
                 return (code, None) if code else (0, _value(r))
             finally:

@@ -206,10 +206,11 @@ def build_batch(windows: Sequence[RangeWindow | None], start: int, end: int, *, 
 
 
 # ---------------------------------------------------------------- view scans
-def empty_window(first: int, next_position: int) -> RangeWindow:
-    """A window with no entries covering [first, next_position): what a
-    read_range of an object that does not exist yet stands for."""
-    w = lib.dp_window_empty(first, next_position)
+def empty_window(first: int, next_position: int, trim_below: int = 0) -> RangeWindow:
+    """A window with no entries covering [first, next_position), positions
+    below `trim_below` trimmed: what a read_range of an object that does not
+    exist (yet, or since its stripe was trimmed) stands for."""
+    w = lib.dp_window_empty(first, next_position, trim_below)
     if w == ffi.NULL:
         raise MemoryError("dp_window_empty")
     return RangeWindow(w)
@@ -245,10 +246,13 @@ class ViewScan:
 
     def __init__(self, queue: Any, pool: Any, oids: Sequence[str | bytes], epoch: int, start: int,
                  end: int, *, per_call: int = 1024, call_bytes: int = 4 << 20, ahead: int = 2, step: int = 1,
-                 max_rows: int = 65536, signed: bool = False) -> None:
+                 max_rows: int = 65536, signed: bool = False, format: int = wire.FORMAT_OMAP,
+                 trim_below: int = 0) -> None:
         if not 1 <= per_call <= wire.MAX_RANGE_ENTRIES or not 1 <= call_bytes <= wire.MAX_RANGE_BYTES:
             raise InvalidRequest("per_call or call_bytes outside the class's limits")
         self.queue, self.pool, self.epoch = queue, pool, epoch
+        #: the objects' format; the log's trim point (an object that does not exist reads as trimmed below it)
+        self.format, self.trim_below = format, trim_below
         self.oids = [_oid(o) for o in oids]
         self.width = len(self.oids)
         if step not in (1, self.width):
@@ -280,7 +284,7 @@ class ViewScan:
         seg = _Segment(first, last, next(self._tags))
         self._by_tag[seg.tag] = (obj, seg)
         self.queue.submit(self.pool, self.oids[obj], _READ_RANGE, seg.tag, epoch=self.epoch, position=first,
-                          last=last, max_entries=max_entries, max_bytes=self.call_bytes)
+                          last=last, max_entries=max_entries, max_bytes=self.call_bytes, format=self.format)
         return seg
 
     def _issue(self, obj: int, first: int, index: int | None = None) -> None:
@@ -314,7 +318,7 @@ class ViewScan:
             obj, seg = entry
             self._probing.discard(obj)
             if code == -errno.ENOENT:
-                value = empty_window(seg.first, seg.last + 1)
+                value = empty_window(seg.first, seg.last + 1, self.trim_below)
             elif code < 0:
                 self.forget_from(self.position)
                 raise self.queue.conn.error(code, f"read_range on {self.oids[obj].decode()}", pool=self.pool,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import wire
 from .codec import Codec, codec_for
-from .layout import META_NAMESPACE, check_name, oid_of
+from .layout import META_NAMESPACE, Place, check_name, place_of
 from .metadata import MetaStore
 from .native import Connection
 
@@ -43,6 +43,8 @@ class LogState:
         self.encode, self.decode = codec_for({})
         #: entries are stored as given (no compression): nothing to encode
         self.plain = True
+        #: stripes this client opened, per view epoch, that its metadata may not show yet
+        self._opened: dict[int, int] = {}
 
     def refresh(self) -> wire.Meta:
         """Read the metadata again; LogNotFound if the log is gone."""
@@ -79,9 +81,18 @@ class LogState:
         return json.loads(raw) if raw else {}
 
     def oid_of(self, position: int) -> str:
-        return oid_of(self.name, self.views, position)
+        return place_of(self.name, self.views, position).oid
 
-    def locate(self, position: int) -> tuple[int, str]:
+    def locate(self, position: int) -> tuple[int, Place]:
         """(epoch, object) for `position` from one metadata snapshot."""
         meta = self.meta
-        return meta.epoch, oid_of(self.name, meta.views, position)
+        return meta.epoch, place_of(self.name, meta.views, position)
+
+    def open_stripes(self, view: wire.View) -> int:
+        """How many stripes of `view` are known to be open."""
+        return max(view.stripes, self._opened.get(view.epoch, 0))
+
+    def opened(self, view: wire.View, stripe: int) -> None:
+        """This client opened `stripe` of `view` (its metadata may not show it yet)."""
+        with self._meta_lock:
+            self._opened[view.epoch] = max(self._opened.get(view.epoch, 0), stripe + 1)

@@ -50,10 +50,10 @@ os._exit(0)
 
 #: where a reconfiguration dies: patches for run_child
 CUT_POINTS = {
-    "after some seals": "real = tf.seal_objects\n"
-                        "tf.seal_objects = lambda log, oids, epoch: (real(log, oids[:1], epoch), os._exit(9))",
-    "after all seals": "real = tf.seal_objects\n"
-                       "tf.seal_objects = lambda *a: (real(*a), os._exit(9))",
+    "after some seals": "real = tf.seal_places\n"
+                        "tf.seal_places = lambda log, places, epoch: (real(log, places[:1], epoch), os._exit(9))",
+    "after all seals": "real = tf.seal_places\n"
+                       "tf.seal_places = lambda *a: (real(*a), os._exit(9))",
     "after closing, before installing": "md.MetaStore.propose_view = lambda *a, **k: os._exit(9)",
     "after installing": "real = md.MetaStore.propose_view\n"
                         "md.MetaStore.propose_view = lambda *a, **k: (real(*a, **k), os._exit(9))",

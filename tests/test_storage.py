@@ -1,0 +1,247 @@
+"""Logs in the data format (docs/storage.md): bounded objects in stripes,
+opened as appends reach them, the byte bound, space given back by trim_to,
+tail finding over stripes, reconfiguration, and Ceph counting the bytes
+(pool usage, quotas). The class's side is in test_cls_data.py."""
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+import pyzlog
+from pyzlog import Log, RecordKind
+from pyzlog.core import wire
+from pyzlog.core.layout import place, stripe_places, view_objects
+from pyzlog.core.stripes import make
+
+from clsobj import log_obj
+
+#: small objects, so a test crosses many stripes: 64 positions per object
+SLOTS = 64
+
+
+def small(rados_cluster, ceph, log_name, width: int = 2, **kw: Any) -> Log:  # type: ignore[no-untyped-def]
+    return Log.create(rados_cluster, ceph.pool, log_name, width=width, slots=kw.pop("slots", SLOTS), **kw)
+
+
+def sizes(rados_cluster, ceph, oids: list[str]) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    io = rados_cluster.open_ioctx(ceph.pool)
+    try:
+        out = {}
+        for oid in oids:
+            try:
+                out[oid] = int(io.stat(oid)[0])
+            except Exception:  # noqa: BLE001 - not made
+                pass
+        return out
+    finally:
+        io.close()
+
+
+def test_appends_open_stripes_and_no_object_holds_more_than_its_slots(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = small(rados_cluster, ceph, log_name)
+    positions = lg.append_many([b"m%d" % i for i in range(300)])  # one batch over 3 stripes
+    positions += [lg.append(b"s%d" % i) for i in range(20)]
+    futs = [lg.append_async(b"a%d" % i) for i in range(700)]  # the C++ path over 6 more stripes
+    positions += [f.result(timeout=60) for f in futs]
+    assert positions == list(range(1020))
+    view = lg.refresh().views[-1]
+    assert view.bounded and view.stripes >= 1020 // (2 * SLOTS)
+    assert len(view_objects(lg.name, view)) == 2 * view.stripes
+    for oid in view_objects(lg.name, view):
+        assert oid.startswith(f"zlog.{lg.name}.1.s")
+        ret, st = log_obj(lg, oid).full_stat()
+        assert ret == 0 and st is not None and st.entries <= SLOTS
+    assert [r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream()] == \
+        [b"m%d" % i for i in range(300)] + [b"s%d" % i for i in range(20)] + [b"a%d" % i for i in range(700)]
+
+
+def test_a_full_object_fills_its_remaining_positions_and_appends_move_on(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """Entries larger than byte_bound / slots: each object stops at its byte
+    bound; the positions it had left read as filled, never as holes."""
+    lg = small(rados_cluster, ceph, log_name, width=2, slots=256, byte_bound=64 << 10)
+    entry = b"z" * 4000
+    got = [lg.append(entry) for _ in range(40)] + lg.append_many([entry] * 30)
+    got += [f.result(timeout=60) for f in [lg.append_async(entry) for _ in range(60)]]
+    assert len(set(got)) == 130
+    tail = max(got) + 1
+    recs = list(Log.open(rados_cluster, ceph.pool, log_name).stream(0, tail, hole_wait=0.5))
+    assert [r.position for r in recs] == list(range(tail))
+    assert {r.position for r in recs if r.kind == RecordKind.DATA} == set(got)
+    assert {r.kind for r in recs if r.position not in got} <= {RecordKind.FILLED}  # no LOST hole
+    for oid in view_objects(lg.name, lg.refresh().views[-1]):
+        _, st = log_obj(lg, oid).full_stat()
+        assert st is not None and st.bytes < (64 << 10) + 60 * len(entry)  # the bound, and the call that crossed it
+
+
+def test_trim_to_gives_the_space_of_whole_stripes_back(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = small(rados_cluster, ceph, log_name, width=2)
+    lg.append_many([b"x" * 2000 for _ in range(1024)])  # 8 stripes of 2 objects
+    oids = view_objects(lg.name, lg.refresh().views[-1])
+    before = sum(sizes(rados_cluster, ceph, oids).values())
+    lg.trim_to(511)  # stripes 0..3
+    after = sum(sizes(rados_cluster, ceph, oids).values())
+    assert after < 0.55 * before
+    assert lg.first_position() == 512 and lg.meta.trim_below == 512
+    with pytest.raises(pyzlog.Trimmed):
+        lg.read(100)
+    assert lg.read(512) == b"x" * 2000
+    recs = list(Log.open(rados_cluster, ceph.pool, log_name).stream(500, 520))
+    assert [r.kind for r in recs] == [RecordKind.TRIMMED] * 12 + [RecordKind.DATA] * 8
+    # a stripe opened but never written, below the trim point: trimmed too
+    lg.trim_to(2000)
+    assert lg.first_position() == 2001
+    with pytest.raises(pyzlog.Trimmed):
+        lg.read(1500)
+    assert lg.append(b"after") == 2001
+
+
+def test_tail_finding_walks_back_over_empty_stripes(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = small(rados_cluster, ceph, log_name, width=2)
+    lg.append_many([b"x%d" % i for i in range(200)])  # stripes 0 and 1
+    state = lg.state
+    meta = state.refresh()
+    view = meta.views[-1]
+    # stripes 2 and 3 open, 3 with no object made (its opener died before init)
+    assert make(state, meta.epoch, place(lg.name, view, 2 * 2 * SLOTS)) == 0
+    assert state.meta_store.open_stripe(meta.epoch, 3) == 0
+    epoch, nxt = lg.seal_and_find_tail()
+    assert nxt == 200
+    view = lg.refresh().views[-1]
+    assert view.stripes == 4
+    for stripe in (1, 2, 3):  # sealed back to the last stripe holding something, made if missing
+        for p in stripe_places(lg.name, view, stripe):
+            ret, st = log_obj(lg, p.oid).stat()
+            assert ret == 0 and st is not None and st.sealed_epoch == epoch
+    assert lg.append(b"next") == 200
+
+
+def test_a_stale_client_cannot_open_a_stripe(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """Opening is a compare-and-swap at the writer's epoch: a writer that
+    missed an epoch change can neither open the next stripe nor write there."""
+    lg = small(rados_cluster, ceph, log_name, width=1)
+    lg.append_many([b"x"] * 10)
+    stale = Log.open(rados_cluster, ceph.pool, log_name)
+    old = stale.state.refresh()
+    lg.seal_and_find_tail()
+    where = place(lg.name, old.views[-1], SLOTS)  # stripe 1, not open
+    assert make(stale.state, old.epoch, where) == -errno.ESTALE
+    assert lg.refresh().views[-1].stripes == 1
+    assert log_obj(lg, where.oid).write(old.epoch, SLOTS, b"late") == -errno.ENOENT
+    # the stale client's own append refreshes and lands after the tail
+    assert stale.write(SLOTS, b"fresh") is None and stale.read(SLOTS) == b"fresh"
+
+
+def test_a_hole_at_the_end_of_a_stripe_is_a_hole_not_the_tail(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = small(rados_cluster, ceph, log_name, width=1, slots=8)
+    for p in list(range(7)) + [8, 9]:
+        lg.write(p, b"%d" % p)  # position 7 (last of stripe 0) never written
+    recs = list(Log.open(rados_cluster, ceph.pool, log_name).stream(0, hole_wait=0.3))
+    assert [(r.position, r.kind) for r in recs][6:] == [(6, RecordKind.DATA), (7, RecordKind.LOST),
+                                                      (8, RecordKind.DATA), (9, RecordKind.DATA)]
+
+
+def test_reconfiguration_keeps_the_format_and_closes_the_old_stripes(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = small(rados_cluster, ceph, log_name, width=2)
+    lg.append_many([b"a%d" % i for i in range(150)])
+    old = lg.refresh().views[-1]
+    new = lg.reconfigure(3)
+    assert (new.start, new.width, new.format, new.slots, new.byte_bound, new.stripes) == \
+        (150, 3, wire.FORMAT_DATA, SLOTS, old.byte_bound, 0)
+    # the old view's objects refuse its positions past the end, whatever the epoch
+    last = stripe_places(lg.name, old, 1)
+    assert log_obj(lg, last[1].oid).write(lg.epoch, 151, b"z") == -errno.ESTALE
+    lg.append_many([b"b%d" % i for i in range(400)])
+    assert [r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream()] == \
+        [b"a%d" % i for i in range(150)] + [b"b%d" % i for i in range(400)]
+
+
+def test_omap_logs_stay_readable_and_writable(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, format="omap")
+    assert not lg.views[-1].bounded
+    lg.append_many([b"o%d" % i for i in range(50)])
+    assert view_objects(lg.name, lg.views[-1]) == [f"zlog.{lg.name}.1.0", f"zlog.{lg.name}.1.1"]
+    lg.trim_to(9)
+    assert lg.first_position() == 10
+    assert [r.kind for r in lg.stream(8, 12)] == [RecordKind.TRIMMED] * 2 + [RecordKind.DATA] * 2
+
+
+@pytest.mark.parametrize("kw,message", [({"format": "fifo"}, "format"), ({"slots": 0}, "slots"),
+                                        ({"byte_bound": 1 << 40}, "byte_bound")])
+def test_bad_geometry_is_refused(rados_cluster, ceph, log_name, kw, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(pyzlog.InvalidRequest, match=message):
+        Log.create(rados_cluster, ceph.pool, log_name, **kw)
+    with pytest.raises(pyzlog.LogNotFound):
+        Log.open(rados_cluster, ceph.pool, log_name)
+
+
+# ------------------------------------------------------------ Ceph counts it
+def ceph_json(ceph, *args: str) -> Any:  # type: ignore[no-untyped-def]
+    out = subprocess.run(["ceph", "-c", ceph.conf, *args, "--format", "json"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    return json.loads(out)
+
+
+def pool_stored(ceph, pool: str) -> int:  # type: ignore[no-untyped-def]
+    for p in ceph_json(ceph, "df")["pools"]:
+        if p["name"] == pool:
+            return int(p["stats"]["stored"])
+    raise AssertionError(f"no pool {pool} in ceph df")
+
+
+@pytest.fixture
+def quota_pool(rados_cluster, ceph):  # type: ignore[no-untyped-def]
+    if ceph.dir is None:
+        pytest.skip("needs the test's own cluster (a pool with a quota is made and removed)")
+    pool = f"quota-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "create", pool, "8", "8"], check=True,
+                   capture_output=True, timeout=60)
+    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "application", "enable", pool, "zlog"], check=True,
+                   capture_output=True, timeout=60)
+    yield pool
+    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "rm", pool, pool, "--yes-i-really-really-mean-it"],
+                   capture_output=True, timeout=60)
+
+
+def test_ceph_counts_the_log_and_its_quota_stops_it(rados_cluster, ceph, log_name, quota_pool) -> None:  # type: ignore[no-untyped-def]
+    """A 16 MiB quota: appends of 1 MiB a second (Ceph notices a full pool
+    within seconds, not at once) are refused with PoolFull before 32 MiB are
+    stored, and nothing acknowledged is lost; `ceph df` shows the bytes;
+    with the quota raised, appends go on."""
+    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "set-quota", quota_pool, "max_bytes", str(16 << 20)],
+                   check=True, capture_output=True, timeout=60)
+    lg = Log.create(rados_cluster, quota_pool, log_name, width=2)
+    entry = b"q" * 4096
+    acked: list[int] = []
+    refused: pyzlog.PoolFull | None = None
+    for _ in range(64):
+        try:
+            acked += lg.append_many([entry] * 256)  # 1 MiB
+        except pyzlog.PoolFull as e:
+            refused = e
+            break
+        time.sleep(1.0)
+    assert refused is not None and refused.pool == quota_pool and "quota" in str(refused)
+    assert len(acked) * len(entry) < 32 << 20
+    with pytest.raises(pyzlog.PoolFull):
+        lg.append_async(entry).result(timeout=60)
+    deadline = time.monotonic() + 60
+    while pool_stored(ceph, quota_pool) < len(acked) * len(entry) and time.monotonic() < deadline:
+        time.sleep(1)  # the mgr reports usage every second or so
+    assert pool_stored(ceph, quota_pool) >= len(acked) * len(entry)
+    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "set-quota", quota_pool, "max_bytes", "0"],
+                   check=True, capture_output=True, timeout=60)
+    while True:  # space returns: appends go on by themselves once the OSDs know it
+        try:
+            acked.append(lg.append(entry))
+            break
+        except pyzlog.PoolFull:
+            assert time.monotonic() < deadline + 60, "appends did not resume after the quota was lifted"
+            time.sleep(0.5)
+    recs = [r for r in Log.open(rados_cluster, quota_pool, log_name).stream() if r.kind == RecordKind.DATA]
+    assert {r.position for r in recs} >= set(acked)
