@@ -245,3 +245,25 @@ def test_ceph_counts_the_log_and_its_quota_stops_it(rados_cluster, ceph, log_nam
             time.sleep(0.5)
     recs = [r for r in Log.open(rados_cluster, quota_pool, log_name).stream() if r.kind == RecordKind.DATA]
     assert {r.position for r in recs} >= set(acked)
+
+
+def test_bench_storage(ceph, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`zlog bench storage` on a small log of small objects: every object within
+    its slots, the pool's bytes counted by Ceph, trim_to giving them back (the
+    figures are the bench's; the test checks they follow from what it saw)."""
+    from test_cli import ok, run
+
+    out = tmp_path / "storage.json"
+    before = set(ok(run(ceph, "ls")).split())
+    ok(run(ceph, "bench", "storage", "--entries", "20000", "--size", "512", "--slots", "1000",
+           "--out", str(out), timeout=600))
+    r = json.loads(out.read_text())
+    assert r["kind"] == "storage" and r["log"]["slots"] == 1000 and r["log"]["format"] == "data"
+    o = r["objects"]
+    assert o["count"] == 20 and o["max_entries"] == 1000 and o["after_trim"] == 10
+    assert r["bounds_met"] == {"slots": True, "ceph_keys": True, "size": True}
+    ps, tr = r["pool_stored"], r["trim"]
+    assert ps["log_share"] > 20000 * 512 * 0.9  # Ceph counts the entries' bytes
+    assert tr["drop"] == pytest.approx((ps["filled"] - ps["trimmed"]) / ps["log_share"])
+    assert tr["target_met"] == (tr["drop"] >= 0.40)
+    assert set(ok(run(ceph, "ls")).split()) == before  # the bench removed its log

@@ -19,12 +19,9 @@ def test_bluestore_cluster_lifecycle(tmp_path: Path) -> None:
     d = tmp_path / "bs"
     c = vstart.Cluster(d)
     try:
-        t0 = time.monotonic()
-        st = c.start(osds=1, bluestore=True, owner_pid=os.getpid())
-        took = time.monotonic() - t0
+        st = c.start(osds=1, bluestore=True, owner_pid=os.getpid())  # its own waits end a hang
         daemons = c.daemons()
-        assert set(daemons) == {"mon.a", "osd.0"}, daemons
-        assert took < 180, f"cluster took {took:.0f}s to start"  # a hang, not a slow machine
+        assert set(daemons) == {"mon.a", "mgr.x", "osd.0"}, daemons  # a mgr, so ceph df and quotas work
         # starting again is a no-op on a running cluster
         assert c.start(osds=1, bluestore=True) == st and c.daemons() == daemons
 
@@ -49,7 +46,7 @@ def test_bluestore_cluster_lifecycle(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and "osd.0" in out.stdout
         pids = list(c.daemons().values())
-        assert sorted(c.stop()) == ["mon.a", "osd.0"]
+        assert sorted(c.stop()) == ["mgr.x", "mon.a", "osd.0"]
         assert not [pid for pid in pids if vstart._pid_alive(pid)]  # zombies awaiting init count as gone
         out = subprocess.run([sys.executable, str(ROOT / "vstart" / "vstart.py"), "--dir", str(d), "status"],
                              capture_output=True, text=True, timeout=30)

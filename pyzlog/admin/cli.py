@@ -615,6 +615,22 @@ def bench_peer(env: Env, duration: float, rounds: int, size: int, depth: int, ba
         entries=entries, out=_bench_out("peer", out))
 
 
+@bench.command(name="storage", context_settings=CONTEXT)
+@click.option("--entries", type=click.IntRange(2, 100_000_000), default=2_000_000, show_default=True)
+@click.option("--size", type=click.IntRange(1, 1 << 20), default=128, show_default=True,
+              help="entry size in bytes")
+@click.option("--batch", type=click.IntRange(1, 4096), default=256, show_default=True,
+              help="entries per append_many call")
+@click.option("--slots", type=click.IntRange(1), default=None, help="positions per object [default: the log default]")
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-storage.json]")
+@pass_env
+def bench_storage(env: Env, entries: int, size: int, batch: int, slots: int | None, out: str | None) -> None:
+    """A big width-1 log: its objects' bounds, and the space trim_to gives back."""
+    from ..bench.storage_bench import bench_storage as run
+
+    run(env, entries=entries, size=size, batch=batch, slots=slots, out=_bench_out("storage", out))
+
+
 @bench.command(name="failover", context_settings=CONTEXT)
 @click.option("--kills", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="rounds that kill -9 the active sequencer")

@@ -310,11 +310,12 @@ class _Bench:
         self.logs: list[Any] = []
         self.log_names: list[str] = []
 
-    def new_log(self, width: int, format: str = "data") -> Any:
+    def new_log(self, width: int, format: str = "data", slots: int | None = None) -> Any:
         from ..client.log import Log
 
         name = f"bench-{self.run_id}-{uuid.uuid4().hex[:6]}"
-        Log.create(self.cluster, self.pool, name, width=width, format=format)
+        Log.create(self.cluster, self.pool, name, width=width, format=format,
+                   **({} if slots is None else {"slots": slots}))
         self.log_names.append(name)
         return name
 
