@@ -315,7 +315,7 @@ def trim(env: Env, name: str, pos: int, to: bool) -> None:
 @pass_env
 def info(env: Env, name: str, as_json: bool) -> None:
     """Show the views, epoch, width, tail, config and sequencer of NAME."""
-    from .status import Probes, registry_daemons, sequencer_of
+    from .status import Probes, consumer_status, registry_daemons, sequencer_of
 
     log = env.open(name)
     tail_pos = log.tail()
@@ -325,7 +325,8 @@ def info(env: Env, name: str, as_json: bool) -> None:
     seqr = sequencer_of(env.pool, name, meta.sequencer, meta.sequencer_epoch, env.seqr, probes,
                         registry_daemons(env.cluster, env.pool, probes))
     doc = {"name": name, "pool": env.pool, "epoch": log.epoch, "width": views[-1]["width"],
-           "tail": tail_pos, "views": views, "config": log.config, "sequencer": seqr}
+           "tail": tail_pos, "views": views, "config": log.config, "sequencer": seqr,
+           "consumers": consumer_status(log.consumers(), tail_pos)}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -338,6 +339,11 @@ def info(env: Env, name: str, as_json: bool) -> None:
     click.echo("views:")
     for v in views:
         click.echo(f"  epoch {v['epoch']:>4}  from position {v['start']:>10}  width {v['width']}")
+    if doc["consumers"]:
+        click.echo("consumers:")
+    for c in doc["consumers"]:
+        click.echo(f"  {c['name']:<15} position {c['position']:>12}  lag {c['lag']:>10}  "
+                   f"committed {c['committed_age_s']}s ago by {c['committed_by']}")
 
 
 def _answers(flag: bool | None) -> str:
@@ -376,6 +382,9 @@ def status(env: Env, as_json: bool) -> None:
             continue
         click.echo(f"  {entry['name']:<24} {entry['epoch']:>6} {len(entry['views']):>5} {entry['width']:>5} "
                    f"{entry['tail']:>12}  {_seqr_line(entry['sequencer'])}")
+        for c in entry.get("consumers", []):
+            click.echo(f"    consumer {c['name']:<15} position {c['position']:>12}  lag {c['lag']:>10}  "
+                       f"committed {c['committed_age_s']}s ago by {c['committed_by']}")
     click.echo("sequencers:")
     for s in doc["sequencers"]:
         how = "registered" if s["registered"] else "not registered"

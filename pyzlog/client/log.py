@@ -13,7 +13,7 @@ from typing import Any, Self
 
 from typing import TYPE_CHECKING
 
-from ..core import wire
+from ..core import offsets, wire
 from ..core.cluster import open_ioctx
 from ..core.codec import check_codec, codec_for
 from ..core.errors import InvalidRequest, ZlogError
@@ -25,6 +25,7 @@ from ..core.tailfind import find_tail, seal_new_epoch
 from . import ops
 from .appending import store, stored_form
 from .batches import BatchStream, Records
+from .consumer import Consumer, Start
 from .pipeline import DEFAULT_MAX_IN_FLIGHT, LogAsync
 from .positions import Positions, max_position, next_position_hint
 from .reader import HOLE_WAIT_SECONDS, Record, check_stream_args
@@ -82,7 +83,9 @@ class Log:
 
     @staticmethod
     def list(cluster: rados.Rados, pool: str) -> builtins.list[str]:
-        return MetaStore.list_names(open_ioctx(cluster, pool, META_NAMESPACE))
+        # the namespace also holds named consumers' positions (core.offsets)
+        return [n for n in MetaStore.list_names(open_ioctx(cluster, pool, META_NAMESPACE))
+                if offsets.is_log_object(n)]
 
     # ------------------------------------------------------------- metadata
     @property
@@ -261,6 +264,19 @@ class Log:
         """The positions [start, end) as record batches (stream_batches up to
         `end`, or to the tail if it comes first)."""
         return self.stream_batches(start, end, hole_wait=hole_wait, signed=signed)
+
+    # ------------------------------------------------------------- consumers
+    def consumer(self, name: str, *, start: Start = "earliest") -> Consumer:
+        """The named consumer `name` of this log: it hands out records from
+        its committed position (kept in RADOS), or from `start` ("earliest":
+        the first position not trimmed, "latest": the tail, or a position) if
+        it never committed. See client.consumer and docs/consumers.md."""
+        return Consumer(self, name, start=start)
+
+    def consumers(self) -> dict[str, offsets.Committed]:
+        """Every named consumer of this log and its stored position."""
+        return offsets.list_consumers(open_ioctx(self.cluster, self.pool, META_NAMESPACE), self.name).get(
+            self.name, {})
 
     # -------------------------------------------------------- reconfiguration
     def reconfigure(self, width: int) -> wire.View:

@@ -74,6 +74,12 @@ SLOW_POSITIONS = Tally()
 RATE_LIMITED = Tally()
 #: holes below the tail a reader filled after waiting for their writer (LOST)
 HOLES_FILLED = Tally()
+#: named consumers' commits stored, and refused (another instance committed further)
+COMMITS = Tally()
+COMMITS_REFUSED = Tally()
+#: async appends whose awaiting task was cancelled after they were sent, by
+#: how they ended (client.aio): "stored", "failed"; "unsent" were never sent
+AIO_CANCELLED = {"stored": Tally(), "failed": Tally(), "unsent": Tally()}
 
 
 def read(nbytes: int) -> None:
@@ -120,6 +126,13 @@ class _Tracked:
         return out
 
 
+#: named consumers (client.consumer.Consumer, client.aio.AsyncConsumer) whose
+#: position and lag a scrape reports: anything with pool, log_name, name,
+#: committed and lag(max_age)
+CONSUMERS: weakref.WeakSet[Any] = weakref.WeakSet()
+#: a scrape reads each consumer's tail again when it is older than this
+LAG_MAX_AGE_SECONDS = 1.0
+
 #: pipeline.AsyncPipeline: the C++ path of async appends, one per connection
 NATIVE = _Tracked()
 #: pipeline.LogAsync: their operations in flight
@@ -160,6 +173,41 @@ class ClientCollector(Collector):
         native = NATIVE.totals(lambda n: n.stats())
         for key, help_ in _NATIVE_HELP.items():
             yield counter(f"native_{key}", help_, native.get(key, 0))
+        commits = CounterMetricFamily("zlog_client_consumer_commits", "named consumers' commits",
+                                      labels=["outcome"])
+        commits.add_metric(["committed"], COMMITS.value)
+        commits.add_metric(["refused"], COMMITS_REFUSED.value)
+        yield commits
+        cancelled = CounterMetricFamily("zlog_client_aio_cancelled_appends",
+                                        "awaited appends whose task was cancelled, by what became of the entry",
+                                        labels=["outcome"])
+        for outcome, tally in AIO_CANCELLED.items():
+            cancelled.add_metric([outcome], tally.value)
+        yield cancelled
+        yield from _consumer_gauges()
+
+
+def _consumer_gauges() -> Iterator[Any]:
+    """Each named consumer's committed position and lag (the log's tail in
+    storage minus it). Instances of one consumer in this process report as
+    one: the furthest committed."""
+    best: dict[tuple[str, str, str], Any] = {}
+    for c in list(CONSUMERS):
+        key = (c.pool, c.log_name, c.name)
+        if key not in best or c.committed > best[key].committed:
+            best[key] = c
+    position = GaugeMetricFamily("zlog_client_consumer_position", "a named consumer's committed position",
+                                 labels=["pool", "log", "consumer"])
+    lag = GaugeMetricFamily("zlog_client_consumer_lag", "the log's tail minus a named consumer's committed "
+                            "position", labels=["pool", "log", "consumer"])
+    for key, c in sorted(best.items()):
+        position.add_metric(list(key), c.committed)
+        try:
+            lag.add_metric(list(key), c.lag(LAG_MAX_AGE_SECONDS))
+        except Exception:  # noqa: BLE001 - a log unreachable now: no lag sample rather than a failed scrape
+            pass
+    yield position
+    yield lag
 
 
 _registered: set[int] = set()
