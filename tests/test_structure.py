@@ -14,7 +14,9 @@ PKG = Path(__file__).resolve().parent.parent / "pyzlog"
 
 #: what is built on the client and may use Log: the command line, the demo,
 #: the tools and the Spark connector (with their submodules)
-ABOVE_LOG = ("pyzlog.admin.cli", "pyzlog.admin.demo", "pyzlog.bench", "pyzlog.spark")
+ABOVE_LOG = ("pyzlog.admin.cli", "pyzlog.admin.demo", "pyzlog.bench", "pyzlog.spark",
+             # the asyncio API wraps Log (public as pyzlog.aio, beside the package's __init__)
+             "pyzlog.client.aio", "pyzlog.aio")
 
 
 #: which packages each package may import (besides itself and pyzlog's

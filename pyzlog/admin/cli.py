@@ -509,16 +509,18 @@ def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> 
 @click.option("--batch", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="entries per append_many call")
 @click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--aio-tasks", type=click.IntRange(0, 1_000_000), default=1000, show_default=True,
+              help="asyncio tasks awaiting pyzlog.aio append at the deepest depth (0: no such case)")
 @click.option("--out", default=None, metavar="FILE",
               help="[default: results/bench-append.json; the plot goes beside it as .png]")
 @pass_env
 def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list[int], batch: int,
-                 width: int, out: str | None) -> None:
+                 width: int, aio_tasks: int, out: str | None) -> None:
     """Append throughput and latency of zlog against raw librados writes."""
     from ..bench import bench as b
 
     b.bench_append(env, duration=duration, rounds=rounds, size=size, depths=depths, batch=batch,
-                   width=width, out=_bench_out("append", out))
+                   width=width, aio_tasks=aio_tasks, out=_bench_out("append", out))
 
 
 @bench.command(name="read", context_settings=CONTEXT)

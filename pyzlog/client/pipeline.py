@@ -258,8 +258,9 @@ class LogAsync:
             fut.set_result(result)
 
     # --------------------------------------------------------------- appends
-    def append(self, stored: bytes) -> Future[int]:
-        """`stored` is already encoded and size-checked."""
+    def append(self, stored: bytes, future: Future[int] | None = None) -> Future[int]:
+        """`stored` is already encoded and size-checked. `future`: settle this
+        one instead of a new one (client.aio's, which settle on its loop)."""
         lock = self._lock  # _begin's common case inlined: this is the hot path
         lock.acquire()
         if 0 < self._in_flight < self.max_in_flight and not self._closed:
@@ -268,7 +269,7 @@ class LogAsync:
         else:
             lock.release()
             self._begin()
-        fut: Future[int] = _Future()
+        fut: Future[int] = _Future() if future is None else future
         now = time.monotonic()
         self._send((self, fut, stored, now), now)
         return fut
@@ -397,9 +398,9 @@ class LogAsync:
                 self._finish(item[1], error=e)
 
     # ----------------------------------------------------------------- reads
-    def read(self, position: int) -> Future[bytes]:
+    def read(self, position: int, future: Future[bytes] | None = None) -> Future[bytes]:
         self._begin()
-        fut: Future[bytes] = _Future()
+        fut: Future[bytes] = _Future() if future is None else future
         try:
             self._read(position, fut, None)
         except BaseException as e:
