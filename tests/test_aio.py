@@ -40,6 +40,37 @@ def stored(rados_cluster, pool: str, name: str) -> dict[int, bytes]:  # type: ig
     return out  # type: ignore[return-value]
 
 
+def test_the_queue_notify_fd_is_readable_while_results_wait(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """dp_queue_notify_fd: readable from a completion until wait() has
+    handed out everything ready; a wake makes it readable too."""
+    import select
+
+    from pyzlog._dataplane import lib
+    from pyzlog.core.native import Connection, Op
+
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=1)
+    log.append_many([b"x", b"y"])
+    conn = Connection.of(rados_cluster)
+    q = conn.queue(max_results=1)
+    fd = q.notify_fd()
+    assert q.notify_fd() == fd  # one per queue
+
+    def readable(timeout: float = 0.0) -> bool:
+        return bool(select.select([fd], [], [], timeout)[0])
+
+    assert not readable()
+    epoch, oid = log.state.locate(0)
+    q.submit(log.state.data, oid, Op.READ, 1, epoch=epoch, position=0)
+    q.submit(log.state.data, oid, Op.READ, 2, epoch=epoch, position=1)
+    assert readable(30)
+    q.drain(30)  # both replies in: one wait of max 1 leaves one ready
+    assert [t for t, _, _ in q.wait(0)] == [1] and readable()
+    assert [(t, c, v) for t, c, v in q.wait(0)] == [(2, 0, b"y")] and not readable()
+    lib.dp_queue_wake(q.handle)
+    assert readable() and q.wait(0) == [] and not readable()
+    q.close()
+
+
 def test_thousands_of_appends_under_gather(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
     async def main() -> tuple[list[int], list[int], int]:
         log = await aio.Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address)

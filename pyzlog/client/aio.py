@@ -283,24 +283,24 @@ class AsyncLog:
         positions: builtins.list[int] = []
         awaiting = False
         try:
-            for s, d in zip(stored, entries):
+            for form, d in zip(stored, entries):
                 await self._admit()
-                sents.append(self._send(s, d))
+                sents.append(self._send(form, d))
             awaiting = True
-            for s in sents:
-                positions.append(await s.waiter)
+            for sent in sents:
+                positions.append(await sent.waiter)
             return positions
         except BaseException as e:
             cancelled = isinstance(e, asyncio.CancelledError)
             if cancelled:
                 metrics.AIO_CANCELLED["unsent"].inc(len(entries) - len(sents))
-            for s, pos in zip(sents, positions):  # stored, but the caller will not see the list
-                s.orphan = True
-                self._orphaned(s, pos, None)
+            for sent, pos in zip(sents, positions):  # stored, but the caller will not see the list
+                sent.orphan = True
+                self._orphaned(sent, pos, None)
             k = len(positions)
             # the entry whose await raised its own error: that error is the one raised
-            for s in sents[k + (1 if awaiting and not cancelled else 0):]:
-                self._abandon(s)
+            for sent in sents[k + (1 if awaiting and not cancelled else 0):]:
+                self._abandon(sent)
             raise
 
     # ----------------------------------------------------------------- reads
@@ -416,9 +416,13 @@ class AsyncConsumer:
         loop = self.log.loop
         done: asyncio.Future[int] = loop.create_future()
 
+        def settle(code: int) -> None:
+            if not done.done():  # not cancelled meanwhile
+                done.set_result(code)
+
         def landed(code: int) -> None:  # on a librados thread
             try:
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(code))
+                loop.call_soon_threadsafe(settle, code)
             except RuntimeError:  # the loop is closed
                 pass
 

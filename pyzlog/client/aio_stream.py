@@ -153,8 +153,12 @@ class AsyncBatchStream(BatchStream):
                     self.position = sc.position
                     continue
                 holes, end_of_view = self.holes, vend
-                since = await step(lambda: holes.since(pos, end_of_view,
-                                                       lambda: (sc.refresh_max(), sc.max_position())[1]), q, loop)
+
+                def highest(sc: ViewScan = sc) -> int | None:
+                    sc.refresh_max()  # may raise _WouldBlock: since() is then asked again
+                    return sc.max_position()
+
+                since = await step(lambda: holes.since(pos, end_of_view, highest), q, loop)
                 if since is None:  # the tail
                     if not self.follow:
                         return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any, Self
@@ -22,7 +23,7 @@ from ..core.metadata import MetaStore
 from ..core.sequencer import SequencerClient
 from ..core.state import LogState
 from ..core.tailfind import find_tail, seal_new_epoch
-from . import ops
+from . import metrics, ops
 from .appending import store, stored_form
 from .batches import BatchStream, Records
 from .consumer import Consumer, Start
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pyzlog")
 
 DEFAULT_WIDTH = 4
+#: sync appends' latency, per call (client.metrics)
+_SYNC_SECONDS = metrics.APPEND_SECONDS["sync"]
 #: stream()'s batches on the native path: small enough that a record is
 #: handed out soon after its object's reply, large enough to amortize a batch
 STREAM_BATCH_ROWS = 4096
@@ -188,18 +191,27 @@ class Log:
         unreachable) from slow tail finding. A stale epoch refreshes the view
         and takes a new position; so does a position someone else wrote or
         filled first. Success is reported only for data that is stored."""
-        return store(self.state, self.positions, [stored_form(self.state, data)], "append")[0]
+        t0 = time.monotonic()
+        pos = store(self.state, self.positions, [stored_form(self.state, data)], "append")[0]
+        _SYNC_SECONDS.observe(time.monotonic() - t0)
+        return pos
 
     def append_many(self, entries: builtins.list[bytes]) -> builtins.list[int]:
         """Append entries with one sequencer request and one write_many call
         per object. Positions are increasing in entry order unless a write is
         refused (a position filled or taken meanwhile): that entry is appended
         again at a later position. Returns the position of each entry."""
-        return store(self.state, self.positions, [stored_form(self.state, d) for d in entries], "append_many")
+        t0 = time.monotonic()
+        out = store(self.state, self.positions, [stored_form(self.state, d) for d in entries], "append_many")
+        _SYNC_SECONDS.observe(time.monotonic() - t0)
+        return out
 
     def append_slow(self, data: bytes) -> int:
         """Append by slow tail finding, without asking any sequencer."""
-        return store(self.state, self.positions, [stored_form(self.state, data)], "append_slow", slow=True)[0]
+        t0 = time.monotonic()
+        pos = store(self.state, self.positions, [stored_form(self.state, data)], "append_slow", slow=True)[0]
+        _SYNC_SECONDS.observe(time.monotonic() - t0)
+        return pos
 
     # ----------------------------------------------------------------- async
     def append_async(self, data: bytes) -> Future[int]:

@@ -137,11 +137,13 @@ class AsyncPipeline:
         ones settled per log in one go, the rest one by one."""
         pop = self.items.pop
         stored: dict[LogAsync, list[tuple[Future[int], int]]] = {}
+        now, latency = time.monotonic(), metrics.APPEND_SECONDS["async"].observe
         for tag, code, position in zip(tags, codes, positions):
             item = pop(tag, None)
             if item is None:
                 continue
             if code == 0:
+                latency(now - item[3])
                 done = stored.get(item[0])
                 if done is None:
                     done = stored[item[0]] = []
@@ -328,6 +330,7 @@ class LogAsync:
         """An entry's outcome (the completion thread, or a retry's write)."""
         if code == 0:
             metrics.APPENDS.inc()
+            metrics.APPEND_SECONDS["async"].observe(time.monotonic() - item[3])
             self._stale.reset()
             self._finish(item[1], result=position)
             return
