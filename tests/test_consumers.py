@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from test_cli import ok, run
+from test_cli import assert_error, ok, run
 from test_client_metrics import Deltas
 
 from pyzlog import CommitRefused, InvalidRequest, Log, RecordKind
@@ -228,3 +228,25 @@ def test_lag_and_commits_are_metrics(rados_cluster, ceph, log_name) -> None:  # 
     assert d.now()[("zlog_client_consumer_lag", key)] == 11
     c.close()
     assert ("zlog_client_consumer_lag", key) not in d.now()
+
+
+def test_the_consumer_command_shows_resets_and_removes(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    log = make_log(rados_cluster, ceph, log_name, 10)
+    assert "has no named consumers" in ok(run(ceph, "consumer", log_name))
+    log.consumer("billing").commit(7)
+    log.consumer("audit").commit(2)
+    rows = json.loads(ok(run(ceph, "consumer", log_name, "--json")))
+    assert [(r["name"], r["position"], r["lag"]) for r in rows] == [("audit", 2, 8), ("billing", 7, 3)]
+    assert re.search(r"^billing +position +7 +lag +3 ", ok(run(ceph, "consumer", log_name, "billing")), re.M)
+    # a rewind: the one way back, by an operator
+    rows = json.loads(ok(run(ceph, "consumer", log_name, "billing", "--reset", "1", "--json")))
+    assert [(r["name"], r["position"]) for r in rows] == [("billing", 1)]
+    assert log.consumer("billing").position == 1
+    assert "removed" in ok(run(ceph, "consumer", log_name, "audit", "--remove"))
+    assert set(log.consumers()) == {"billing"}
+    assert_error(run(ceph, "consumer", log_name, "audit"), 1, "has no committed position")
+    assert_error(run(ceph, "consumer", log_name, "audit", "--remove"), 1, "has no committed position")
+    assert_error(run(ceph, "consumer", log_name, "--reset", "3"), 2, "need a CONSUMER")
+    assert_error(run(ceph, "consumer", log_name, "b/x", "--reset", "3"), 1, "bad consumer name")
+    assert_error(run(ceph, "consumer", log_name, "billing", "--reset", "-1"), 2)
+    assert_error(run(ceph, "consumer", log_name + "-none"), 1, "does not exist")

@@ -346,6 +346,54 @@ def info(env: Env, name: str, as_json: bool) -> None:
                    f"committed {c['committed_age_s']}s ago by {c['committed_by']}")
 
 
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.argument("consumer", required=False)
+@click.option("--reset", "reset_to", type=POSITION, default=None, metavar="POS",
+              help="set CONSUMER's committed position to POS, even backwards (a rewind or a skip)")
+@click.option("--remove", is_flag=True, help="forget CONSUMER's position (it starts afresh next time)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_env
+def consumer(env: Env, name: str, consumer: str | None, reset_to: int | None, remove: bool, as_json: bool) -> None:
+    """Named consumers of log NAME: committed position, lag, last commit.
+
+    With CONSUMER: that one only; --reset POS or --remove change it (stop
+    its instances first: one still running may commit over a reset)."""
+    from ..core import offsets
+    from .status import consumer_status
+
+    if (reset_to is not None or remove) and consumer is None:
+        raise click.UsageError("--reset and --remove need a CONSUMER")
+    if reset_to is not None and remove:
+        raise click.UsageError("--reset and --remove do not go together")
+    log = env.open(name)  # LogNotFound if missing
+    if consumer is not None:
+        offsets.check_consumer_name(consumer)
+    io = log.consumer_ioctx()
+    if reset_to is not None:
+        offsets.reset(io, name, consumer, reset_to)  # type: ignore[arg-type]
+    elif remove:
+        if not offsets.remove(io, name, consumer):  # type: ignore[arg-type]
+            raise ZlogError(f"consumer {consumer!r} of log {name!r} has no committed position")
+    found = log.consumers()
+    if consumer is not None:
+        if remove:
+            click.echo(f"removed consumer {consumer} of {name}")
+            return
+        if consumer not in found:
+            raise ZlogError(f"consumer {consumer!r} of log {name!r} has no committed position")
+        found = {consumer: found[consumer]}
+    rows = consumer_status(found, log.next_position_hint())
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"log {name} has no named consumers")
+    for c in rows:
+        click.echo(f"{c['name']:<24} position {c['position']:>12}  lag {c['lag']:>10}  "
+                   f"committed {c['committed_age_s']}s ago by {c['committed_by']}")
+
+
 def _answers(flag: bool | None) -> str:
     return "answers" if flag else "does not answer"
 

@@ -287,8 +287,11 @@ class Log:
 
     def consumers(self) -> dict[str, offsets.Committed]:
         """Every named consumer of this log and its stored position."""
-        return offsets.list_consumers(open_ioctx(self.cluster, self.pool, META_NAMESPACE), self.name).get(
-            self.name, {})
+        return offsets.list_consumers(self.consumer_ioctx(), self.name).get(self.name, {})
+
+    def consumer_ioctx(self) -> rados.Ioctx:
+        """Where this log's consumers keep their positions (core.offsets)."""
+        return open_ioctx(self.cluster, self.pool, META_NAMESPACE)
 
     # -------------------------------------------------------- reconfiguration
     def reconfigure(self, width: int) -> wire.View:
