@@ -14,7 +14,9 @@ PKG = Path(__file__).resolve().parent.parent / "pyzlog"
 
 #: what is built on the client and may use Log: the command line, the demo,
 #: the tools and the Spark connector (with their submodules)
-ABOVE_LOG = ("pyzlog.admin.cli", "pyzlog.admin.demo", "pyzlog.bench", "pyzlog.spark")
+ABOVE_LOG = ("pyzlog.admin.cli", "pyzlog.admin.demo", "pyzlog.bench", "pyzlog.spark",
+             # the asyncio API wraps Log (public as pyzlog.aio, beside the package's __init__)
+             "pyzlog.client.aio", "pyzlog.aio")
 
 
 #: which packages each package may import (besides itself and pyzlog's
@@ -175,3 +177,23 @@ def test_the_checkout_itself_imports_the_compiled_parts() -> None:
     init, cls_lib = out.stdout.split()
     assert Path(init) == PKG / "__init__.py"  # the checkout's source, not a copy
     assert Path(cls_lib).name == "libcls_zlog.so"
+
+
+def test_the_package_ships_its_types() -> None:
+    """py.typed (PEP 561) is in the source and in the installed distribution,
+    so a user's type checker reads pyzlog's annotations instead of Any."""
+    from importlib.metadata import files
+
+    assert (PKG / "py.typed").is_file()
+    installed = {str(f) for f in files("pyzlog") or []}
+    assert "pyzlog/py.typed" in installed, "py.typed is missing from the wheel: pip install . again"
+
+
+def test_the_asyncio_api_sits_on_the_client() -> None:
+    """pyzlog.aio (public) and pyzlog.client.aio wrap Log; the async stream
+    and the named consumers sit below it; the consumers' storage is core."""
+    g = graph()
+    assert "pyzlog.client.log" in g["pyzlog.client.aio"] and "pyzlog.client.aio" in g["pyzlog.aio"]
+    assert "pyzlog.client.log" not in g["pyzlog.client.aio_stream"]
+    assert "pyzlog.client.log" not in g["pyzlog.client.consumer"]
+    assert "pyzlog.core.offsets" in g["pyzlog.client.consumer"] and package_of("pyzlog.core.offsets") == "pyzlog.core"
