@@ -43,7 +43,7 @@ from pyzlog import ClusterUnavailable, InvalidRequest, Log, Timeout, ZlogError
 
 from . import codec, entry
 from .entry import CMD, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
-from .errors import (CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown, ResultUnavailable,
+from .errors import (BadEntry, CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown, ResultUnavailable,
                      RuntimeClosed, RuntimeFailed, TransactionAborted, WrongType)
 from .machine import StateMachine
 from .sessions import Session, Sessions
@@ -105,11 +105,13 @@ class Runtime:
     follow: if set, seconds between tail checks when idle, so reads without
         sync() are at most about that stale; None: play only on demand.
     propose_timeout: seconds a proposal's append is retried before it is retired.
+    keep_decisions: keep {position: committed} of every transaction decided
+        here in `decisions` (for audits and tests: it grows with the log).
     """
 
     def __init__(self, log: Log, *, hole_wait: float = 2.0, client_id: int | None = None,
                  checkpoints: CheckpointStore | None = None, follow: float | None = None,
-                 propose_timeout: float = 120.0) -> None:
+                 propose_timeout: float = 120.0, keep_decisions: bool = False) -> None:
         if not isinstance(log, Log):
             raise InvalidRequest(f"Runtime needs a pyzlog.Log, not {type(log).__name__}")
         if client_id is not None and not (isinstance(client_id, int) and 0 < client_id < 1 << 64):
@@ -124,6 +126,7 @@ class Runtime:
         self.client_id = client_id or random.SystemRandom().randrange(1, 1 << 64)
         self._fixed_id = client_id is not None
         self.stats = Stats()
+        self.decisions: dict[int, bool] | None = {} if keep_decisions else None
 
         self._objects: dict[int, StateMachine] = {}
         self._initial: dict[int, Any] = {}  # each object's empty state, to reset it on a reload
@@ -213,10 +216,8 @@ class Runtime:
                 return self
             self._check_open()
             first = self.log.first_position()
-            info = self._usable_checkpoint(first) if self.checkpoints is not None else None
-            if info is not None:
-                self._load(info)
-            elif first > 0:
+            info = self._load_newest(first) if self.checkpoints is not None else None
+            if info is None and first > 0:
                 raise CheckpointError(f"log {self.log.name!r} is trimmed below {first} and no checkpoint covers "
                                       "the objects hosted here: the state cannot be rebuilt")
             self._started = True
@@ -397,6 +398,7 @@ class Runtime:
 
     def wait_applied(self, position: int, timeout: float | None = None) -> None:
         """Play every position below `position` (Timeout after `timeout` s)."""
+        self.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             if position > self._target:
@@ -518,17 +520,18 @@ class Runtime:
     def _play(self, target: int) -> None:
         while self.applied < target and not self._closing:
             at = self.applied
+            run: list[bytes] = []
             with self._cv:
                 heap, own = self._own_heap, self._own
                 while heap and heap[0] < at:
                     own.pop(heapq.heappop(heap), None)
+                # a run of our own acknowledged entries from `at` on: their bytes are known
+                while heap and heap[0] == at + len(run) and len(run) < CHUNK and at + len(run) < target:
+                    run.append(own.pop(heapq.heappop(heap)))
                 nxt = heap[0] if heap else None
-                data = own.pop(at, None) if nxt == at else None
-                if data is not None:
-                    heapq.heappop(heap)
-            if data is not None:
-                self.stats.from_memory += 1
-                self._apply_rows([at], [data], None)
+            if run:
+                self.stats.from_memory += len(run)
+                self._apply_rows(list(range(at, at + len(run))), run, None)  # type: ignore[arg-type]
                 continue
             end = target if nxt is None else min(target, nxt)
             for batch in self.log.stream_batches(at, end, known_tail=end, hole_wait=self.hole_wait):
@@ -631,19 +634,23 @@ class Runtime:
         self._streams_seen.update(streams)
         if not any(s in objects for s in streams):
             return None
-        record = codec.loads(data[off:])
         try:
-            reads, writes = record
-        except (TypeError, ValueError):
-            raise entry.BadEntry(f"position {pos}: a commit record does not parse") from None
-        for r in reads:
-            s, key, version = r
+            reads, writes = codec.loads(data[off:])
+            reads = [(int(s), key, int(v)) for s, key, v in reads]
+            writes = [(int(s), bytes(p)) for s, p in writes]
+        except (TypeError, ValueError) as e:
+            raise BadEntry(f"position {pos}: a commit record does not parse ({e})") from None
+        if not any(s in objects for s, _ in writes):
+            return None  # nothing of it changes what is hosted here: no need to decide
+        for s, key, version in reads:
             obj = objects.get(s)
             if obj is None:
                 raise NotHosted(f"position {pos}: a transaction writes an object hosted here but read an object "
                                 f"(stream {s:#x}) that is not: host every object such transactions read")
             if obj.read_version(key) != version:
                 self.stats.aborted += 1
+                if self.decisions is not None:
+                    self.decisions[pos] = False
                 return TxnResult(False, [])
         results: list[Any] = []
         for s, payload in writes:
@@ -656,6 +663,8 @@ class Runtime:
                 obj.version = pos + 1
             except Exception as e:  # noqa: BLE001 - deterministic: the same everywhere
                 results.append(e)
+        if self.decisions is not None:
+            self.decisions[pos] = True
         return TxnResult(True, results)
 
     # ---------------------------------------------------------- checkpoints
@@ -750,13 +759,28 @@ class Runtime:
         if self.checkpoints is None:
             raise CheckpointError(f"position {position} of log {self.log.name!r} is trimmed and this runtime has "
                                   "no checkpoint store to start again from")
-        info = self._usable_checkpoint(position + 1)
-        if info is None or info.position <= position:
+        info = self._load_newest(position + 1)
+        if info is None:
             raise CheckpointError(f"position {position} of log {self.log.name!r} is trimmed and no checkpoint "
                                   "after it covers the objects hosted here")
-        logger.warning("log %r: position %d is trimmed; reloading from checkpoint at %d", self.log.name,
+        logger.warning("log %r: position %d is trimmed; reloaded from the checkpoint at %d", self.log.name,
                        position, info.position)
-        self._load(info)
+
+    def _load_newest(self, first: int) -> CheckpointInfo | None:
+        """Load the newest checkpoint at or after `first` that covers what is
+        hosted here; None if there is none. A checkpoint deleted between the
+        listing and the read (a trim made a newer one) is passed over."""
+        for attempt in range(5):
+            info = self._usable_checkpoint(first)
+            if info is None:
+                return None
+            try:
+                self._load(info)
+                return info
+            except CheckpointError:
+                if attempt == 4 or info in (self.checkpoints.list() if self.checkpoints else []):
+                    raise  # still listed: damaged, not replaced
+        return None
 
     def _settle_after_load(self) -> None:
         """Proposals the checkpoint already holds: applied (result unknown
