@@ -182,6 +182,13 @@ def test_bad_input_gets_typed_errors(pair: Replicas) -> None:
         a.checkpoint()
     with pytest.raises(pyzlog.EntryTooLarge):
         m.put("big", b"x" * (2 << 20))
+    # proposals sent in one batch with a bad one: only it fails
+    futures = [m.put_async(f"k{i}", b"v") for i in range(20)]
+    big = m.put_async("big", b"x" * (2 << 20))
+    futures += [m.put_async(f"j{i}", b"v") for i in range(20)]
+    assert [f.result(60) for f in futures] == [None] * 40
+    with pytest.raises(pyzlog.EntryTooLarge):
+        big.result(60)
     m["still"] = "works"
     a.close()
     with pytest.raises(RuntimeClosed):

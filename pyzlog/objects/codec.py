@@ -57,6 +57,14 @@ _MISSING_B = bytes((_MISSING,))
 
 def dumps(value: Any) -> bytes:
     """`value` as bytes; InvalidRequest for a type the codec does not carry."""
+    t = type(value)
+    if t is bytes:  # the common keys and values, without the general walk
+        n = len(value)
+        return (bytes((_SBYTES, n)) if n < 256 else _TI.pack(_BYTES, n)) + value
+    if t is str:
+        b = value.encode()
+        n = len(b)
+        return (bytes((_SSTR, n)) if n < 256 else _TI.pack(_STR, n)) + b
     out: list[bytes] = []
     _enc(value, out, 0)
     return b"".join(out)

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyzlog import ClusterUnavailable, InvalidRequest, Log, Timeout, ZlogError
@@ -63,17 +63,25 @@ CHUNK = 512
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
 #: the player's pause after an error it retries (a cluster or sequencer outage)
 PLAY_BACKOFF_MAX = 2.0
+#: threads sending queued proposals (each one append_many at a time), and
+#: the most entries one append_many takes
+SENDERS = 2
+MAX_BATCH = 256
+#: while own appends are in flight, how long the player waits for the next
+#: position to turn out to be one of them before reading it from the log
+#: (where it may still be unwritten, and the read would wait on it as a hole)
+OWN_GRACE = 0.005
 
 
-@dataclass(eq=False)
 class _Pending:
-    seq: int
-    data: bytes
-    future: Future[Any]
-    deadline: float
-    maybe_stored: bool = False  # an attempt failed in a way that may have stored it
-    attempts: int = 0
-    retire: list[int] = field(default_factory=list)  # a RETIRE entry: the seqs it retires
+    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire")
+
+    def __init__(self, seq: int, data: bytes, future: Future[Any], deadline: float,
+                 retire: list[int] | None = None) -> None:
+        self.seq, self.data, self.future, self.deadline = seq, data, future, deadline
+        self.maybe_stored = False  # an attempt failed in a way that may have stored it
+        self.attempts = 0
+        self.retire = retire or []  # a RETIRE entry: the seqs it retires
 
 
 @dataclass
@@ -135,6 +143,12 @@ class Runtime:
         self.applied = 0  # every position below this is played
         self._target = 0
         self._own: dict[int, bytes] = {}  # acknowledged own appends not yet played
+        self._in_flight = 0  # own appends submitted, not yet acknowledged or failed (under _cv)
+        self._grace_pos, self._grace_end = -1, 0.0
+        self._queue: deque[_Pending] = deque()  # proposals waiting for a sender
+        self._send_cv = threading.Condition(threading.Lock())
+        self._idle_senders = 0
+        self._senders: list[threading.Thread] = []
         self._own_heap: list[int] = []
         self._pending: dict[int, _Pending] = {}
         self._sessions = Sessions()
@@ -224,6 +238,11 @@ class Runtime:
             self._player = threading.Thread(target=self._run, name=f"zlog-objects-play-{self.log.name}",
                                             daemon=True)
             self._player.start()
+            for i in range(SENDERS):
+                t = threading.Thread(target=self._send_loop, name=f"zlog-objects-send-{self.log.name}-{i}",
+                                     daemon=True)
+                t.start()
+                self._senders.append(t)
         if self._fixed_id:  # a restarted client: continue its seqs after the log's
             self.sync()
             with self._plock:
@@ -237,7 +256,9 @@ class Runtime:
                 return
             self._closing = True
             self._cv.notify_all()
-        for t in (self._player, self._retrier):
+        with self._send_cv:
+            self._send_cv.notify_all()
+        for t in (self._player, self._retrier, *self._senders):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout)
         for p in list(self._pending.values()):
@@ -269,17 +290,23 @@ class Runtime:
         return self._propose(CMD, obj.stream, payload)
 
     def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None) -> Future[Any]:
-        self.start()
-        self._check_open()
+        if not self._started:
+            self.start()
+        if self._failed is not None or self._closing:
+            self._check_open()
         with self._plock:
             seq = self._next_seq
             self._next_seq += 1
             self._unsettled.append(seq)
             lwm = self._lwm_locked()
-        data = entry.header(kind, self.client_id, seq, lwm, stream) + body
-        p = _Pending(seq, data, Future(), time.monotonic() + self.propose_timeout, retire=retire or [])
+        data = HEADER.pack(MAGIC, entry.VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
+        p = _Pending(seq, data, Future(), time.monotonic() + self.propose_timeout, retire)
         self._pending[seq] = p
-        self._submit(p)
+        p.attempts += 1
+        self._queue.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
+        if self._idle_senders:
+            with self._send_cv:
+                self._send_cv.notify()
         return p.future
 
     def _lwm_locked(self) -> int:
@@ -294,27 +321,94 @@ class Runtime:
 
     def _submit(self, p: _Pending) -> None:
         p.attempts += 1
+        with self._cv:
+            self._in_flight += 1
         try:
             f = self.log.append_async(p.data)
         except BaseException as e:  # noqa: BLE001 - judged like a failed Future
+            self._landed(None)
             self._append_failed(p, e)
             return
         f.add_done_callback(lambda f, p=p: self._appended(p, f))
+
+    def _send_loop(self) -> None:
+        """Send queued proposals: everything queued (up to MAX_BATCH) in one
+        append_many, so a proposal costs no client Future or callback of
+        its own, and the batch one sequencer request and one write per object."""
+        q = self._queue
+        while True:
+            with self._send_cv:
+                self._idle_senders += 1  # before looking: a proposer that queues after the look notifies
+                try:
+                    while not q and not self._closing:
+                        self._send_cv.wait(0.5)
+                finally:
+                    self._idle_senders -= 1
+            if self._closing:
+                return
+            batch: list[_Pending] = []
+            try:
+                while len(batch) < MAX_BATCH:
+                    batch.append(q.popleft())
+            except IndexError:
+                pass
+            if not batch:
+                continue
+            with self._cv:
+                self._in_flight += len(batch)  # out of the queue, not yet stored
+            try:
+                positions = self.log.append_many([p.data for p in batch])
+            except BaseException as e:  # noqa: BLE001 - each proposal is judged and retried alone
+                with self._cv:
+                    self._in_flight -= len(batch)
+                    self._cv.notify_all()
+                if isinstance(e, InvalidRequest) and len(batch) > 1:
+                    for p in batch:  # one bad entry refuses the call: send each alone, so only it fails
+                        self._submit(p)
+                    continue
+                for p in batch:
+                    self._append_failed(p, e)
+                continue
+            with self._cv:
+                self._in_flight -= len(batch)
+                own, heap, applied = self._own, self._own_heap, self.applied
+                top = -1
+                for p, pos in zip(batch, positions):
+                    if pos >= applied:
+                        own[pos] = p.data
+                        heapq.heappush(heap, pos)
+                    if pos > top:
+                        top = pos
+                if top + 1 > self._target:
+                    self._target = top + 1
+                self._cv.notify_all()
+
+    def _landed(self, pos: int | None, data: bytes | None = None) -> None:
+        """An own append is over (stored at pos, or failed). Wake the player
+        only when it can move: pos is the next position to play, or nothing
+        of ours is in flight any more. Waking it for every append would cost
+        a thread switch per entry."""
+        with self._cv:
+            self._in_flight -= 1
+            wake = self._in_flight == 0 and not self._queue
+            if pos is not None:
+                if pos >= self.applied:
+                    self._own[pos] = data  # type: ignore[assignment]
+                    heapq.heappush(self._own_heap, pos)
+                if pos + 1 > self._target:
+                    self._target = pos + 1
+                wake = wake or pos == self.applied
+            if wake:
+                self._cv.notify_all()
 
     def _appended(self, p: _Pending, f: Future[int]) -> None:
         """On the client's completion thread: keep it short."""
         e = f.exception()
         if e is not None:
+            self._landed(None)
             self._append_failed(p, e)
             return
-        pos = f.result()
-        with self._cv:
-            if pos >= self.applied:
-                self._own[pos] = p.data
-                heapq.heappush(self._own_heap, pos)
-            if pos + 1 > self._target:
-                self._target = pos + 1
-            self._cv.notify_all()
+        self._landed(f.result(), p.data)
 
     def _append_failed(self, p: _Pending, e: BaseException) -> None:
         refused = isinstance(e, ZlogError) and not isinstance(e, ClusterUnavailable)
@@ -470,7 +564,11 @@ class Runtime:
                     if self._closing:
                         return
                     if self._target > self.applied:
-                        break
+                        left = self._grace_left(self.applied)
+                        if left <= 0:
+                            break
+                        self._cv.wait(left)
+                        continue
                     if self.follow is not None:
                         wait = next_poll - time.monotonic()
                         if wait <= 0:
@@ -506,6 +604,18 @@ class Runtime:
                 self._fail(e)
                 return
 
+    def _grace_left(self, at: int) -> float:
+        """Under _cv: seconds to wait before reading position `at` from the
+        log (0: read it now). While own appends are in flight, `at` may be
+        one of them: reading it now could find it unwritten and wait on it
+        as a hole, and the acknowledgement will bring its bytes anyway."""
+        if (self._in_flight == 0 and not self._queue) or at in self._own:
+            return 0.0
+        now = time.monotonic()
+        if self._grace_pos != at:
+            self._grace_pos, self._grace_end = at, now + OWN_GRACE
+        return max(0.0, self._grace_end - now)
+
     def _fail(self, e: BaseException) -> None:
         with self._cv:
             self._failed = e
@@ -533,6 +643,9 @@ class Runtime:
                 self.stats.from_memory += len(run)
                 self._apply_rows(list(range(at, at + len(run))), run, None)  # type: ignore[arg-type]
                 continue
+            with self._cv:
+                if self._grace_left(at) > 0:
+                    return  # to the wait: `at` may be ours, acknowledged any moment
             end = target if nxt is None else min(target, nxt)
             for batch in self.log.stream_batches(at, end, known_tail=end, hole_wait=self.hole_wait):
                 positions = batch.column(0).to_pylist()
@@ -614,11 +727,12 @@ class Runtime:
         finally:
             if done:
                 self._done = []
+                with self._plock:
+                    settled = self._settled
+                    for p, _, _ in done:
+                        settled.add(p.seq)
+                        settled.update(p.retire)  # a RETIRE settles the seqs it retired
                 for p, result, ok in done:
-                    self._settle(p.seq)
-                    if p.retire:  # a RETIRE settles the seqs it retired
-                        for q in p.retire:
-                            self._settle(q)
                     if p.future.done():
                         continue
                     if ok:
