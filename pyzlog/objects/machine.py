@@ -34,8 +34,9 @@ class Host(Protocol):
 
     def current_transaction(self) -> Transaction | None: ...
     def propose(self, obj: StateMachine, payload: bytes) -> Future[Any]: ...
+    def propose_wait(self, obj: StateMachine, payload: bytes, timeout: float | None = None) -> Any: ...
+    def _commit(self, streams: list[int], body: bytes, timeout: float | None) -> Any: ...
     def sync(self, timeout: float | None = None) -> int: ...
-    def _propose_txn(self, streams: list[int], body: bytes) -> Future[Any]: ...
 
 
 class StateMachine:
@@ -86,7 +87,7 @@ class StateMachine:
         if tx is not None:
             tx.write(self, self.encode_command(command))
             return None
-        return self.runtime.propose(self, self.encode_command(command)).result(timeout)
+        return self.runtime.propose_wait(self, self.encode_command(command), timeout)
 
     def propose_async(self, command: Any) -> Future[Any]:
         """Append `command`; a Future of apply's result (not in a transaction)."""
@@ -97,7 +98,7 @@ class StateMachine:
         if tx is not None:
             tx.write(self, payload)
             return None
-        return self.runtime.propose(self, payload).result(timeout)
+        return self.runtime.propose_wait(self, payload, timeout)
 
     def read_guard(self, key: Any = None) -> Transaction | None:
         """Call before reading state: inside a transaction, records the
@@ -179,7 +180,7 @@ class Transaction:
             return self.committed
         body = codec.dumps([[[s, k, v] for (s, k), v in self.reads.items()],
                             [[s, p] for s, p in self.writes]])
-        result = rt._propose_txn(sorted(self.streams), body).result(timeout)
+        result = rt._commit(sorted(self.streams), body, timeout)
         self.committed = bool(result.committed)
         self.results = list(result.results)
         return self.committed

@@ -112,7 +112,7 @@ class ReplicatedMap(StateMachine):
             tx.overlay_of(self, dict)[key] = value
             tx.write(self, payload)
             return
-        self.runtime.propose(self, payload).result(timeout)
+        self.runtime.propose_wait(self, payload, timeout)
 
     def put_async(self, key: Any, value: Any) -> Future[Any]:
         _check_key(key)
@@ -127,7 +127,7 @@ class ReplicatedMap(StateMachine):
             tx.overlay_of(self, dict)[key] = MISSING
             tx.write(self, payload)
             return None
-        return bool(self.runtime.propose(self, payload).result(timeout))
+        return bool(self.runtime.propose_wait(self, payload, timeout))
 
     def cas(self, key: Any, expected: Any, new: Any, timeout: float | None = None) -> bool:
         """Set `key` to `new` if its value is `expected` (MISSING: absent);
@@ -144,7 +144,7 @@ class ReplicatedMap(StateMachine):
                      else _OP[MAP_DEL] + dumps(key))
             return True
         payload = _OP[MAP_CAS] + dumps(key) + dumps(expected) + dumps(new)
-        return bool(self.runtime.propose(self, payload).result(timeout))
+        return bool(self.runtime.propose_wait(self, payload, timeout))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.put(key, value)
@@ -267,7 +267,7 @@ class Counter(StateMachine):
             ov[0] += n
             tx.write(self, _OP[CTR_ADD] + dumps(n))
             return None
-        return int(self.runtime.propose(self, _OP[CTR_ADD] + dumps(n)).result(timeout))
+        return int(self.runtime.propose_wait(self, _OP[CTR_ADD] + dumps(n), timeout))
 
     def add_async(self, n: int = 1) -> Future[Any]:
         self._int(n)
@@ -280,7 +280,7 @@ class Counter(StateMachine):
             tx.overlay_of(self, lambda: [0, None])[:] = [0, n]
             tx.write(self, _OP[CTR_SET] + dumps(n))
             return
-        self.runtime.propose(self, _OP[CTR_SET] + dumps(n)).result(timeout)
+        self.runtime.propose_wait(self, _OP[CTR_SET] + dumps(n), timeout)
 
     @property
     def value(self) -> int:
@@ -331,7 +331,7 @@ class Register(StateMachine):
             tx.overlay[self.stream] = [value]
             tx.write(self, payload)
             return
-        self.runtime.propose(self, payload).result(timeout)
+        self.runtime.propose_wait(self, payload, timeout)
 
     def cas(self, expected: Any, new: Any, timeout: float | None = None) -> bool:
         tx = self.runtime.current_transaction()
@@ -340,7 +340,7 @@ class Register(StateMachine):
                 return False
             self.set(new)
             return True
-        return bool(self.runtime.propose(self, _OP[REG_CAS] + dumps(expected) + dumps(new)).result(timeout))
+        return bool(self.runtime.propose_wait(self, _OP[REG_CAS] + dumps(expected) + dumps(new), timeout))
 
     def get(self) -> Any:
         tx = self.read_guard()
@@ -437,7 +437,7 @@ class Queue(StateMachine):
         if tx is not None:
             tx.write(self, payload)
             return None
-        return int(self.runtime.propose(self, payload).result(timeout))
+        return int(self.runtime.propose_wait(self, payload, timeout))
 
     def put_async(self, item: Any) -> Future[Any]:
         return self.runtime.propose(self, _OP[Q_PUT] + dumps(item))
@@ -456,7 +456,7 @@ class Queue(StateMachine):
             taken.add(head[0])
             tx.write(self, _OP[Q_TAKE] + dumps(head[0]))
             return head
-        got = self.runtime.propose(self, _OP[Q_GET]).result(timeout)
+        got = self.runtime.propose_wait(self, _OP[Q_GET], timeout)
         return None if got is None else (int(got[0]), got[1])
 
     def claim(self, lease: float = 30.0, consumer: str | None = None,
@@ -466,18 +466,18 @@ class Queue(StateMachine):
             raise InvalidRequest("a lease is a positive number of seconds")
         who = consumer if consumer is not None else self._consumer()
         payload = _OP[Q_CLAIM] + dumps(who) + dumps(int(lease * 1000)) + dumps(int(time.time() * 1000))
-        got = self.runtime.propose(self, payload).result(timeout)
+        got = self.runtime.propose_wait(self, payload, timeout)
         return None if got is None else (int(got[0]), got[1])
 
     def ack(self, qid: int, consumer: str | None = None, timeout: float | None = None) -> bool:
         """Done with a claimed item: True if the claim was still ours (the
         item is consumed, once); False if it was lost to another claimer."""
         who = consumer if consumer is not None else self._consumer()
-        return bool(self.runtime.propose(self, _OP[Q_ACK] + dumps(int(qid)) + dumps(who)).result(timeout))
+        return bool(self.runtime.propose_wait(self, _OP[Q_ACK] + dumps(int(qid)) + dumps(who), timeout))
 
     def release(self, qid: int, consumer: str | None = None, timeout: float | None = None) -> bool:
         who = consumer if consumer is not None else self._consumer()
-        return bool(self.runtime.propose(self, _OP[Q_RELEASE] + dumps(int(qid)) + dumps(who)).result(timeout))
+        return bool(self.runtime.propose_wait(self, _OP[Q_RELEASE] + dumps(int(qid)) + dumps(who), timeout))
 
     def _consumer(self) -> str:
         return f"{self.runtime.client_id:016x}"

@@ -149,6 +149,7 @@ class Runtime:
         self._send_cv = threading.Condition(threading.Lock())
         self._idle_senders = 0
         self._senders: list[threading.Thread] = []
+        self._play_lock = threading.Lock()  # one thread plays at a time: the player, or a caller (_play_here)
         self._own_heap: list[int] = []
         self._pending: dict[int, _Pending] = {}
         self._sessions = Sessions()
@@ -289,7 +290,31 @@ class Runtime:
             raise NotHosted(f"{obj!r} is not hosted by this runtime")
         return self._propose(CMD, obj.stream, payload)
 
-    def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None) -> Future[Any]:
+    def propose_wait(self, obj: StateMachine, payload: bytes, timeout: float | None = None) -> Any:
+        """propose(obj, payload).result(timeout), with the append made and
+        the log played on the calling thread when it can be (no thread
+        switch on the way: what one-at-a-time callers wait for)."""
+        if obj._runtime is not self:
+            raise NotHosted(f"{obj!r} is not hosted by this runtime")
+        return self._call(CMD, obj.stream, payload, timeout)
+
+    def _call(self, kind: int, stream: int, body: bytes, timeout: float | None) -> Any:
+        self._not_on_player("wait for a proposal")
+        p = self._new_pending(kind, stream, body)
+        p.attempts += 1
+        with self._cv:
+            self._in_flight += 1
+        try:
+            pos = self.log.append(p.data)
+        except BaseException as e:  # noqa: BLE001 - retried, or told, like any failed append
+            self._landed(None)
+            self._append_failed(p, e)
+        else:
+            self._landed(pos, p.data, wake=False)
+            self._play_here(pos + 1)
+        return p.future.result(timeout)
+
+    def _new_pending(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None) -> _Pending:
         if not self._started:
             self.start()
         if self._failed is not None or self._closing:
@@ -302,6 +327,10 @@ class Runtime:
         data = HEADER.pack(MAGIC, entry.VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
         p = _Pending(seq, data, Future(), time.monotonic() + self.propose_timeout, retire)
         self._pending[seq] = p
+        return p
+
+    def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None) -> Future[Any]:
+        p = self._new_pending(kind, stream, body, retire)
         p.attempts += 1
         self._queue.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
         if self._idle_senders:
@@ -383,22 +412,41 @@ class Runtime:
                     self._target = top + 1
                 self._cv.notify_all()
 
-    def _landed(self, pos: int | None, data: bytes | None = None) -> None:
+    def _landed(self, pos: int | None, data: bytes | None = None, wake: bool = True) -> None:
         """An own append is over (stored at pos, or failed). Wake the player
         only when it can move: pos is the next position to play, or nothing
         of ours is in flight any more. Waking it for every append would cost
         a thread switch per entry."""
         with self._cv:
             self._in_flight -= 1
-            wake = self._in_flight == 0 and not self._queue
+            now = self._in_flight == 0 and not self._queue
             if pos is not None:
                 if pos >= self.applied:
                     self._own[pos] = data  # type: ignore[assignment]
                     heapq.heappush(self._own_heap, pos)
                 if pos + 1 > self._target:
                     self._target = pos + 1
-                wake = wake or pos == self.applied
-            if wake:
+                now = now or pos == self.applied
+            if wake and now:
+                self._cv.notify_all()
+
+    def _play_here(self, target: int) -> None:
+        """Play to `target` on this thread if no one else is playing; else
+        (or if it cannot finish) leave it to the player, woken."""
+        if self._play_lock.acquire(blocking=False):
+            try:
+                self._play(target)
+            except (_Trimmed, ZlogError) as e:
+                if isinstance(e, ObjectsError):  # a damaged or unsupported entry: the runtime stops here
+                    self._fail(e)
+                # else a trim or an outage: the player reloads or retries
+            except BaseException as e:  # noqa: BLE001 - a bug; told to every waiter
+                logger.exception("playing log %r stopped", self.log.name)
+                self._fail(e)
+            finally:
+                self._play_lock.release()
+        if self.applied < target:
+            with self._cv:
                 self._cv.notify_all()
 
     def _appended(self, p: _Pending, f: Future[int]) -> None:
@@ -490,14 +538,22 @@ class Runtime:
         self.wait_applied(tail, timeout)
         return tail
 
+    def _not_on_player(self, what: str) -> None:
+        if threading.current_thread() is self._player:
+            raise InvalidRequest(f"cannot {what} on the runtime's own thread (in a Future's callback): it "
+                                 "would wait for itself")
+
     def wait_applied(self, position: int, timeout: float | None = None) -> None:
         """Play every position below `position` (Timeout after `timeout` s)."""
         self.start()
+        self._not_on_player("wait for the log to be played")
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.applied < position:
+            with self._cv:
+                if position > self._target:
+                    self._target = position
+            self._play_here(position)
         with self._cv:
-            if position > self._target:
-                self._target = position
-                self._cv.notify_all()
             while self.applied < position:
                 self._check_open()
                 left = None if deadline is None else deadline - time.monotonic()
@@ -545,13 +601,13 @@ class Runtime:
             time.sleep(min(0.001 * 2 ** attempt, 0.1) * random.random())
         raise TransactionAborted(f"the transaction aborted {retries + 1} times")
 
-    def _propose_txn(self, streams: list[int], body: bytes) -> Future[Any]:
-        return self._propose(TXN, 0, entry.pack_u64s(streams) + body)
+    def _commit(self, streams: list[int], body: bytes, timeout: float | None) -> Any:
+        return self._call(TXN, 0, entry.pack_u64s(streams) + body, timeout)
 
     def noop(self, timeout: float | None = None) -> int:
         """Append an entry that changes nothing and wait until it is played
         (a barrier); returns the runtime's applied position after it."""
-        self._propose(NOOP, 0, b"").result(timeout)
+        self._call(NOOP, 0, b"", timeout)
         return self.applied
 
     # ------------------------------------------------------------- playing
@@ -583,7 +639,8 @@ class Runtime:
                     tail = self.log.tail()
                     with self._cv:
                         self._target = target = max(self._target, tail)
-                self._play(target)
+                with self._play_lock:
+                    self._play(target)
                 backoff = 0.0
             except _Trimmed as t:
                 try:
