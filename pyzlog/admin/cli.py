@@ -673,6 +673,29 @@ def bench_peer(env: Env, duration: float, rounds: int, size: int, depth: int, ba
         entries=entries, out=_bench_out("peer", out))
 
 
+@bench.command(name="objects", context_settings=CONTEXT)
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=12.0, show_default=True,
+              help="seconds per write case, split over the rounds")
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="every case runs once per round, alternately")
+@click.option("--size", type=click.IntRange(0, 1 << 19), default=100, show_default=True,
+              help="bytes of each map value")
+@click.option("--depth", type=click.IntRange(1, 65536), default=128, show_default=True,
+              help="puts and appends in flight in the async cases")
+@click.option("--entries", type=click.IntRange(20, 10_000_000), default=40000, show_default=True,
+              help="puts in the log the replay cases play (a checkpoint half way)")
+@click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-objects.json]")
+@pass_env
+def bench_objects(env: Env, duration: float, rounds: int, size: int, depth: int, entries: int, width: int,
+                  out: str | None) -> None:
+    """Replicated objects (pyzlog.objects): puts and transactions against raw appends, replay speed."""
+    from ..bench.objects_bench import bench_objects as run
+
+    run(env, duration=duration, rounds=rounds, size=size, depth=depth, entries=entries, width=width,
+        out=_bench_out("objects", out))
+
+
 @bench.command(name="failover", context_settings=CONTEXT)
 @click.option("--kills", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="rounds that kill -9 the active sequencer")
