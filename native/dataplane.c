@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <rados/librados.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +144,8 @@ struct dp_queue {
   int woken;            /* dp_queue_wake */
   int hold;             /* dp_queue_hold */
   int released;
+  int notify_fd;        /* dp_queue_notify_fd's eventfd, or -1 */
+  int notified;         /* it has been written and not read since */
 };
 
 typedef struct {
@@ -315,6 +319,7 @@ dp_queue *dp_queue_new(dp_cluster *c) {
   dp_queue *q = calloc(1, sizeof *q);
   if (!q) return NULL;
   q->c = c;
+  q->notify_fd = -1;
   pthread_mutex_init(&q->mu, NULL);
   init_cond(&q->ready);
   init_cond(&q->idle);
@@ -330,6 +335,7 @@ static void queue_destroy(dp_queue *q) {
   op_list_free(q->done_head);
   op_list_free(q->handed);
   dp_cluster *c = q->c;
+  if (q->notify_fd >= 0) close(q->notify_fd);
   pthread_mutex_destroy(&q->mu);
   pthread_cond_destroy(&q->ready);
   pthread_cond_destroy(&q->idle);
@@ -360,10 +366,43 @@ void dp_queue_hold(dp_queue *q, int hold) {
   pthread_mutex_unlock(&q->mu);
 }
 
+/* q->mu held: make the notify fd readable (once until dp_wait reads it). */
+static void notify_locked(dp_queue *q) {
+  if (q->notify_fd >= 0 && !q->notified) {
+    const uint64_t one = 1;
+    if (write(q->notify_fd, &one, sizeof one) == sizeof one) q->notified = 1;
+  }
+}
+
+/* q->mu held, by dp_wait: nothing ready any more, so the fd stops being readable. */
+static void unnotify_locked(dp_queue *q) {
+  if (q->notified && !q->done_head) {
+    uint64_t n;
+    if (read(q->notify_fd, &n, sizeof n) == sizeof n || errno == EAGAIN) q->notified = 0;
+  }
+}
+
+int dp_queue_notify_fd(dp_queue *q) {
+  pthread_mutex_lock(&q->mu);
+  if (q->notify_fd < 0) {
+    q->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (q->notify_fd < 0) {
+      const int err = errno;
+      pthread_mutex_unlock(&q->mu);
+      return -err;
+    }
+    if (q->done_head) notify_locked(q);
+  }
+  const int fd = q->notify_fd;
+  pthread_mutex_unlock(&q->mu);
+  return fd;
+}
+
 void dp_queue_wake(dp_queue *q) {
   pthread_mutex_lock(&q->mu);
   q->woken = 1;
   pthread_cond_broadcast(&q->ready);
+  notify_locked(q);
   pthread_mutex_unlock(&q->mu);
 }
 
@@ -380,6 +419,7 @@ static void queue_done_locked(dp_queue *q, dp_op *op) {
     q->done_head = op;
   q->done_tail = op;
   pthread_cond_signal(&q->ready);
+  notify_locked(q);
 }
 
 /* ------------------------------------------------------------ decoding */
@@ -912,6 +952,7 @@ size_t dp_wait(dp_queue *q, dp_result *out, size_t max, double timeout_s) {
     handed_tail = &op->next;
   }
   q->handed = handed;
+  unnotify_locked(q);
   pthread_mutex_unlock(&q->mu);
   op_list_free(old);
   return n;

@@ -184,6 +184,11 @@ void dp_queue_wake(dp_queue *q);
 /* With hold set, dp_wait waits (up to its timeout, or a wake) even when
  * nothing is in flight: a completion thread sleeps there between calls. */
 void dp_queue_hold(dp_queue *q, int hold);
+/* A file descriptor (an eventfd, made on the first call and closed with q)
+ * that is readable while results wait on q, for an event loop to watch
+ * (asyncio's add_reader) instead of a thread blocked in dp_wait. dp_wait
+ * clears it when it hands out the last result ready. -errno on failure. */
+int dp_queue_notify_fd(dp_queue *q);
 
 /* --------------------------------------------------------------- submits
  * Each returns 0, or -errno when nothing was sent (no result follows then);

@@ -15,10 +15,11 @@ except ImportError as e:
         "cmake and g++)") from e
 
 from .core.cluster import connect
-from .core.errors import (ClassNotLoaded, ClusterUnavailable, Corrupt, EntryTooLarge, EpochChanged, Filled,
+from .core.errors import (ClassNotLoaded, CommitRefused, ClusterUnavailable, Corrupt, EntryTooLarge, EpochChanged, Filled,
                           InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,
                           PoolNotFound, PositionError, ProtocolMismatch, ReadOnly, SequencerRefused,
                           SequencerUnavailable, StaleEpoch, Timeout, Trimmed, ZlogError)
+from .client.consumer import Consumer
 from .client.log import Log
 from .client.reader import Record, RecordKind
 from .core.sequencer import SequencerClient
@@ -30,6 +31,6 @@ __all__ = [
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt",
-    "ProtocolMismatch", "Timeout",
+    "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer",
 ]
 __version__ = "0.1.0"

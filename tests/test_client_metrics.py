@@ -116,3 +116,38 @@ def test_tally_counts_from_many_threads() -> None:
     for th in threads:
         th.join()
     assert t.value == 8 * 20005
+
+
+def test_histogram_buckets_from_many_threads() -> None:
+    import threading
+
+    h = metrics.Histogram((0.1, 1.0))
+
+    def work() -> None:
+        for v in (0.05, 0.1, 0.5, 2.0):
+            h.observe(v)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    buckets, total = h.snapshot()
+    assert buckets == [("0.1", 8), ("1.0", 12), ("+Inf", 16)]  # cumulative; a bound holds values equal to it
+    assert abs(total - 4 * 2.65) < 1e-9
+
+
+def test_append_latency_counts_calls_and_entries(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    registry = CollectorRegistry()
+    metrics.register(registry)
+    d = Deltas(registry)
+    with Log.create(rados_cluster, ceph.pool, log_name, sequencer=seqr.address) as log:
+        for _ in range(5):
+            log.append(b"s")
+        log.append_many([b"m"] * 10)  # one call
+        for f in [log.append_async(b"a") for _ in range(30)]:
+            f.result(60)
+    assert d("zlog_client_append_seconds_count", path="sync") == 6
+    assert d("zlog_client_append_seconds_count", path="async") == 30
+    assert d("zlog_client_append_seconds_bucket", path="async", le="+Inf") == 30
+    assert d("zlog_client_append_seconds_sum", path="sync") > 0

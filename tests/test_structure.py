@@ -13,8 +13,10 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "pyzlog"
 
 #: what is built on the client and may use Log: the command line, the demo,
-#: the tools and the Spark connector (with their submodules)
-ABOVE_LOG = ("pyzlog.admin.cli", "pyzlog.admin.demo", "pyzlog.bench", "pyzlog.spark")
+#: the tools, the Spark connector and the replicated objects (with their submodules)
+ABOVE_LOG = ("pyzlog.admin.cli", "pyzlog.admin.demo", "pyzlog.bench", "pyzlog.spark", "pyzlog.objects",
+             # the asyncio API wraps Log (public as pyzlog.aio, beside the package's __init__)
+             "pyzlog.client.aio", "pyzlog.aio")
 
 
 #: which packages each package may import (besides itself and pyzlog's
@@ -23,9 +25,12 @@ ALLOWED = {
     "pyzlog.core": set(),
     "pyzlog.client": {"pyzlog.core"},
     "pyzlog.daemon": {"pyzlog.core"},
-    "pyzlog.admin": {"pyzlog.core", "pyzlog.client", "pyzlog.bench", "pyzlog"},
+    "pyzlog.admin": {"pyzlog.core", "pyzlog.client", "pyzlog.bench", "pyzlog.objects", "pyzlog"},
     "pyzlog.spark": {"pyzlog.core", "pyzlog.client", "pyzlog"},
-    "pyzlog.bench": {"pyzlog.core", "pyzlog.client", "pyzlog.daemon", "pyzlog.admin", "pyzlog.spark", "pyzlog"},
+    "pyzlog.bench": {"pyzlog.core", "pyzlog.client", "pyzlog.daemon", "pyzlog.admin", "pyzlog.spark",
+                     "pyzlog.objects", "pyzlog"},
+    # the replicated objects sit on the public API only (the top package's names)
+    "pyzlog.objects": {"pyzlog"},
     "pyzlog": {"pyzlog.core", "pyzlog.client"},
 }
 
@@ -135,6 +140,23 @@ def test_the_audience_rule_catches_a_crossing() -> None:
     assert "pyzlog.daemon" not in ALLOWED["pyzlog.client"] and "pyzlog.client" not in ALLOWED["pyzlog.daemon"]
 
 
+def test_only_the_tools_import_the_objects() -> None:
+    """pyzlog.objects is built on the public Log and nothing of the library
+    depends on it: only the command line, the benchmarks (and examples,
+    outside the package) import it, and `import pyzlog` does not load it."""
+    import subprocess
+    import sys
+
+    g = graph()
+    users = sorted(n for n, deps in g.items() if any(d.startswith("pyzlog.objects") for d in deps)
+                   and not n.startswith(("pyzlog.objects", "pyzlog.bench")) and n != "pyzlog.admin.cli")
+    assert users == [], users
+    assert ALLOWED["pyzlog.objects"] == {"pyzlog"}
+    code = "import sys, pyzlog; print(sorted(m for m in sys.modules if m.startswith('pyzlog.objects')))"
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)
+
+
 def test_nothing_below_log_imports_it() -> None:
     g = graph()
     face = {"pyzlog.client.log", "pyzlog"}  # Log, or the package that exports it
@@ -175,3 +197,23 @@ def test_the_checkout_itself_imports_the_compiled_parts() -> None:
     init, cls_lib = out.stdout.split()
     assert Path(init) == PKG / "__init__.py"  # the checkout's source, not a copy
     assert Path(cls_lib).name == "libcls_zlog.so"
+
+
+def test_the_package_ships_its_types() -> None:
+    """py.typed (PEP 561) is in the source and in the installed distribution,
+    so a user's type checker reads pyzlog's annotations instead of Any."""
+    from importlib.metadata import files
+
+    assert (PKG / "py.typed").is_file()
+    installed = {str(f) for f in files("pyzlog") or []}
+    assert "pyzlog/py.typed" in installed, "py.typed is missing from the wheel: pip install . again"
+
+
+def test_the_asyncio_api_sits_on_the_client() -> None:
+    """pyzlog.aio (public) and pyzlog.client.aio wrap Log; the async stream
+    and the named consumers sit below it; the consumers' storage is core."""
+    g = graph()
+    assert "pyzlog.client.log" in g["pyzlog.client.aio"] and "pyzlog.client.aio" in g["pyzlog.aio"]
+    assert "pyzlog.client.log" not in g["pyzlog.client.aio_stream"]
+    assert "pyzlog.client.log" not in g["pyzlog.client.consumer"]
+    assert "pyzlog.core.offsets" in g["pyzlog.client.consumer"] and package_of("pyzlog.core.offsets") == "pyzlog.core"

@@ -333,7 +333,7 @@ def trim(env: Env, name: str, pos: int, to: bool) -> None:
 @pass_env
 def info(env: Env, name: str, as_json: bool) -> None:
     """Show the views, epoch, width, tail, config and sequencer of NAME."""
-    from .status import Probes, registry_daemons, sequencer_of, stored, view_dict
+    from .status import Probes, consumer_status, registry_daemons, sequencer_of, stored, view_dict
 
     log = env.open(name)
     tail_pos = log.tail()
@@ -344,7 +344,7 @@ def info(env: Env, name: str, as_json: bool) -> None:
                         registry_daemons(env.cluster, env.pool, probes))
     doc = {"name": name, "pool": env.pool, "epoch": meta.epoch, "width": views[-1]["width"],
            "tail": tail_pos, "views": views, "config": log.config, "stored": stored(log.state, meta),
-           "sequencer": seqr}
+           "sequencer": seqr, "consumers": consumer_status(log.consumers(), tail_pos)}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -360,6 +360,59 @@ def info(env: Env, name: str, as_json: bool) -> None:
         shape = (f"data format, {v['slots']} positions and {_size(v['byte_bound'])} per object, "
                  f"{v['stripes']} stripe(s) open" if v["format"] == "data" else "omap format")
         click.echo(f"  epoch {v['epoch']:>4}  from position {v['start']:>10}  width {v['width']}  ({shape})")
+    if doc["consumers"]:
+        click.echo("consumers:")
+    for c in doc["consumers"]:
+        click.echo(f"  {c['name']:<15} position {c['position']:>12}  lag {c['lag']:>10}  "
+                   f"committed {c['committed_age_s']}s ago by {c['committed_by']}")
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.argument("consumer", required=False)
+@click.option("--reset", "reset_to", type=POSITION, default=None, metavar="POS",
+              help="set CONSUMER's committed position to POS, even backwards (a rewind or a skip)")
+@click.option("--remove", is_flag=True, help="forget CONSUMER's position (it starts afresh next time)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_env
+def consumer(env: Env, name: str, consumer: str | None, reset_to: int | None, remove: bool, as_json: bool) -> None:
+    """Named consumers of log NAME: committed position, lag, last commit.
+
+    With CONSUMER: that one only; --reset POS or --remove change it (stop
+    its instances first: one still running may commit over a reset)."""
+    from ..core import offsets
+    from .status import consumer_status
+
+    if (reset_to is not None or remove) and consumer is None:
+        raise click.UsageError("--reset and --remove need a CONSUMER")
+    if reset_to is not None and remove:
+        raise click.UsageError("--reset and --remove do not go together")
+    log = env.open(name)  # LogNotFound if missing
+    if consumer is not None:
+        offsets.check_consumer_name(consumer)
+    io = log.consumer_ioctx()
+    if reset_to is not None:
+        offsets.reset(io, name, consumer, reset_to)  # type: ignore[arg-type]
+    elif remove:
+        if not offsets.remove(io, name, consumer):  # type: ignore[arg-type]
+            raise ZlogError(f"consumer {consumer!r} of log {name!r} has no committed position")
+    found = log.consumers()
+    if consumer is not None:
+        if remove:
+            click.echo(f"removed consumer {consumer} of {name}")
+            return
+        if consumer not in found:
+            raise ZlogError(f"consumer {consumer!r} of log {name!r} has no committed position")
+        found = {consumer: found[consumer]}
+    rows = consumer_status(found, log.next_position_hint())
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"log {name} has no named consumers")
+    for c in rows:
+        click.echo(f"{c['name']:<24} position {c['position']:>12}  lag {c['lag']:>10}  "
+                   f"committed {c['committed_age_s']}s ago by {c['committed_by']}")
 
 
 def _stored_line(st: dict[str, Any]) -> str:
@@ -412,6 +465,9 @@ def status(env: Env, as_json: bool) -> None:
         entries = f"{st['entries']}" + ("" if st["counted"] else "+")
         click.echo(f"  {entry['name']:<24} {entry['epoch']:>6} {len(entry['views']):>5} {entry['width']:>5} "
                    f"{entry['tail']:>12} {entries:>10} {_size(st['bytes']):>10}  {_seqr_line(entry['sequencer'])}")
+        for c in entry.get("consumers", []):
+            click.echo(f"    consumer {c['name']:<15} position {c['position']:>12}  lag {c['lag']:>10}  "
+                       f"committed {c['committed_age_s']}s ago by {c['committed_by']}")
     click.echo("sequencers:")
     for s in doc["sequencers"]:
         how = "registered" if s["registered"] else "not registered"
@@ -536,16 +592,18 @@ def bench_seqr(duration: float, processes: int, depth: int, out: str | None) -> 
 @click.option("--batch", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="entries per append_many call")
 @click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--aio-tasks", type=click.IntRange(0, 1_000_000), default=1000, show_default=True,
+              help="asyncio tasks awaiting pyzlog.aio append at the deepest depth (0: no such case)")
 @click.option("--out", default=None, metavar="FILE",
               help="[default: results/bench-append.json; the plot goes beside it as .png]")
 @pass_env
 def bench_append(env: Env, duration: float, rounds: int, size: int, depths: list[int], batch: int,
-                 width: int, out: str | None) -> None:
+                 width: int, aio_tasks: int, out: str | None) -> None:
     """Append throughput and latency of zlog against raw librados writes."""
     from ..bench import bench as b
 
     b.bench_append(env, duration=duration, rounds=rounds, size=size, depths=depths, batch=batch,
-                   width=width, out=_bench_out("append", out))
+                   width=width, aio_tasks=aio_tasks, out=_bench_out("append", out))
 
 
 @bench.command(name="read", context_settings=CONTEXT)
@@ -629,6 +687,29 @@ def bench_storage(env: Env, entries: int, size: int, batch: int, slots: int | No
     from ..bench.storage_bench import bench_storage as run
 
     run(env, entries=entries, size=size, batch=batch, slots=slots, out=_bench_out("storage", out))
+
+
+@bench.command(name="objects", context_settings=CONTEXT)
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=12.0, show_default=True,
+              help="seconds per write case, split over the rounds")
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="every case runs once per round, alternately")
+@click.option("--size", type=click.IntRange(0, 1 << 19), default=100, show_default=True,
+              help="bytes of each map value")
+@click.option("--depth", type=click.IntRange(1, 65536), default=128, show_default=True,
+              help="puts and appends in flight in the async cases")
+@click.option("--entries", type=click.IntRange(20, 10_000_000), default=40000, show_default=True,
+              help="puts in the log the replay cases play (a checkpoint half way)")
+@click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-objects.json]")
+@pass_env
+def bench_objects(env: Env, duration: float, rounds: int, size: int, depth: int, entries: int, width: int,
+                  out: str | None) -> None:
+    """Replicated objects (pyzlog.objects): puts and transactions against raw appends, replay speed."""
+    from ..bench.objects_bench import bench_objects as run
+
+    run(env, duration=duration, rounds=rounds, size=size, depth=depth, entries=entries, width=width,
+        out=_bench_out("objects", out))
 
 
 @bench.command(name="failover", context_settings=CONTEXT)

@@ -13,7 +13,7 @@ from typing import Any
 
 import rados
 
-from ..core import wire
+from ..core import offsets, wire
 from ..core.cluster import mon_json, open_ioctx
 from ..core.errors import ZlogError
 from ..core.layout import META_NAMESPACE, view_places
@@ -134,16 +134,36 @@ def sequencer_of(pool: str, name: str, recorded: str, recorded_epoch: int, given
     return out
 
 
+def _consumers(meta_io: rados.Ioctx) -> dict[str, dict[str, offsets.Committed]]:
+    try:
+        return offsets.list_consumers(meta_io)
+    except ZlogError:  # caps that reach the logs but not every consumer: show the logs
+        return {}
+
+
+def consumer_status(consumers: dict[str, offsets.Committed], tail: int) -> list[dict[str, Any]]:
+    """A log's named consumers: committed position, lag (the tail in storage
+    minus it), and when and by whom it was last committed."""
+    now = time.time()
+    return [{"name": name, "position": c.position, "lag": max(0, tail - c.position),
+             "committed_age_s": round(now - c.committed_at, 1), "committed_by": c.committed_by}
+            for name, c in sorted(consumers.items())]
+
+
 def pool_status(cluster: rados.Rados, pool: str, given: str | None, probes: Probes | None = None) -> dict[str, Any]:
     """Every log of the pool, and the sequencers seen: registered daemons,
     addresses recorded in logs' metadata, and the one given."""
     probes = probes or Probes()
     daemons = registry_daemons(cluster, pool, probes)
-    names = MetaStore.list_names(open_ioctx(cluster, pool, META_NAMESPACE))
+    meta_io = open_ioctx(cluster, pool, META_NAMESPACE)
+    names = [n for n in MetaStore.list_names(meta_io) if offsets.is_log_object(n)]
+    consumers = _consumers(meta_io)
     logs = []
     for name in names:
         try:
-            logs.append(log_status(cluster, pool, name, given, probes, daemons))
+            entry = log_status(cluster, pool, name, given, probes, daemons)
+            entry["consumers"] = consumer_status(consumers.get(name, {}), entry["tail"])
+            logs.append(entry)
         except ZlogError as e:  # one broken log must not hide the others
             logs.append({"name": name, "pool": pool, "error": str(e)})
     seen: dict[str, dict[str, Any]] = {d["address"]: {"address": d["address"], "registered": True,

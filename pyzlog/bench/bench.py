@@ -36,6 +36,8 @@ from ..core.errors import ZlogError
 from .cpu import CpuMeter
 
 APPEND_TARGET_RATIO = 0.8
+#: issue 26: await append at many tasks over append_async at the same depth
+AIO_TARGET_RATIO = 0.9
 READ_TARGET_RATIO = 5.0
 #: raw objects the read baseline writes (and removes) at most
 RAW_READ_OBJECTS = 4096
@@ -173,6 +175,38 @@ def run_async(start: Callable[[int, Done], None], depth: int, duration: float,
     if errors:
         raise errors[0]
     return len(lats), elapsed, lats
+
+
+def run_aio(log: Any, data: bytes, tasks: int, duration: float, tick: _Ticker) -> Run:
+    """`tasks` asyncio tasks each awaiting log's appends one after another
+    for `duration` (pyzlog.aio on `log`, its window log's max_in_flight):
+    (appends, elapsed, latencies of each await, the wait for room included)."""
+    import asyncio
+
+    from ..client.aio import AsyncLog
+
+    async def main() -> Run:
+        alog = AsyncLog(log)
+        lats: list[float] = []
+        t0 = time.perf_counter()
+        end = t0 + duration
+
+        async def worker() -> None:
+            perf, append, lat = time.perf_counter, alog.append, lats.append
+            now = perf()
+            while now < end:
+                await append(data)
+                ts, now = now, perf()
+                lat(now - ts)
+            tick(now)
+
+        await asyncio.gather(*[worker() for _ in range(tasks)])
+        await alog.flush()
+        elapsed = time.perf_counter() - t0
+        tick.finish()
+        return len(lats), elapsed, lats
+
+    return asyncio.run(main())
 
 
 def _future_done(fut: Future[Any], done: Done) -> None:
@@ -425,10 +459,13 @@ def _fmt(v: float | None, spec: str = ",.0f") -> str:
 # ------------------------------------------------------------------- append
 def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int = 1024,
                  depths: list[int] | None = None, batch: int = 64, width: int = 4,
-                 out: str = "results/bench-append.json") -> dict[str, Any]:
+                 aio_tasks: int = 1000, out: str = "results/bench-append.json") -> dict[str, Any]:
+    """Append cases at each depth; at the deepest, `aio_tasks` asyncio tasks
+    awaiting append (pyzlog.aio) in the same alternating rounds (0: none)."""
     depths = depths or [1, 16, 128]
     data = os.urandom(size)
     b = _Bench(env)
+    meter = CpuMeter(b.conf)  # this process and the local OSDs, from /proc
     cases: dict[str, dict[str, Any]] = {}
     try:
         name = b.new_log(width)
@@ -438,6 +475,7 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
             seqr_ok = b.warm_up(warm)
             slice_s = duration / rounds
             ratios_by_depth: dict[str, list[float]] = {}  # per round
+            aio_vs_async: dict[str, Any] | None = None
             single_ratios: dict[str, float] = {}  # zlog without coalescing / raw
             for depth in depths:
                 log = b.open(name, max_in_flight=depth)
@@ -445,22 +483,36 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
                 zlog_runs: list[Run] = []
                 single_runs: list[Run] = []
                 raw_runs: list[Run] = []
+                aio_runs: list[Run] = []
+                with_aio = aio_tasks > 0 and depth == max(depths) and depth > 1
                 # zlog and raw alternate in short rounds, so a change in the
                 # shared machine's speed hits both sides of each ratio alike
                 for r in range(rounds):
                     tick = new(f"zlog append depth {depth} ({r + 1}/{rounds})")
+                    started = meter.start()
                     if depth == 1:
                         zlog_runs.append(run_sync(lambda i: log.append(data), slice_s, tick))
                     else:
                         zlog_runs.append(run_async(
                             lambda i, done: _future_done(log.append_async(data), done), depth, slice_s, tick))
                         log.flush()
+                        meter.stop(f"zlog_depth{depth}", started)
                         tick.finish()
+                        if with_aio:
+                            # the same window, filled by asyncio tasks awaiting append
+                            tick = new(f"zlog await append, {aio_tasks} tasks ({r + 1}/{rounds})")
+                            started = meter.start()
+                            aio_runs.append(run_aio(log, data, aio_tasks, slice_s, tick))
+                            meter.stop(f"zlog_aio_tasks{aio_tasks}", started)
+                        started = meter.start()
                         # the same without coalescing: one class write per entry
                         tick = new(f"zlog one write per entry depth {depth} ({r + 1}/{rounds})")
                         single_runs.append(run_async(
                             lambda i, done: _future_done(single.append_async(data), done), depth, slice_s, tick))
                         single.flush()
+                        meter.stop(f"zlog_single_depth{depth}", started)
+                    if depth == 1:
+                        meter.stop(f"zlog_depth{depth}", started)
                     tick.finish()
                     tick = new(f"raw write_full depth {depth} ({r + 1}/{rounds})")
                     if depth == 1:
@@ -480,6 +532,17 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
                     if runs:
                         key = f"{system}_depth{depth}"
                         cases[key] = summarize_runs(key, system, depth, runs, size, api=api)
+                        if system != "raw":
+                            cases[key]["cpu"] = meter.figures(key, cases[key]["ops"])
+                if aio_runs:
+                    key = f"zlog_aio_tasks{aio_tasks}"
+                    cases[key] = summarize_runs(key, "zlog_aio", depth, aio_runs, size,
+                                                api="await pyzlog.aio append", tasks=aio_tasks)
+                    cases[key]["cpu"] = meter.figures(key, cases[key]["ops"])
+                    aio_vs_async = {"tasks": aio_tasks, "depth": depth, "round_ratios": round_ratios(aio_runs, zlog_runs),
+                                    "target_ratio": AIO_TARGET_RATIO}
+                    aio_vs_async["ratio"] = statistics.median(aio_vs_async["round_ratios"])
+                    aio_vs_async["target_met"] = aio_vs_async["ratio"] >= AIO_TARGET_RATIO
 
             log = b.open(name)
             tick = _case_runner(progress, duration)(f"zlog append_many x{batch}")
@@ -498,7 +561,7 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
             "kind": "append",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "params": {"duration_s": duration, "rounds": rounds, "entry_bytes": size, "depths": depths,
-                       "batch": batch,
+                       "batch": batch, "aio_tasks": aio_tasks,
                        "width": width, "pool": b.pool},
             "machine": machine_info(b.cluster),
             "log": name,
@@ -510,6 +573,8 @@ def bench_append(env: Any, *, duration: float = 10.0, rounds: int = 5, size: int
             "target_ratio": APPEND_TARGET_RATIO,
             "target_met": {d: r >= APPEND_TARGET_RATIO for d, r in ratios.items()},
             "ratios_one_write_per_entry": single_ratios,
+            # await pyzlog.aio append (many tasks) over append_async, same depth, per round
+            "aio_vs_append_async": aio_vs_async,
         }
     finally:
         b.close()
@@ -547,6 +612,20 @@ def markdown_append(r: dict[str, Any]) -> str:
     lines.append(f"| zlog append_many (x{p['batch']}, per call) | 1 | {_fmt(c['ops_per_s'])} | "
                  f"{_fmt(c['mb_per_s'], '.2f')} | {_fmt(c['latency_ms']['p50'], '.2f')} | "
                  f"{_fmt(c['latency_ms']['p99'], '.2f')} | |")
+    aio = r.get("aio_vs_append_async")
+    if aio:
+        c = r["cases"][f"zlog_aio_tasks{aio['tasks']}"]
+        base = r["cases"][f"zlog_depth{aio['depth']}"]
+        lines.insert(-1, f"| zlog await append ({aio['tasks']} asyncio tasks) | {aio['depth']} | "
+                         f"{_fmt(c['ops_per_s'])} | {_fmt(c['mb_per_s'], '.2f')} | "
+                         f"{_fmt(c['latency_ms']['p50'], '.2f')} | {_fmt(c['latency_ms']['p99'], '.2f')} | |")
+        lines += ["", f"await append at {aio['tasks']} tasks / append_async at depth {aio['depth']}: "
+                      f"{aio['ratio']:.2f} (median of rounds {', '.join(f'{x:.2f}' for x in aio['round_ratios'])}; "
+                      f"target {aio['target_ratio']}); client CPU per entry: "
+                      f"{_fmt(c.get('cpu', {}).get('client_us_per_entry'), '.1f')} µs vs "
+                      f"{_fmt(base.get('cpu', {}).get('client_us_per_entry'), '.1f')} µs; "
+                      f"machine busy {_fmt(c.get('cpu', {}).get('machine_busy'), '.0%')} vs "
+                      f"{_fmt(base.get('cpu', {}).get('machine_busy'), '.0%')}"]
     return "\n".join(lines)
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import builtins
 import logging
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any, Self
 
 from typing import TYPE_CHECKING
 
-from ..core import wire
+from ..core import offsets, wire
 from ..core.cluster import open_ioctx
 from ..core.codec import check_codec, codec_for
 from ..core.errors import InvalidRequest, ZlogError
@@ -22,9 +23,10 @@ from ..core.metadata import DEFAULT_BYTE_BOUND, DEFAULT_SLOTS, MAX_BYTE_BOUND, M
 from ..core.sequencer import SequencerClient
 from ..core.state import LogState
 from ..core.tailfind import find_tail, seal_new_epoch
-from . import ops
+from . import metrics, ops
 from .appending import store, stored_form
 from .batches import BatchStream, Records
+from .consumer import Consumer, Start
 from .pipeline import DEFAULT_MAX_IN_FLIGHT, LogAsync
 from .positions import Positions, max_position, next_position_hint
 from .reader import HOLE_WAIT_SECONDS, Record, check_stream_args
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pyzlog")
 
 DEFAULT_WIDTH = 4
+#: sync appends' latency, per call (client.metrics)
+_SYNC_SECONDS = metrics.APPEND_SECONDS["sync"]
 #: stream()'s batches on the native path: small enough that a record is
 #: handed out soon after its object's reply, large enough to amortize a batch
 STREAM_BATCH_ROWS = 4096
@@ -88,7 +92,9 @@ class Log:
 
     @staticmethod
     def list(cluster: rados.Rados, pool: str) -> builtins.list[str]:
-        return MetaStore.list_names(open_ioctx(cluster, pool, META_NAMESPACE))
+        # the namespace also holds named consumers' positions (core.offsets)
+        return [n for n in MetaStore.list_names(open_ioctx(cluster, pool, META_NAMESPACE))
+                if offsets.is_log_object(n)]
 
     # ------------------------------------------------------------- metadata
     @property
@@ -191,18 +197,27 @@ class Log:
         unreachable) from slow tail finding. A stale epoch refreshes the view
         and takes a new position; so does a position someone else wrote or
         filled first. Success is reported only for data that is stored."""
-        return store(self.state, self.positions, [stored_form(self.state, data)], "append")[0]
+        t0 = time.monotonic()
+        pos = store(self.state, self.positions, [stored_form(self.state, data)], "append")[0]
+        _SYNC_SECONDS.observe(time.monotonic() - t0)
+        return pos
 
     def append_many(self, entries: builtins.list[bytes]) -> builtins.list[int]:
         """Append entries with one sequencer request and one write_many call
         per object. Positions are increasing in entry order unless a write is
         refused (a position filled or taken meanwhile): that entry is appended
         again at a later position. Returns the position of each entry."""
-        return store(self.state, self.positions, [stored_form(self.state, d) for d in entries], "append_many")
+        t0 = time.monotonic()
+        out = store(self.state, self.positions, [stored_form(self.state, d) for d in entries], "append_many")
+        _SYNC_SECONDS.observe(time.monotonic() - t0)
+        return out
 
     def append_slow(self, data: bytes) -> int:
         """Append by slow tail finding, without asking any sequencer."""
-        return store(self.state, self.positions, [stored_form(self.state, data)], "append_slow", slow=True)[0]
+        t0 = time.monotonic()
+        pos = store(self.state, self.positions, [stored_form(self.state, data)], "append_slow", slow=True)[0]
+        _SYNC_SECONDS.observe(time.monotonic() - t0)
+        return pos
 
     # ----------------------------------------------------------------- async
     def append_async(self, data: bytes) -> Future[int]:
@@ -267,6 +282,22 @@ class Log:
         """The positions [start, end) as record batches (stream_batches up to
         `end`, or to the tail if it comes first)."""
         return self.stream_batches(start, end, hole_wait=hole_wait, signed=signed)
+
+    # ------------------------------------------------------------- consumers
+    def consumer(self, name: str, *, start: Start = "earliest") -> Consumer:
+        """The named consumer `name` of this log: it hands out records from
+        its committed position (kept in RADOS), or from `start` ("earliest":
+        the first position not trimmed, "latest": the tail, or a position) if
+        it never committed. See client.consumer and docs/consumers.md."""
+        return Consumer(self, name, start=start)
+
+    def consumers(self) -> dict[str, offsets.Committed]:
+        """Every named consumer of this log and its stored position."""
+        return offsets.list_consumers(self.consumer_ioctx(), self.name).get(self.name, {})
+
+    def consumer_ioctx(self) -> rados.Ioctx:
+        """Where this log's consumers keep their positions (core.offsets)."""
+        return open_ioctx(self.cluster, self.pool, META_NAMESPACE)
 
     # -------------------------------------------------------- reconfiguration
     def reconfigure(self, width: int) -> wire.View:

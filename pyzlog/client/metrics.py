@@ -1,6 +1,7 @@
-"""Client counters for Prometheus: appends, reads, retries by cause, fallbacks
-to slow tail finding, holes filled, bytes in and out, async operations in
-flight, and the C++ append path's own counts.
+"""Client counters for Prometheus: appends and their latency, reads, retries
+by cause, fallbacks to slow tail finding, holes filled, bytes in and out,
+async operations in flight, the C++ append path's own counts, named
+consumers' positions, lag and commits, and cancelled asyncio appends.
 
 An application serves them from its own registry:
 
@@ -17,13 +18,14 @@ The counts are per process, over every log it opens.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 
@@ -54,6 +56,51 @@ class Tally:
             return sum(c[0] for c in self._cells)
 
 
+#: append latency buckets (seconds, upper bounds), 0.5 ms to 10 s
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Histogram:
+    """A histogram that many threads observe into without a lock, as Tally
+    counts: each thread has a cell of its own (one count per bucket, then
+    the sum), and a scrape adds the cells up."""
+
+    __slots__ = ("bounds", "_local", "_cells", "_lock")
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.bounds = bounds
+        self._local = threading.local()
+        self._cells: list[list[float]] = []
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        try:
+            cell = self._local.cell
+        except AttributeError:
+            cell = self._local.cell = [0] * (len(self.bounds) + 1) + [0.0]
+            with self._lock:
+                self._cells.append(cell)
+        cell[bisect.bisect_left(self.bounds, value)] += 1  # the first bucket whose bound is >= value
+        cell[-1] += value
+
+    def snapshot(self) -> tuple[list[tuple[str, float]], float]:
+        """(cumulative buckets as prometheus-client takes them, sum)."""
+        n = len(self.bounds) + 1
+        with self._lock:
+            cells = [list(c) for c in self._cells]
+        counts = [sum(c[i] for c in cells) for i in range(n)]
+        total = 0.0
+        buckets = []
+        for bound, count in zip([*(str(b) for b in self.bounds), "+Inf"], counts):
+            total += count
+            buckets.append((bound, total))
+        return buckets, sum(c[-1] for c in cells)
+
+
+#: seconds from an append's call to its entry being stored: "sync" per
+#: call (append, append_many, append_slow), "async" per entry (append_async
+#: and pyzlog.aio, from the entry's hand-off to the pipeline)
+APPEND_SECONDS = {"sync": Histogram(), "async": Histogram()}
 #: entries stored by any append path (sync, batch, slow, async, C++)
 APPENDS = Tally()
 #: bytes of entries handed to append, as stored (after compression)
@@ -74,6 +121,12 @@ SLOW_POSITIONS = Tally()
 RATE_LIMITED = Tally()
 #: holes below the tail a reader filled after waiting for their writer (LOST)
 HOLES_FILLED = Tally()
+#: named consumers' commits stored, and refused (another instance committed further)
+COMMITS = Tally()
+COMMITS_REFUSED = Tally()
+#: async appends whose awaiting task was cancelled after they were sent, by
+#: how they ended (client.aio): "stored", "failed"; "unsent" were never sent
+AIO_CANCELLED = {"stored": Tally(), "failed": Tally(), "unsent": Tally()}
 
 
 def read(nbytes: int) -> None:
@@ -120,6 +173,13 @@ class _Tracked:
         return out
 
 
+#: named consumers (client.consumer.Consumer, client.aio.AsyncConsumer) whose
+#: position and lag a scrape reports: anything with pool, log_name, name,
+#: committed and lag(max_age)
+CONSUMERS: weakref.WeakSet[Any] = weakref.WeakSet()
+#: a scrape reads each consumer's tail again when it is older than this
+LAG_MAX_AGE_SECONDS = 1.0
+
 #: pipeline.AsyncPipeline: the C++ path of async appends, one per connection
 NATIVE = _Tracked()
 #: pipeline.LogAsync: their operations in flight
@@ -160,6 +220,48 @@ class ClientCollector(Collector):
         native = NATIVE.totals(lambda n: n.stats())
         for key, help_ in _NATIVE_HELP.items():
             yield counter(f"native_{key}", help_, native.get(key, 0))
+        latency = HistogramMetricFamily("zlog_client_append_seconds", "seconds from an append to its entry "
+                                        "stored (sync: per call; async: per entry, from its hand-off)",
+                                        labels=["path"])
+        for path, hist in APPEND_SECONDS.items():
+            buckets, total = hist.snapshot()
+            latency.add_metric([path], buckets, total)
+        yield latency
+        commits = CounterMetricFamily("zlog_client_consumer_commits", "named consumers' commits",
+                                      labels=["outcome"])
+        commits.add_metric(["committed"], COMMITS.value)
+        commits.add_metric(["refused"], COMMITS_REFUSED.value)
+        yield commits
+        cancelled = CounterMetricFamily("zlog_client_aio_cancelled_appends",
+                                        "awaited appends whose task was cancelled, by what became of the entry",
+                                        labels=["outcome"])
+        for outcome, tally in AIO_CANCELLED.items():
+            cancelled.add_metric([outcome], tally.value)
+        yield cancelled
+        yield from _consumer_gauges()
+
+
+def _consumer_gauges() -> Iterator[Any]:
+    """Each named consumer's committed position and lag (the log's tail in
+    storage minus it). Instances of one consumer in this process report as
+    one: the furthest committed."""
+    best: dict[tuple[str, str, str], Any] = {}
+    for c in list(CONSUMERS):
+        key = (c.pool, c.log_name, c.name)
+        if key not in best or c.committed > best[key].committed:
+            best[key] = c
+    position = GaugeMetricFamily("zlog_client_consumer_position", "a named consumer's committed position",
+                                 labels=["pool", "log", "consumer"])
+    lag = GaugeMetricFamily("zlog_client_consumer_lag", "the log's tail minus a named consumer's committed "
+                            "position", labels=["pool", "log", "consumer"])
+    for key, c in sorted(best.items()):
+        position.add_metric(list(key), c.committed)
+        try:
+            lag.add_metric(list(key), c.lag(LAG_MAX_AGE_SECONDS))
+        except Exception:  # noqa: BLE001 - a log unreachable now: no lag sample rather than a failed scrape
+            pass
+    yield position
+    yield lag
 
 
 _registered: set[int] = set()

@@ -139,11 +139,13 @@ class AsyncPipeline:
         ones settled per log in one go, the rest one by one."""
         pop = self.items.pop
         stored: dict[LogAsync, list[tuple[Future[int], int]]] = {}
+        now, latency = time.monotonic(), metrics.APPEND_SECONDS["async"].observe
         for tag, code, position in zip(tags, codes, positions):
             item = pop(tag, None)
             if item is None:
                 continue
             if code == 0:
+                latency(now - item[3])
                 done = stored.get(item[0])
                 if done is None:
                     done = stored[item[0]] = []
@@ -264,8 +266,9 @@ class LogAsync:
             fut.set_result(result)
 
     # --------------------------------------------------------------- appends
-    def append(self, stored: bytes) -> Future[int]:
-        """`stored` is already encoded and size-checked."""
+    def append(self, stored: bytes, future: Future[int] | None = None) -> Future[int]:
+        """`stored` is already encoded and size-checked. `future`: settle this
+        one instead of a new one (client.aio's, which settle on its loop)."""
         lock = self._lock  # _begin's common case inlined: this is the hot path
         lock.acquire()
         if 0 < self._in_flight < self.max_in_flight and not self._closed:
@@ -274,7 +277,7 @@ class LogAsync:
         else:
             lock.release()
             self._begin()
-        fut: Future[int] = _Future()
+        fut: Future[int] = _Future() if future is None else future
         now = time.monotonic()
         self._send((self, fut, stored, now), now)
         return fut
@@ -343,6 +346,7 @@ class LogAsync:
         """An entry's outcome (the completion thread, or a retry's write)."""
         if code == 0:
             metrics.APPENDS.inc()
+            metrics.APPEND_SECONDS["async"].observe(time.monotonic() - item[3])
             self._stale.reset()
             self._finish(item[1], result=position)
             return
@@ -466,9 +470,9 @@ class LogAsync:
         self._meta = None  # _tell again: the next stripe's threshold
 
     # ----------------------------------------------------------------- reads
-    def read(self, position: int) -> Future[bytes]:
+    def read(self, position: int, future: Future[bytes] | None = None) -> Future[bytes]:
         self._begin()
-        fut: Future[bytes] = _Future()
+        fut: Future[bytes] = _Future() if future is None else future
         try:
             self._read(position, fut, None)
         except BaseException as e:

@@ -127,6 +127,18 @@ class SequencerRefused(SequencerUnavailable):
     the sequencer (it could not prove it holds the pool's key)."""
 
 
+class CommitRefused(ZlogError):
+    """A named consumer's commit would move its stored position back: another
+    instance of the consumer committed further (core.offsets). Nothing was
+    written; `committed` is what is stored (an offsets.Committed)."""
+
+    def __init__(self, consumer: str, log: str, attempted: int, committed: object) -> None:
+        self.consumer, self.log, self.attempted, self.committed = consumer, log, attempted, committed
+        super().__init__(f"consumer {consumer!r} of log {log!r}: cannot commit position {attempted}: "
+                         f"position {getattr(committed, 'position', committed)} is already committed "
+                         "(another instance got further; positions never go back)")
+
+
 #: cls_zlog's answers about one position (cls_zlog/ops.h, ZLOG_ERR_*)
 _POSITION_ERRORS: dict[int, type[PositionError]] = {
     _errno.EROFS: ReadOnly,

@@ -396,6 +396,16 @@ class Queue:
             append((r.tag, code, None) if code else (r.tag, 0, _value(r)))
         return results
 
+    def notify_fd(self) -> int:
+        """A file descriptor readable while results wait here, for an event
+        loop to watch (loop.add_reader) instead of a thread blocked in
+        wait(); wait() clears it once nothing is ready. It lives as long as
+        the queue: stop watching it before close()."""
+        fd = int(lib.dp_queue_notify_fd(self.handle))
+        if fd < 0:
+            raise error_for(fd, "making the queue's notify fd")
+        return fd
+
     @property
     def pending(self) -> int:
         """Calls sent whose result wait() has not returned yet."""

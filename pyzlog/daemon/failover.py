@@ -31,7 +31,7 @@ from typing import Any
 
 import rados
 
-from ..core import wire
+from ..core import offsets, wire
 from ..core.cluster import open_ioctx
 from ..core.errors import ZlogError
 from ..core.layout import META_NAMESPACE
@@ -218,7 +218,8 @@ class Watch:
 
     def _scan_logs_of(self, pool: str, dead: str, now: float) -> None:
         """Queue every log of `pool` whose recorded sequencer is `dead`."""
-        names = MetaStore.list_names(self._meta_list[pool])
+        # the namespace also holds named consumers' positions (core.offsets)
+        names = [n for n in MetaStore.list_names(self._meta_list[pool]) if offsets.is_log_object(n)]
         metas = self._conn.calls([(self._meta_pool[pool], n, Op.META_GET, {}) for n in names])
         for name, (code, raw) in zip(names, metas):
             if code == 0 and wire.parse_meta(raw).sequencer == dead:

@@ -1,0 +1,200 @@
+"""The value codec of commands and checkpoints: None, bool, int, float, str,
+bytes, list, tuple, dict and MISSING, in a small tagged binary form.
+
+Why not pickle or marshal: an entry is read by every replica, and decoding
+must neither run code nor crash on damaged bytes (pickle can do the first,
+marshal the second), and the form must not change with the Python version.
+Decoding checks every length and raises BadEntry; it never trusts a count.
+Round trips are exact for these types (a tuple stays a tuple), which is what
+keeps replicas equal: the proposer applies the decoded bytes, like everyone.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Final
+
+from .errors import BadEntry, InvalidRequest
+
+
+class _Missing:
+    """The absence of a value (a map key that is not there): distinct from None."""
+
+    _it: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._it is None:
+            cls._it = super().__new__(cls)
+        return cls._it
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Final = _Missing()
+
+#: nesting deeper than this is refused both ways (a bound on recursion)
+MAX_DEPTH = 64
+
+_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _MISSING, _BIGINT, \
+    _SSTR, _SBYTES, _SINT = range(15)
+
+_Q = struct.Struct("<q")
+_D = struct.Struct("<d")
+_I = struct.Struct("<I")
+_TI = struct.Struct("<BI")
+_TQ = struct.Struct("<Bq")
+_TD = struct.Struct("<Bd")
+_SMALL = {i: bytes((_SINT, i & 0xFF)) for i in range(-128, 128)}
+_CONST = {None: bytes((_NONE,)), False: bytes((_FALSE,)), True: bytes((_TRUE,))}
+_MISSING_B = bytes((_MISSING,))
+
+
+def dumps(value: Any) -> bytes:
+    """`value` as bytes; InvalidRequest for a type the codec does not carry."""
+    t = type(value)
+    if t is bytes:  # the common keys and values, without the general walk
+        n = len(value)
+        return (bytes((_SBYTES, n)) if n < 256 else _TI.pack(_BYTES, n)) + value
+    if t is str:
+        b = value.encode()
+        n = len(b)
+        return (bytes((_SSTR, n)) if n < 256 else _TI.pack(_STR, n)) + b
+    out: list[bytes] = []
+    _enc(value, out, 0)
+    return b"".join(out)
+
+
+def _enc(v: Any, out: list[bytes], depth: int) -> None:
+    t = type(v)
+    if t is str:
+        b = v.encode()
+        n = len(b)
+        out.append(bytes((_SSTR, n)) if n < 256 else _TI.pack(_STR, n))
+        out.append(b)
+    elif t is bytes or t is bytearray or t is memoryview:
+        b = bytes(v)
+        n = len(b)
+        out.append(bytes((_SBYTES, n)) if n < 256 else _TI.pack(_BYTES, n))
+        out.append(b)
+    elif v is None or t is bool:
+        out.append(_CONST[v])
+    elif isinstance(v, int):
+        small = _SMALL.get(v)
+        if small is not None:
+            out.append(small)
+        elif -(1 << 63) <= v < (1 << 63):
+            out.append(_TQ.pack(_INT, v))
+        else:
+            n = (v.bit_length() + 8) // 8
+            if n > 0xFFFF:
+                raise InvalidRequest("an integer too large for the codec")
+            out.append(bytes((_BIGINT,)) + n.to_bytes(2, "little") + int(v).to_bytes(n, "little", signed=True))
+    elif t is float:
+        out.append(_TD.pack(_FLOAT, v))
+    elif t is list or t is tuple:
+        if depth >= MAX_DEPTH:
+            raise InvalidRequest(f"a value nested deeper than {MAX_DEPTH}")
+        out.append(_TI.pack(_LIST if t is list else _TUPLE, len(v)))
+        for x in v:
+            _enc(x, out, depth + 1)
+    elif t is dict:
+        if depth >= MAX_DEPTH:
+            raise InvalidRequest(f"a value nested deeper than {MAX_DEPTH}")
+        out.append(_TI.pack(_DICT, len(v)))
+        for k, x in v.items():
+            _enc(k, out, depth + 1)
+            _enc(x, out, depth + 1)
+    elif v is MISSING:
+        out.append(_MISSING_B)
+    elif isinstance(v, float):
+        out.append(_TD.pack(_FLOAT, float(v)))
+    else:
+        raise InvalidRequest(f"cannot encode a {t.__name__}: the object layer carries None, bool, int, float, "
+                             "str, bytes, list, tuple and dict")
+
+
+def loads(data: bytes) -> Any:
+    """The value `data` holds; BadEntry if it does not parse or has bytes left over."""
+    try:
+        v, off = _dec(data, 0, 0)
+    except (IndexError, struct.error, UnicodeDecodeError, TypeError, RecursionError) as e:
+        raise BadEntry(f"undecodable value: {e}") from None
+    if off != len(data):
+        raise BadEntry(f"{len(data) - off} bytes after the value")
+    return v
+
+
+def load_from(data: bytes, off: int) -> tuple[Any, int]:
+    """The value at `off` and the offset after it; BadEntry if it does not parse."""
+    try:
+        return _dec(data, off, 0)
+    except (IndexError, struct.error, UnicodeDecodeError, TypeError, RecursionError) as e:
+        raise BadEntry(f"undecodable value: {e}") from None
+
+
+def _take(data: bytes, off: int, n: int) -> bytes:
+    end = off + n
+    if end > len(data):
+        raise IndexError(f"a length of {n} runs past the end")
+    return data[off:end]
+
+
+def _dec(data: bytes, off: int, depth: int) -> tuple[Any, int]:
+    tag = data[off]
+    off += 1
+    if tag == _SSTR:
+        n = data[off]
+        return _take(data, off + 1, n).decode(), off + 1 + n
+    if tag == _SBYTES:
+        n = data[off]
+        return _take(data, off + 1, n), off + 1 + n
+    if tag == _SINT:
+        v = data[off]
+        return (v - 256 if v > 127 else v), off + 1
+    if tag == _INT:
+        return _Q.unpack_from(data, off)[0], off + 8
+    if tag == _STR or tag == _BYTES:
+        n = _I.unpack_from(data, off)[0]
+        b = _take(data, off + 4, n)
+        return (b.decode() if tag == _STR else b), off + 4 + n
+    if tag == _NONE:
+        return None, off
+    if tag == _TRUE:
+        return True, off
+    if tag == _FALSE:
+        return False, off
+    if tag == _FLOAT:
+        return _D.unpack_from(data, off)[0], off + 8
+    if tag == _LIST or tag == _TUPLE or tag == _DICT:
+        if depth >= MAX_DEPTH:
+            raise IndexError(f"nested deeper than {MAX_DEPTH}")
+        n = _I.unpack_from(data, off)[0]
+        off += 4
+        if n > len(data) - off:  # every item takes a byte at least: a count cannot exceed what is left
+            raise IndexError(f"a count of {n} runs past the end")
+        if tag == _DICT:
+            d = {}
+            for _ in range(n):
+                k, off = _dec(data, off, depth + 1)
+                d[k], off = _dec(data, off, depth + 1)  # an unhashable key: TypeError, caught above
+            return d, off
+        items = []
+        for _ in range(n):
+            x, off = _dec(data, off, depth + 1)
+            items.append(x)
+        return (items if tag == _LIST else tuple(items)), off
+    if tag == _MISSING:
+        return MISSING, off
+    if tag == _BIGINT:
+        n = int.from_bytes(_take(data, off, 2), "little")
+        return int.from_bytes(_take(data, off + 2, n), "little", signed=True), off + 2 + n
+    raise IndexError(f"unknown tag {tag}")
+
+
+__all__ = ["MISSING", "dumps", "loads", "load_from"]

@@ -1,0 +1,973 @@
+"""The runtime: hosts a process's replicated objects on one log, proposes
+their commands, and plays the log in order into them.
+
+One Runtime per process and log (Tango's runtime). Every object it hosts is
+named; the name's hash is the object's stream id in each entry's header
+(entry.py), so many objects share one log. The runtime plays entries in
+position order on one thread of its own:
+
+- what this process appended and got acknowledged at position p is applied
+  from memory when the play reaches p (the bytes at p are known: ours);
+- every other range is read with Log.stream_batches, with the gap rules of
+  the log: a hole below the tail is waited for, then filled as LOST and
+  skipped by every replica alike; FILLED is skipped; TRIMMED means the
+  history below is gone, and the runtime reloads from a checkpoint.
+
+A proposal is appended (append_async) with a proposal id; its Future gets
+apply's result when the play applies the first copy of that id
+(sessions.py: a retried append that stored twice is applied once). An
+append that fails is retried with the same bytes until `propose_timeout`;
+then the proposal is retired (a RETIRE entry), and the caller learns
+whether it had been applied (its result) or never will be (NotApplied).
+
+sync() asks the tail and plays to it, so a read after it sees everything
+acknowledged before: linearizable reads. Objects must be hosted before the
+runtime starts playing (start(), or the first propose or sync): an object
+hosted later would have missed what was played.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pyzlog import ClusterUnavailable, InvalidRequest, Log, Timeout, ZlogError
+
+from . import codec, entry
+from .entry import CMD, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
+from .errors import (BadEntry, CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown, ResultUnavailable,
+                     RuntimeClosed, RuntimeFailed, TransactionAborted, WrongType)
+from .machine import StateMachine
+from .sessions import Session, Sessions
+from .machine import Transaction, TxnResult
+
+if TYPE_CHECKING:
+    from .checkpoint import CheckpointInfo, CheckpointStore
+    from .objects import Counter, Queue, Register, ReplicatedMap
+
+logger = logging.getLogger("pyzlog.objects")
+
+M = TypeVar("M", bound=StateMachine)
+
+#: entries applied per hold of the state lock (readers and checkpoints wait at most this long)
+CHUNK = 512
+#: seconds between retries of a failed append (doubling up to the max)
+RETRY_FIRST, RETRY_MAX = 0.05, 2.0
+#: the player's pause after an error it retries (a cluster or sequencer outage)
+PLAY_BACKOFF_MAX = 2.0
+#: threads sending queued proposals (each one append_many at a time), and
+#: the most entries one append_many takes
+SENDERS = 2
+MAX_BATCH = 256
+#: while own appends are in flight, how long the player waits for the next
+#: position to turn out to be one of them before reading it from the log
+#: (where it may still be unwritten, and the read would wait on it as a hole)
+OWN_GRACE = 0.005
+
+
+class _Pending:
+    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire")
+
+    def __init__(self, seq: int, data: bytes, future: Future[Any], deadline: float,
+                 retire: list[int] | None = None) -> None:
+        self.seq, self.data, self.future, self.deadline = seq, data, future, deadline
+        self.maybe_stored = False  # an attempt failed in a way that may have stored it
+        self.attempts = 0
+        self.retire = retire or []  # a RETIRE entry: the seqs it retires
+
+
+@dataclass
+class Stats:
+    """What the play has done (for tests, benchmarks and operators)."""
+    applied: int = 0          # entries of this layer applied (or skipped as not hosted)
+    duplicates: int = 0       # copies of a proposal skipped
+    foreign: int = 0          # entries not of this layer
+    gaps: int = 0             # filled or lost positions skipped
+    read: int = 0             # positions read from the log
+    from_memory: int = 0      # own entries applied without reading them back
+    reloads: int = 0          # checkpoints loaded
+    retries: int = 0          # appends retried
+    aborted: int = 0          # transactions aborted by replay
+
+
+class _Trimmed(Exception):
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+
+class Runtime:
+    """Hosts replicated objects on `log` for this process.
+
+    hole_wait: seconds to wait for a hole's writer before filling it (LOST).
+    client_id: this runtime's proposal id space (default random); a process
+        that restarts with the same id continues its seqs after the log's.
+    checkpoints: where checkpoints are written and started from (checkpoint.py).
+    follow: if set, seconds between tail checks when idle, so reads without
+        sync() are at most about that stale; None: play only on demand.
+    propose_timeout: seconds a proposal's append is retried before it is retired.
+    keep_decisions: keep {position: committed} of every transaction decided
+        here in `decisions` (for audits and tests: it grows with the log).
+    """
+
+    def __init__(self, log: Log, *, hole_wait: float = 2.0, client_id: int | None = None,
+                 checkpoints: CheckpointStore | None = None, follow: float | None = None,
+                 propose_timeout: float = 120.0, keep_decisions: bool = False) -> None:
+        if not isinstance(log, Log):
+            raise InvalidRequest(f"Runtime needs a pyzlog.Log, not {type(log).__name__}")
+        if client_id is not None and not (isinstance(client_id, int) and 0 < client_id < 1 << 64):
+            raise InvalidRequest(f"client_id is an integer in 1..2**64-1, not {client_id!r}")
+        if hole_wait < 0 or propose_timeout <= 0 or (follow is not None and follow <= 0):
+            raise InvalidRequest("hole_wait >= 0, propose_timeout > 0 and follow > 0 (or None)")
+        self.log = log
+        self.hole_wait = hole_wait
+        self.follow = follow
+        self.propose_timeout = propose_timeout
+        self.checkpoints = checkpoints
+        self.client_id = client_id or random.SystemRandom().randrange(1, 1 << 64)
+        self._fixed_id = client_id is not None
+        self.stats = Stats()
+        self.decisions: dict[int, bool] | None = {} if keep_decisions else None
+
+        self._objects: dict[int, StateMachine] = {}
+        self._initial: dict[int, Any] = {}  # each object's empty state, to reset it on a reload
+        self._lock = threading.RLock()  # the state: held while applying, snapshotting, validating
+        self._cv = threading.Condition(threading.Lock())  # progress, targets, own positions
+        self.applied = 0  # every position below this is played
+        self._target = 0
+        self._own: dict[int, bytes] = {}  # acknowledged own appends not yet played
+        self._in_flight = 0  # own appends submitted, not yet acknowledged or failed (under _cv)
+        self._grace_pos, self._grace_end = -1, 0.0
+        self._queue: deque[_Pending] = deque()  # proposals waiting for a sender
+        self._send_cv = threading.Condition(threading.Lock())
+        self._idle_senders = 0
+        self._senders: list[threading.Thread] = []
+        self._play_lock = threading.Lock()  # one thread plays at a time: the player, or a caller (_play_here)
+        self._own_heap: list[int] = []
+        self._pending: dict[int, _Pending] = {}
+        self._sessions = Sessions()
+        self._streams_seen: set[int] = set()
+        self._done: list[tuple[_Pending, Any, bool]] = []
+
+        self._plock = threading.Lock()  # seqs and the low-water mark
+        self._next_seq = 1
+        self._unsettled: deque[int] = deque()
+        self._settled: set[int] = set()
+
+        self._started = False
+        self._start_lock = threading.Lock()
+        self._closing = False
+        self._failed: BaseException | None = None
+        self._player: threading.Thread | None = None
+        self._retrier: threading.Thread | None = None
+        self._retry_q: list[tuple[float, int, _Pending]] = []  # (when, tie, pending) heap, under _cv
+        self._retry_tie = 0
+        self._tx = threading.local()
+
+    # ------------------------------------------------------------ hosting
+    def host(self, name: str, obj: M) -> M:
+        """Host `obj` under `name` (before the runtime starts playing)."""
+        if not isinstance(obj, StateMachine):
+            raise InvalidRequest(f"host() takes a StateMachine, not {type(obj).__name__}")
+        sid = entry.stream_id(name)
+        with self._start_lock:
+            if self._started:
+                raise InvalidRequest(f"host {name!r} before the runtime starts playing the log (it would have "
+                                     "missed what was played)")
+            if obj._runtime is not None:
+                raise InvalidRequest(f"{obj!r} is already hosted")
+            other = self._objects.get(sid)
+            if other is not None:
+                raise InvalidRequest(f"an object named {other.name!r} is already hosted here"
+                                     + ("" if other.name == name else " (its stream id is the same)"))
+            obj._runtime, obj.name, obj.stream = self, name, sid
+            try:
+                self._initial[sid] = codec.dumps(obj.snapshot())
+            except NotImplementedError:
+                self._initial[sid] = None
+            self._objects[sid] = obj
+        return obj
+
+    def _get_or_host(self, name: str, cls: type[M]) -> M:
+        obj = self._objects.get(entry.stream_id(name))
+        if obj is not None:
+            if type(obj) is not cls or obj.name != name:
+                raise WrongType(f"{name!r} is hosted here as a {type(obj).__name__}, not a {cls.__name__}")
+            return obj
+        return self.host(name, cls())
+
+    def map(self, name: str) -> ReplicatedMap:
+        from .objects import ReplicatedMap
+        return self._get_or_host(name, ReplicatedMap)
+
+    def counter(self, name: str) -> Counter:
+        from .objects import Counter
+        return self._get_or_host(name, Counter)
+
+    def register(self, name: str) -> Register:
+        from .objects import Register
+        return self._get_or_host(name, Register)
+
+    def queue(self, name: str) -> Queue:
+        from .objects import Queue
+        return self._get_or_host(name, Queue)
+
+    def hosted(self) -> dict[str, StateMachine]:
+        return {o.name: o for o in self._objects.values()}
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> Runtime:
+        """Start playing: from the newest usable checkpoint if there is one,
+        else from position 0 (CheckpointError if the log is trimmed there)."""
+        with self._start_lock:
+            if self._started:
+                return self
+            self._check_open()
+            first = self.log.first_position()
+            info = self._load_newest(first) if self.checkpoints is not None else None
+            if info is None and first > 0:
+                raise CheckpointError(f"log {self.log.name!r} is trimmed below {first} and no checkpoint covers "
+                                      "the objects hosted here: the state cannot be rebuilt")
+            self._started = True
+            self._player = threading.Thread(target=self._run, name=f"zlog-objects-play-{self.log.name}",
+                                            daemon=True)
+            self._player.start()
+            for i in range(SENDERS):
+                t = threading.Thread(target=self._send_loop, name=f"zlog-objects-send-{self.log.name}-{i}",
+                                     daemon=True)
+                t.start()
+                self._senders.append(t)
+        if self._fixed_id:  # a restarted client: continue its seqs after the log's
+            self.sync()
+            with self._plock:
+                self._next_seq = max(self._next_seq, self._sessions.max_seq(self.client_id) + 1)
+        return self
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop playing; pending proposals fail with RuntimeClosed. The log stays open."""
+        with self._cv:
+            if self._closing:
+                return
+            self._closing = True
+            self._cv.notify_all()
+        with self._send_cv:
+            self._send_cv.notify_all()
+        for t in (self._player, self._retrier, *self._senders):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout)
+        for p in list(self._pending.values()):
+            self._pending.pop(p.seq, None)
+            if not p.future.done():
+                p.future.set_exception(RuntimeClosed("the runtime was closed before the proposal was applied"))
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._failed is not None:
+            raise RuntimeFailed(f"the runtime stopped: {self._failed}") from self._failed
+        if self._closing:
+            raise RuntimeClosed("the runtime is closed")
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    # ------------------------------------------------------------ proposing
+    def propose(self, obj: StateMachine, payload: bytes) -> Future[Any]:
+        """Append a command for `obj` (hosted here); a Future of its result."""
+        if obj._runtime is not self:
+            raise NotHosted(f"{obj!r} is not hosted by this runtime")
+        return self._propose(CMD, obj.stream, payload)
+
+    def propose_wait(self, obj: StateMachine, payload: bytes, timeout: float | None = None) -> Any:
+        """propose(obj, payload).result(timeout), with the append made and
+        the log played on the calling thread when it can be (no thread
+        switch on the way: what one-at-a-time callers wait for)."""
+        if obj._runtime is not self:
+            raise NotHosted(f"{obj!r} is not hosted by this runtime")
+        return self._call(CMD, obj.stream, payload, timeout)
+
+    def _call(self, kind: int, stream: int, body: bytes, timeout: float | None) -> Any:
+        self._not_on_player("wait for a proposal")
+        p = self._new_pending(kind, stream, body)
+        p.attempts += 1
+        with self._cv:
+            self._in_flight += 1
+        try:
+            pos = self.log.append(p.data)
+        except BaseException as e:  # noqa: BLE001 - retried, or told, like any failed append
+            self._landed(None)
+            self._append_failed(p, e)
+        else:
+            self._landed(pos, p.data, wake=False)
+            self._play_here(pos + 1)
+        return p.future.result(timeout)
+
+    def _new_pending(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None) -> _Pending:
+        if not self._started:
+            self.start()
+        if self._failed is not None or self._closing:
+            self._check_open()
+        with self._plock:
+            seq = self._next_seq
+            self._next_seq += 1
+            self._unsettled.append(seq)
+            lwm = self._lwm_locked()
+        data = HEADER.pack(MAGIC, entry.VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
+        p = _Pending(seq, data, Future(), time.monotonic() + self.propose_timeout, retire)
+        self._pending[seq] = p
+        return p
+
+    def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None) -> Future[Any]:
+        p = self._new_pending(kind, stream, body, retire)
+        p.attempts += 1
+        self._queue.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
+        if self._idle_senders:
+            with self._send_cv:
+                self._send_cv.notify()
+        return p.future
+
+    def _lwm_locked(self) -> int:
+        u, s = self._unsettled, self._settled
+        while u and u[0] in s:
+            s.discard(u.popleft())
+        return u[0] if u else self._next_seq
+
+    def _settle(self, seq: int) -> None:
+        with self._plock:
+            self._settled.add(seq)
+
+    def _submit(self, p: _Pending) -> None:
+        p.attempts += 1
+        with self._cv:
+            self._in_flight += 1
+        try:
+            f = self.log.append_async(p.data)
+        except BaseException as e:  # noqa: BLE001 - judged like a failed Future
+            self._landed(None)
+            self._append_failed(p, e)
+            return
+        f.add_done_callback(lambda f, p=p: self._appended(p, f))
+
+    def _send_loop(self) -> None:
+        """Send queued proposals: everything queued (up to MAX_BATCH) in one
+        append_many, so a proposal costs no client Future or callback of
+        its own, and the batch one sequencer request and one write per object."""
+        q = self._queue
+        while True:
+            with self._send_cv:
+                self._idle_senders += 1  # before looking: a proposer that queues after the look notifies
+                try:
+                    while not q and not self._closing:
+                        self._send_cv.wait(0.5)
+                finally:
+                    self._idle_senders -= 1
+            if self._closing:
+                return
+            batch: list[_Pending] = []
+            try:
+                while len(batch) < MAX_BATCH:
+                    batch.append(q.popleft())
+            except IndexError:
+                pass
+            if not batch:
+                continue
+            with self._cv:
+                self._in_flight += len(batch)  # out of the queue, not yet stored
+            try:
+                positions = self.log.append_many([p.data for p in batch])
+            except BaseException as e:  # noqa: BLE001 - each proposal is judged and retried alone
+                with self._cv:
+                    self._in_flight -= len(batch)
+                    self._cv.notify_all()
+                if isinstance(e, InvalidRequest) and len(batch) > 1:
+                    for p in batch:  # one bad entry refuses the call: send each alone, so only it fails
+                        self._submit(p)
+                    continue
+                for p in batch:
+                    self._append_failed(p, e)
+                continue
+            with self._cv:
+                self._in_flight -= len(batch)
+                own, heap, applied = self._own, self._own_heap, self.applied
+                top = -1
+                for p, pos in zip(batch, positions):
+                    if pos >= applied:
+                        own[pos] = p.data
+                        heapq.heappush(heap, pos)
+                    if pos > top:
+                        top = pos
+                if top + 1 > self._target:
+                    self._target = top + 1
+                self._cv.notify_all()
+
+    def _landed(self, pos: int | None, data: bytes | None = None, wake: bool = True) -> None:
+        """An own append is over (stored at pos, or failed). Wake the player
+        only when it can move: pos is the next position to play, or nothing
+        of ours is in flight any more. Waking it for every append would cost
+        a thread switch per entry."""
+        with self._cv:
+            self._in_flight -= 1
+            now = self._in_flight == 0 and not self._queue
+            if pos is not None:
+                if pos >= self.applied:
+                    self._own[pos] = data  # type: ignore[assignment]
+                    heapq.heappush(self._own_heap, pos)
+                if pos + 1 > self._target:
+                    self._target = pos + 1
+                now = now or pos == self.applied
+            if wake and now:
+                self._cv.notify_all()
+
+    def _play_here(self, target: int) -> None:
+        """Play to `target` on this thread if no one else is playing; else
+        (or if it cannot finish) leave it to the player, woken."""
+        if self._play_lock.acquire(blocking=False):
+            try:
+                self._play(target)
+            except (_Trimmed, ZlogError) as e:
+                if isinstance(e, ObjectsError):  # a damaged or unsupported entry: the runtime stops here
+                    self._fail(e)
+                # else a trim or an outage: the player reloads or retries
+            except BaseException as e:  # noqa: BLE001 - a bug; told to every waiter
+                logger.exception("playing log %r stopped", self.log.name)
+                self._fail(e)
+            finally:
+                self._play_lock.release()
+        if self.applied < target:
+            with self._cv:
+                self._cv.notify_all()
+
+    def _appended(self, p: _Pending, f: Future[int]) -> None:
+        """On the client's completion thread: keep it short."""
+        e = f.exception()
+        if e is not None:
+            self._landed(None)
+            self._append_failed(p, e)
+            return
+        self._landed(f.result(), p.data)
+
+    def _append_failed(self, p: _Pending, e: BaseException) -> None:
+        refused = isinstance(e, ZlogError) and not isinstance(e, ClusterUnavailable)
+        if isinstance(e, InvalidRequest) and not p.maybe_stored:  # bad input: no retry helps, nothing stored
+            self._drop(p, e)
+            return
+        p.maybe_stored = p.maybe_stored or not refused
+        if p.future.done():  # applied meanwhile (an earlier copy was stored after all)
+            return
+        if time.monotonic() >= p.deadline or self._closing:
+            self._give_up(p, e)
+            return
+        self.stats.retries += 1
+        delay = min(RETRY_FIRST * 2 ** min(p.attempts - 1, 8), RETRY_MAX)
+        logger.info("append of proposal %d failed (%s); again in %.2fs", p.seq, e, delay)
+        self._schedule(p, delay)
+
+    def _drop(self, p: _Pending, e: BaseException) -> None:
+        self._pending.pop(p.seq, None)
+        self._settle(p.seq)
+        if not p.future.done():
+            p.future.set_exception(e)
+
+    def _give_up(self, p: _Pending, cause: BaseException) -> None:
+        if not p.maybe_stored:  # every attempt was refused: nothing is stored, nothing will be
+            self._drop(p, NotApplied(f"proposal {p.seq}: every append was refused until the deadline "
+                                     f"(last: {cause})"))
+            return
+        if p.retire:  # a RETIRE that cannot be stored: the proposals it was for stay unknown
+            self._drop(p, OutcomeUnknown(f"retiring proposals {p.retire} failed: {cause}"))
+            return
+        # an attempt may have stored it: retire the seq, then the play tells
+        threading.Thread(target=self._retire, args=(p, cause), daemon=True,
+                         name="zlog-objects-retire").start()
+
+    def _retire(self, p: _Pending, cause: BaseException) -> None:
+        try:
+            f = self._propose(RETIRE, 0, entry.pack_u64s([p.seq]), retire=[p.seq])
+            f.result(self.propose_timeout + 60)
+        except BaseException as e:  # noqa: BLE001 - told to the proposer
+            self._pending.pop(p.seq, None)
+            if not p.future.done():
+                p.future.set_exception(OutcomeUnknown(
+                    f"proposal {p.seq}: its appends failed ({cause}) and retiring it failed ({e}); it may "
+                    "still be applied, at most once"))
+            return
+        # the play resolved p if a copy came before the RETIRE; otherwise it never will be applied
+        self._pending.pop(p.seq, None)
+        if not p.future.done():
+            p.future.set_exception(NotApplied(f"proposal {p.seq} was retired after its appends failed "
+                                              f"({cause}): it was not applied and never will be"))
+
+    def _schedule(self, p: _Pending, delay: float) -> None:
+        with self._cv:
+            self._retry_tie += 1
+            heapq.heappush(self._retry_q, (time.monotonic() + delay, self._retry_tie, p))
+            if self._retrier is None:
+                self._retrier = threading.Thread(target=self._retry_loop, name="zlog-objects-retry", daemon=True)
+                self._retrier.start()
+            self._cv.notify_all()
+
+    def _retry_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closing and (not self._retry_q or self._retry_q[0][0] > time.monotonic()):
+                    self._cv.wait(max(0.001, self._retry_q[0][0] - time.monotonic()) if self._retry_q else None)
+                if self._closing:
+                    return
+                _, _, p = heapq.heappop(self._retry_q)
+            if not p.future.done():
+                self._submit(p)
+
+    # ---------------------------------------------------------------- sync
+    def sync(self, timeout: float | None = None) -> int:
+        """Play to the log's tail as of now; returns it. Reads after this
+        reflect every command acknowledged before the call."""
+        self.start()
+        tail = self.log.tail()
+        self.wait_applied(tail, timeout)
+        return tail
+
+    def _not_on_player(self, what: str) -> None:
+        if threading.current_thread() is self._player:
+            raise InvalidRequest(f"cannot {what} on the runtime's own thread (in a Future's callback): it "
+                                 "would wait for itself")
+
+    def wait_applied(self, position: int, timeout: float | None = None) -> None:
+        """Play every position below `position` (Timeout after `timeout` s)."""
+        self.start()
+        self._not_on_player("wait for the log to be played")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.applied < position:
+            with self._cv:
+                if position > self._target:
+                    self._target = position
+            self._play_here(position)
+        with self._cv:
+            while self.applied < position:
+                self._check_open()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise Timeout(f"the log was not played to {position} within {timeout}s "
+                                  f"(at {self.applied})")
+                self._cv.wait(left if left is not None else 1.0)
+            self._check_open()
+
+    # ---------------------------------------------------------- transactions
+    def current_transaction(self) -> Transaction | None:
+        return getattr(self._tx, "current", None)
+
+    @contextmanager
+    def transaction(self, sync: bool = True, timeout: float | None = None) -> Iterator[Transaction]:
+        """An optimistic transaction across the objects hosted here: reads
+        record the versions they saw, writes are buffered; at the end of the
+        block one commit record is appended, and every replica commits or
+        aborts it by replay alone (were the versions read still current at
+        the record's position?). `tx.committed` tells which. A read-only
+        transaction appends nothing: it commits if its reads are still
+        current at its end. An exception in the block appends nothing."""
+        if self.current_transaction() is not None:
+            raise InvalidRequest("transactions do not nest")
+        if sync:
+            self.sync(timeout)
+        else:
+            self.start()
+        tx = Transaction(self)
+        self._tx.current = tx
+        try:
+            yield tx
+        finally:
+            self._tx.current = None
+        tx.commit(timeout)
+
+    def atomically(self, fn: Callable[[], Any], retries: int = 20, timeout: float | None = None) -> Any:
+        """Run `fn` in a transaction until it commits; its return value.
+        TransactionAborted after `retries` aborts."""
+        for attempt in range(retries + 1):
+            with self.transaction(timeout=timeout) as tx:
+                out = fn()
+            if tx.committed:
+                return out
+            time.sleep(min(0.001 * 2 ** attempt, 0.1) * random.random())
+        raise TransactionAborted(f"the transaction aborted {retries + 1} times")
+
+    def _commit(self, streams: list[int], body: bytes, timeout: float | None) -> Any:
+        return self._call(TXN, 0, entry.pack_u64s(streams) + body, timeout)
+
+    def noop(self, timeout: float | None = None) -> int:
+        """Append an entry that changes nothing and wait until it is played
+        (a barrier); returns the runtime's applied position after it."""
+        self._call(NOOP, 0, b"", timeout)
+        return self.applied
+
+    # ------------------------------------------------------------- playing
+    def _run(self) -> None:
+        backoff = 0.0
+        next_poll = 0.0
+        while True:
+            with self._cv:
+                while True:
+                    if self._closing:
+                        return
+                    if self._target > self.applied:
+                        left = self._grace_left(self.applied)
+                        if left <= 0:
+                            break
+                        self._cv.wait(left)
+                        continue
+                    if self.follow is not None:
+                        wait = next_poll - time.monotonic()
+                        if wait <= 0:
+                            break
+                        self._cv.wait(wait)
+                    else:
+                        self._cv.wait()
+                target = self._target
+            try:
+                if target <= self.applied:  # a follow poll
+                    next_poll = time.monotonic() + (self.follow or 0.0)
+                    tail = self.log.tail()
+                    with self._cv:
+                        self._target = target = max(self._target, tail)
+                with self._play_lock:
+                    self._play(target)
+                backoff = 0.0
+            except _Trimmed as t:
+                try:
+                    self._reload_after_trim(t.position)
+                except BaseException as e:  # noqa: BLE001 - the runtime cannot go on
+                    self._fail(e)
+                    return
+            except ObjectsError as e:  # a damaged or unsupported entry, a transaction it cannot decide
+                self._fail(e)
+                return
+            except ZlogError as e:  # an outage: the log's own retries ran out; try again later
+                backoff = min(max(backoff * 2, 0.05), PLAY_BACKOFF_MAX)
+                logger.warning("playing log %r at %d: %s; again in %.2fs", self.log.name, self.applied, e, backoff)
+                with self._cv:
+                    self._cv.wait(backoff)
+            except BaseException as e:  # noqa: BLE001 - a bug; told to every waiter
+                logger.exception("playing log %r stopped", self.log.name)
+                self._fail(e)
+                return
+
+    def _grace_left(self, at: int) -> float:
+        """Under _cv: seconds to wait before reading position `at` from the
+        log (0: read it now). While own appends are in flight, `at` may be
+        one of them: reading it now could find it unwritten and wait on it
+        as a hole, and the acknowledgement will bring its bytes anyway."""
+        if (self._in_flight == 0 and not self._queue) or at in self._own:
+            return 0.0
+        now = time.monotonic()
+        if self._grace_pos != at:
+            self._grace_pos, self._grace_end = at, now + OWN_GRACE
+        return max(0.0, self._grace_end - now)
+
+    def _fail(self, e: BaseException) -> None:
+        with self._cv:
+            self._failed = e
+            self._cv.notify_all()
+        for p in list(self._pending.values()):
+            self._pending.pop(p.seq, None)
+            if not p.future.done():
+                exc = RuntimeFailed(f"the runtime stopped: {e}")
+                exc.__cause__ = e
+                p.future.set_exception(exc)
+
+    def _play(self, target: int) -> None:
+        while self.applied < target and not self._closing:
+            at = self.applied
+            run: list[bytes] = []
+            with self._cv:
+                heap, own = self._own_heap, self._own
+                while heap and heap[0] < at:
+                    own.pop(heapq.heappop(heap), None)
+                # a run of our own acknowledged entries from `at` on: their bytes are known
+                while heap and heap[0] == at + len(run) and len(run) < CHUNK and at + len(run) < target:
+                    run.append(own.pop(heapq.heappop(heap)))
+                nxt = heap[0] if heap else None
+            if run:
+                self.stats.from_memory += len(run)
+                self._apply_rows(list(range(at, at + len(run))), run, None)  # type: ignore[arg-type]
+                continue
+            with self._cv:
+                if self._grace_left(at) > 0:
+                    return  # to the wait: `at` may be ours, acknowledged any moment
+            end = target if nxt is None else min(target, nxt)
+            for batch in self.log.stream_batches(at, end, known_tail=end, hole_wait=self.hole_wait):
+                positions = batch.column(0).to_pylist()
+                datas = batch.column(1).to_pylist()
+                self.stats.read += len(positions)
+                kinds = None
+                if batch.column(1).null_count:
+                    col = batch.column(2)
+                    names = col.dictionary.to_pylist()
+                    kinds = [names[i] for i in col.indices.to_pylist()]
+                for i in range(0, len(positions), CHUNK):
+                    self._apply_rows(positions[i:i + CHUNK], datas[i:i + CHUNK],
+                                     kinds[i:i + CHUNK] if kinds is not None else None)
+                if self._closing:
+                    return
+
+    def _apply_rows(self, positions: list[int], datas: list[bytes | None], kinds: list[str] | None) -> None:
+        """Apply entries (in position order, from self.applied on) under the
+        state lock, then settle the proposals they answered and wake waiters."""
+        unpack = HEADER.unpack_from
+        objects = self._objects
+        sessions = self._sessions.by_client
+        seen = self._streams_seen
+        me = self.client_id
+        pending = self._pending
+        done = self._done
+        stats = self.stats
+        try:
+            with self._lock:
+                for i, pos in enumerate(positions):
+                    data = datas[i]
+                    if data is None:
+                        if kinds is not None and kinds[i] == "trimmed":
+                            raise _Trimmed(pos)
+                        stats.gaps += 1
+                        self.applied = pos + 1
+                        continue
+                    if len(data) < HEADER_SIZE or data[:2] != MAGIC:
+                        stats.foreign += 1
+                        self.applied = pos + 1
+                        continue
+                    _m, version, kind, _flags, client, seq, lwm, stream = unpack(data)
+                    if version != 1 or kind > 4 or kind < 1:
+                        entry.check(version, kind)
+                    s = sessions.get(client)
+                    if s is None:
+                        s = sessions[client] = Session(lwm)
+                    if not s.admit(seq, lwm):
+                        stats.duplicates += 1
+                        self.applied = pos + 1
+                        continue
+                    ok = True
+                    if kind == CMD:
+                        seen.add(stream)
+                        obj = objects.get(stream)
+                        if obj is None:
+                            result = None
+                        else:
+                            try:
+                                result = obj.apply_payload(data, HEADER_SIZE, pos)
+                                obj.version = pos + 1
+                            except Exception as e:  # noqa: BLE001 - the command's outcome, the same everywhere
+                                result, ok = e, False
+                    elif kind == TXN:
+                        result = self._apply_txn(data, pos)
+                    elif kind == RETIRE:
+                        seqs, _ = entry.unpack_u64s(data, HEADER_SIZE)
+                        result = [q for q in seqs if q in s.seen]
+                        for q in seqs:
+                            s.admit(q, lwm)
+                    else:
+                        result = None
+                    stats.applied += 1
+                    self.applied = pos + 1
+                    if client == me:
+                        p = pending.pop(seq, None)
+                        if p is not None:
+                            done.append((p, result, ok))
+        finally:
+            if done:
+                self._done = []
+                with self._plock:
+                    settled = self._settled
+                    for p, _, _ in done:
+                        settled.add(p.seq)
+                        settled.update(p.retire)  # a RETIRE settles the seqs it retired
+                for p, result, ok in done:
+                    if p.future.done():
+                        continue
+                    if ok:
+                        p.future.set_result(result)
+                    else:
+                        p.future.set_exception(result)
+            with self._cv:
+                self._cv.notify_all()
+
+    def _apply_txn(self, data: bytes, pos: int) -> TxnResult | None:
+        streams, off = entry.unpack_u64s(data, HEADER_SIZE)
+        objects = self._objects
+        self._streams_seen.update(streams)
+        if not any(s in objects for s in streams):
+            return None
+        try:
+            reads, writes = codec.loads(data[off:])
+            reads = [(int(s), key, int(v)) for s, key, v in reads]
+            writes = [(int(s), bytes(p)) for s, p in writes]
+        except (TypeError, ValueError) as e:
+            raise BadEntry(f"position {pos}: a commit record does not parse ({e})") from None
+        if not any(s in objects for s, _ in writes):
+            return None  # nothing of it changes what is hosted here: no need to decide
+        for s, key, version in reads:
+            obj = objects.get(s)
+            if obj is None:
+                raise NotHosted(f"position {pos}: a transaction writes an object hosted here but read an object "
+                                f"(stream {s:#x}) that is not: host every object such transactions read")
+            if obj.read_version(key) != version:
+                self.stats.aborted += 1
+                if self.decisions is not None:
+                    self.decisions[pos] = False
+                return TxnResult(False, [])
+        results: list[Any] = []
+        for s, payload in writes:
+            obj = objects.get(s)
+            if obj is None:
+                results.append(None)
+                continue
+            try:
+                results.append(obj.apply_payload(payload, 0, pos))
+                obj.version = pos + 1
+            except Exception as e:  # noqa: BLE001 - deterministic: the same everywhere
+                results.append(e)
+        if self.decisions is not None:
+            self.decisions[pos] = True
+        return TxnResult(True, results)
+
+    # ---------------------------------------------------------- checkpoints
+    def state_snapshot(self) -> tuple[int, dict[str, Any]]:
+        """(position, state): every hosted object's state after playing every
+        position below `position`, with what exactly-once needs."""
+        self.start()
+        with self._lock:
+            pos = self.applied
+            objs = {o.name: [o.type_name, o.version, o.snapshot()] for o in self._objects.values()}
+            state = {"v": 1, "position": pos, "objects": objs, "sessions": self._sessions.snapshot(),
+                     "streams": sorted(self._streams_seen)}
+        return pos, state
+
+    def checkpoint(self, sync: bool = True) -> CheckpointInfo:
+        """Write a checkpoint of every hosted object (after a sync, by default)."""
+        if self.checkpoints is None:
+            raise CheckpointError("this runtime has no checkpoint store (Runtime(checkpoints=...))")
+        if sync:
+            self.sync()
+        pos, state = self.state_snapshot()
+        names = sorted(state["objects"])
+        complete = set(state["streams"]) <= set(self._objects)
+        return self.checkpoints.write(codec.dumps(state), pos, names, complete)
+
+    def trim(self, keep: int = 1) -> int | None:
+        """Trim the log below the oldest of the `keep` newest complete
+        checkpoints (ones holding every object the log has entries for:
+        any replica can start from them) and delete older checkpoints.
+        Returns the highest position trimmed, or None if too few exist."""
+        if self.checkpoints is None:
+            raise CheckpointError("this runtime has no checkpoint store")
+        if keep < 1:
+            raise InvalidRequest("keep at least one checkpoint")
+        infos = self.checkpoints.list()
+        complete = [i for i in infos if i.complete]
+        if len(complete) < keep or complete[-keep].position == 0:
+            return None
+        cut = complete[-keep].position
+        self.log.trim_to(cut - 1)
+        for i in infos:
+            if i.position < cut:
+                self.checkpoints.remove(i)
+        return cut - 1
+
+    def _usable_checkpoint(self, first: int) -> CheckpointInfo | None:
+        assert self.checkpoints is not None
+        names = {o.name for o in self._objects.values()}
+        for info in reversed(self.checkpoints.list()):
+            if info.position >= first and (info.complete or names <= set(info.objects)):
+                return info
+        return None
+
+    def _load(self, info: CheckpointInfo) -> None:
+        assert self.checkpoints is not None
+        state = codec.loads(self.checkpoints.read(info))
+        try:
+            pos = int(state["position"])
+            objs = state["objects"]
+            sessions = Sessions.restore(state["sessions"])
+            streams = {int(s) for s in state["streams"]}
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {info.id} does not parse: {e}") from None
+        with self._lock:
+            for sid, obj in self._objects.items():
+                got = objs.get(obj.name)
+                if got is None:
+                    initial = self._initial.get(sid)
+                    if initial is not None:
+                        obj.restore(codec.loads(initial))
+                    obj.version = 0
+                    continue
+                type_name, version, snap = got
+                if type_name != obj.type_name:
+                    raise WrongType(f"checkpoint {info.id} holds {obj.name!r} as a {type_name}, hosted here as "
+                                    f"a {obj.type_name}")
+                obj.restore(snap)
+                obj.version = int(version)
+            self._sessions = sessions
+            self._streams_seen = streams
+            with self._cv:
+                self.applied = max(pos, 0)
+                if self._target < self.applied:
+                    self._target = self.applied
+                self._cv.notify_all()
+        self.stats.reloads += 1
+        self._settle_after_load()
+        logger.info("log %r: started from checkpoint %s at position %d", self.log.name, info.id, pos)
+
+    def _reload_after_trim(self, position: int) -> None:
+        assert self.checkpoints is not None or True
+        if self.checkpoints is None:
+            raise CheckpointError(f"position {position} of log {self.log.name!r} is trimmed and this runtime has "
+                                  "no checkpoint store to start again from")
+        info = self._load_newest(position + 1)
+        if info is None:
+            raise CheckpointError(f"position {position} of log {self.log.name!r} is trimmed and no checkpoint "
+                                  "after it covers the objects hosted here")
+        logger.warning("log %r: position %d is trimmed; reloaded from the checkpoint at %d", self.log.name,
+                       position, info.position)
+
+    def _load_newest(self, first: int) -> CheckpointInfo | None:
+        """Load the newest checkpoint at or after `first` that covers what is
+        hosted here; None if there is none. A checkpoint deleted between the
+        listing and the read (a trim made a newer one) is passed over."""
+        for attempt in range(5):
+            info = self._usable_checkpoint(first)
+            if info is None:
+                return None
+            try:
+                self._load(info)
+                return info
+            except CheckpointError:
+                if attempt == 4 or info in (self.checkpoints.list() if self.checkpoints else []):
+                    raise  # still listed: damaged, not replaced
+        return None
+
+    def _settle_after_load(self) -> None:
+        """Proposals the checkpoint already holds: applied (result unknown
+        here) or retired."""
+        s = self._sessions.get(self.client_id)
+        if s is None:
+            return
+        for p in list(self._pending.values()):
+            state = s.applied(p.seq)
+            if state is False:
+                continue
+            self._pending.pop(p.seq, None)
+            self._settle(p.seq)
+            if not p.future.done():
+                p.future.set_exception(ResultUnavailable(
+                    f"proposal {p.seq} was applied (or retired) before the checkpoint this runtime started from"))
+
+
+__all__ = ["Runtime", "Stats"]

@@ -1,0 +1,486 @@
+"""Replicated objects on a real cluster (issue 25): the state-machine layer,
+the map, counter, register and queue, exactly-once proposals, the gaps of
+the log (LOST holes, foreign entries), transactions decided by replay, and
+checkpoints with trimming. Several runtimes in one process stand for
+several processes: each has its own Log, and none shares state with another
+except through the log."""
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from seqr_proc import SeqrProcess
+
+import pyzlog
+from pyzlog import Log
+from pyzlog import InvalidRequest
+from pyzlog.objects import (MISSING, BadEntry, CheckpointError, Counter, NotHosted, Queue,
+                            RadosCheckpoints, Register, ReplicatedMap, Runtime, RuntimeClosed, RuntimeFailed,
+                            StateMachine, UnsupportedEntry, WrongType)
+from pyzlog.objects import codec, entry
+from pyzlog.objects.objects import CTR_ADD, MAP_PUT, _OP
+
+HOLE_WAIT = 0.3
+
+
+@pytest.fixture(scope="module")
+def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
+    p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
+    yield p
+    p.kill()
+
+
+class Replicas:
+    """Runtimes on one log, each with a Log of its own; all closed at the end."""
+
+    def __init__(self, cluster: Any, pool: str, name: str, seqr: str | None) -> None:
+        self.cluster, self.pool, self.name, self.seqr = cluster, pool, name, seqr
+        self.log = Log.create(cluster, pool, name, width=3, sequencer=seqr)
+        self.runtimes: list[Runtime] = []
+        self.logs: list[Log] = [self.log]
+
+    def new(self, checkpoints: bool = False, **kw: Any) -> Runtime:
+        lg = Log.open(self.cluster, self.pool, self.name, sequencer=self.seqr)
+        self.logs.append(lg)
+        kw.setdefault("hole_wait", HOLE_WAIT)
+        rt = Runtime(lg, checkpoints=RadosCheckpoints.for_log(lg) if checkpoints else None, **kw)
+        self.runtimes.append(rt)
+        return rt
+
+    def close(self) -> None:
+        for rt in self.runtimes:
+            rt.close()
+        for lg in self.logs:
+            lg.close()
+
+
+@pytest.fixture(params=["sequencer", "no-sequencer"])
+def replicas(request, rados_cluster, ceph, log_name, seqr) -> Iterator[Replicas]:  # type: ignore[no-untyped-def]
+    r = Replicas(rados_cluster, ceph.pool, log_name, seqr.address if request.param == "sequencer" else None)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def pair(rados_cluster, ceph, log_name, seqr) -> Iterator[Replicas]:  # type: ignore[no-untyped-def]
+    r = Replicas(rados_cluster, ceph.pool, log_name, seqr.address)
+    yield r
+    r.close()
+
+
+def hosting(rt: Runtime) -> tuple[ReplicatedMap, Counter, Register, Queue]:
+    return rt.map("m"), rt.counter("c"), rt.register("r"), rt.queue("q")
+
+
+def state_of(rt: Runtime) -> dict[str, Any]:
+    return {name: obj.snapshot() for name, obj in sorted(rt.hosted().items())} | {"applied": rt.applied}
+
+
+# ------------------------------------------------------------------ basics
+def test_objects_return_results_and_replicas_agree(replicas: Replicas) -> None:
+    a, b = replicas.new(), replicas.new()
+    m, c, r, q = hosting(a)
+    m2, c2, r2, q2 = hosting(b)
+    m["x"] = 1
+    assert m["x"] == 1 and m.get("nope") is None and "x" in m and len(m) == 1
+    assert m.cas("x", 1, 2) is True and m.cas("x", 1, 3) is False and m["x"] == 2
+    assert m.cas("y", MISSING, b"new") is True and m.cas("y", MISSING, b"again") is False
+    assert m.delete("y") is True and m.delete("y") is False
+    assert c.add(5) == 5 and c.add(-2) == 3
+    assert r.cas(None, "first") is True and r.cas(None, "second") is False and r.value == "first"
+    assert q.put("job-a") == 0 and q.put("job-b") == 1
+    # b proposes too, through its own log object: the results follow the one order
+    assert c2.add(10) == 13
+    assert q2.get() == (0, "job-a")
+    assert q.get() == (1, "job-b") and q.get() is None
+    a.sync()
+    b.sync()
+    assert state_of(a) == state_of(b)
+    assert m.to_dict() == m2.to_dict() == {"x": 2} and c.value == c2.value == 13
+
+
+def test_sync_makes_reads_linearizable(pair: Replicas) -> None:
+    a, b = pair.new(), pair.new()
+    m, m2 = a.map("m"), b.map("m")
+    for i in range(20):
+        m[f"k{i}"] = i
+        # b has no reason to play the log, until asked: after sync it sees every acknowledged write
+        b.sync()
+        assert m2[f"k{i}"] == i
+    assert b.stats.read >= 20 and a.stats.from_memory >= 20
+
+
+def test_async_proposals(pair: Replicas) -> None:
+    a, b = pair.new(), pair.new()
+    m, c = a.map("m"), a.counter("c")
+    futures = [m.put_async(i % 50, b"v%d" % i) for i in range(1000)] + [c.add_async(1) for _ in range(100)]
+    assert [f.result(60) for f in futures[:1000]] == [None] * 1000
+    assert sorted(f.result(60) for f in futures[1000:]) == list(range(1, 101))
+    b.map("m")
+    b.counter("c")
+    b.sync()
+    assert state_of(a)["m"] and state_of(a) == state_of(b)
+
+
+def test_a_user_state_machine(pair: Replicas) -> None:
+    class Ledger(StateMachine):
+        type_name = "ledger"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def apply(self, command: Any, position: int) -> Any:
+            if not isinstance(command, str):
+                raise ValueError("a ledger line is a string")
+            self.lines.append(f"{position}:{command}")
+            return len(self.lines)
+
+        def snapshot(self) -> Any:
+            return list(self.lines)
+
+        def restore(self, state: Any) -> None:
+            self.lines = list(state)
+
+    a, b = pair.new(), pair.new()
+    la, lb = a.host("ledger", Ledger()), b.host("ledger", Ledger())
+    assert la.propose("open") == 1 and lb.propose("credit 5") == 2
+    with pytest.raises(ValueError):  # apply's exception is the command's outcome, the same everywhere
+        la.propose(42)
+    assert la.propose("close") == 3
+    b.sync()
+    assert la.lines == lb.lines and [x.split(":")[1] for x in la.lines] == ["open", "credit 5", "close"]
+
+
+# ---------------------------------------------------------- typed errors
+def test_bad_input_gets_typed_errors(pair: Replicas) -> None:
+    a = pair.new()
+    m = a.map("m")
+    with pytest.raises(WrongType):
+        a.counter("m")
+    with pytest.raises(InvalidRequest):
+        m.put(["unhashable"], 1)
+    with pytest.raises(InvalidRequest):
+        m.put("k", {1, 2})  # a set: no deterministic form
+    with pytest.raises(InvalidRequest):
+        a.counter("c").add("1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest):
+        a.map("")
+    with pytest.raises(InvalidRequest):
+        Runtime("not a log")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest):
+        Runtime(pair.log, client_id=0)
+    a.sync()
+    with pytest.raises(InvalidRequest):  # hosted after the play started: it would have missed entries
+        a.map("late")
+    with pytest.raises(NotHosted):
+        StateMachine().propose(1)
+    with pytest.raises(CheckpointError):
+        a.checkpoint()
+    with pytest.raises(pyzlog.EntryTooLarge):
+        m.put("big", b"x" * (2 << 20))
+    # proposals sent in one batch with a bad one: only it fails
+    futures = [m.put_async(f"k{i}", b"v") for i in range(20)]
+    big = m.put_async("big", b"x" * (2 << 20))
+    futures += [m.put_async(f"j{i}", b"v") for i in range(20)]
+    assert [f.result(60) for f in futures] == [None] * 40
+    with pytest.raises(pyzlog.EntryTooLarge):
+        big.result(60)
+    m["still"] = "works"
+    a.close()
+    with pytest.raises(RuntimeClosed):
+        m["k"] = 1
+
+
+# ---------------------------------------------------------- exactly once
+def test_a_proposal_stored_twice_is_applied_once(pair: Replicas) -> None:
+    """What a retried append leaves: the same bytes at two positions. Every
+    replica applies the first and skips the second, and a copy appearing
+    after the proposer's low-water mark passed it is skipped too."""
+    a = pair.new()
+    c = a.counter("c")
+    client, stream = 0xC0FFEE, entry.stream_id("c")
+    add = lambda seq, lwm, n: entry.header(entry.CMD, client, seq, lwm, stream) + _OP[CTR_ADD] + codec.dumps(n)  # noqa: E731
+    lg = pair.log
+    lg.append(add(1, 1, 10))
+    lg.append(add(1, 1, 10))            # the retry's copy
+    lg.append(add(2, 1, 100))
+    lg.append(add(3, 3, 1000))          # the client's lwm is now 3: 1 and 2 are settled
+    lg.append(add(2, 1, 100))           # a late copy of 2
+    lg.append_many([add(4, 3, 5), add(4, 3, 5)])
+    a.sync()
+    assert c.value == 1115
+    assert a.stats.duplicates == 3
+    b = pair.new()
+    b.counter("c")
+    b.sync()
+    assert state_of(b) == state_of(a)
+
+
+def test_foreign_entries_are_skipped_and_newer_ones_stop_the_runtime(pair: Replicas) -> None:
+    a = pair.new()
+    m = a.map("m")
+    m["a"] = 1
+    pair.log.append(b"someone else's raw entry")
+    pair.log.append(b"ZO")  # too short to be ours
+    m["b"] = 2
+    a.sync()
+    assert a.stats.foreign == 2 and m.to_dict() == {"a": 1, "b": 2}
+    pair.log.append(entry.HEADER.pack(b"ZO", 2, 1, 0, 1, 1, 1, entry.stream_id("m")) + b"future")
+    with pytest.raises(RuntimeFailed) as e:
+        a.sync()
+    assert isinstance(e.value.__cause__, UnsupportedEntry)
+    with pytest.raises(RuntimeFailed):
+        m["c"] = 3
+
+
+def test_damaged_entries(pair: Replicas) -> None:
+    """A command whose arguments do not parse is refused by every replica
+    alike (its outcome, the state unchanged); a commit record that does not
+    parse stops the runtime, as a header of a newer version does."""
+    a, b = pair.new(), pair.new()
+    m = a.map("m")
+    b.map("m")
+    pair.log.append(entry.header(entry.CMD, 5, 1, 1, entry.stream_id("m")) + _OP[MAP_PUT] + b"\x05\xff\xff")
+    m["ok"] = 1
+    assert m.to_dict() == {"ok": 1}
+    pair.log.append(entry.header(entry.TXN, 5, 2, 1) + entry.pack_u64s([entry.stream_id("m")]) + b"\x07junk")
+    for rt in (a, b):
+        with pytest.raises(RuntimeFailed) as e:
+            rt.sync()
+        assert isinstance(e.value.__cause__, BadEntry)
+
+
+def test_a_lost_hole_is_skipped_by_every_replica(pair: Replicas) -> None:
+    """A proposer took a position and died before writing it: readers wait
+    hole_wait, fill it as LOST and move on, all skipping the same position."""
+    a, b = pair.new(), pair.new()
+    m, m2 = a.map("m"), b.map("m")
+    m["before"] = 1
+    hole = pair.log.take_positions(1)  # never written
+    m["after"] = 2  # its position is above the hole: applying it waits for the hole
+    assert m.to_dict() == {"before": 1, "after": 2}
+    b.sync()
+    assert m2.to_dict() == m.to_dict()
+    assert a.stats.gaps + b.stats.gaps >= 2 and a.applied > hole
+    assert [r.kind for r in pair.log.stream(hole, hole + 1)] == [pyzlog.RecordKind.LOST]
+
+
+# ------------------------------------------------------------ transactions
+def test_a_conflicting_transaction_aborts_everywhere(pair: Replicas) -> None:
+    a, b, c = pair.new(), pair.new(), pair.new()
+    ma, mb, mc = a.map("acct"), b.map("acct"), c.map("acct")
+    ma["alice"] = 100
+    ma["bob"] = 0
+    with a.transaction() as tx:
+        bal = ma["alice"]
+        mb["alice"] = 50  # b writes what a's transaction read, before a's commit record
+        ma["alice"] = bal - 30
+        ma["bob"] = ma["bob"] + 30
+    assert tx.committed is False and tx.results == []
+    assert ma.to_dict() == {"alice": 50, "bob": 0}
+    with a.transaction() as tx2:
+        bal = ma["alice"]
+        ma["alice"] = bal - 30
+        ma["bob"] = ma["bob"] + 30
+    assert tx2.committed is True
+    c.sync()
+    b.sync()
+    assert ma.to_dict() == mb.to_dict() == mc.to_dict() == {"alice": 20, "bob": 30}
+    assert a.stats.aborted == b.stats.aborted == c.stats.aborted == 1
+
+
+def test_transactions_across_objects(pair: Replicas) -> None:
+    a, b = pair.new(), pair.new()
+    m, ctr, reg, q = hosting(a)
+    hosting(b)
+    q.put("job-1")
+    q.put("job-2")
+    with a.transaction() as tx:
+        item = q.get()  # taken at commit, if the queue did not change meanwhile
+        assert item == (0, "job-1")
+        m[f"done-{item[0]}"] = item[1]
+        ctr.add(1)
+        assert ctr.value == 1  # reads its own writes
+        reg.set("last: job-1")
+        assert reg.get() == "last: job-1" and m.get("done-0") == "job-1" and len(m) == 1
+    assert tx.committed and len(tx.results) == 4
+    assert q.waiting() == [(1, "job-2")] and m["done-0"] == "job-1" and ctr.value == 1
+    b.sync()
+    assert state_of(a) == state_of(b)
+
+
+def test_read_only_and_failed_transactions_append_nothing(pair: Replicas) -> None:
+    a = pair.new()
+    m = a.map("m")
+    m["x"] = 1
+    tail = pair.log.tail()
+    with a.transaction() as tx:
+        assert m["x"] == 1 and m.get("y") is None
+    assert tx.committed is True
+    with pytest.raises(KeyError):
+        with a.transaction():
+            m["z"] = 5
+            m["missing"]  # noqa: B018 - raises
+    assert pair.log.tail() == tail and "z" not in m
+    with pytest.raises(InvalidRequest):
+        with a.transaction():
+            with a.transaction():
+                pass
+
+
+def test_concurrent_transfers_conserve_the_total(pair: Replicas) -> None:
+    rts = [pair.new() for _ in range(3)]
+    maps = [rt.map("acct") for rt in rts]
+    for i in range(5):
+        maps[0][f"a{i}"] = 100
+    errors: list[BaseException] = []
+
+    def transfers(k: int) -> None:
+        rt, m = rts[k % 3], maps[k % 3]
+        import random
+        rnd = random.Random(k)
+        try:
+            for _ in range(15):
+                src, dst = rnd.sample(range(5), 2)
+
+                def move() -> None:
+                    s = m[f"a{src}"]
+                    amount = min(s, rnd.randint(1, 30))
+                    m[f"a{src}"] = s - amount
+                    m[f"a{dst}"] = m[f"a{dst}"] + amount
+
+                rt.atomically(move)
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=transfers, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    for rt in rts:
+        rt.sync()
+    assert maps[0].to_dict() == maps[1].to_dict() == maps[2].to_dict()
+    assert sum(maps[0].values()) == 500
+    assert rts[0].stats.aborted == rts[1].stats.aborted == rts[2].stats.aborted
+
+
+# ------------------------------------------------------------------- queue
+def test_a_group_consumes_each_item_exactly_once(pair: Replicas) -> None:
+    rts = [pair.new() for _ in range(3)]
+    queues = [rt.queue("jobs") for rt in rts]
+    ids = [queues[0].put_async(f"job-{i}") for i in range(60)]
+    assert sorted(f.result(60) for f in ids) == list(range(60))
+    got: list[list[tuple[int, Any]]] = [[], [], []]
+
+    def consume(k: int) -> None:
+        q = queues[k]
+        while True:
+            if k == 2:  # claim and ack: only one ack per item ever succeeds
+                item = q.claim(lease=30)
+                if item is None:
+                    return
+                assert q.ack(item[0]) is True
+            else:
+                item = q.get()
+                if item is None:
+                    return
+            got[k].append(item)
+
+    threads = [threading.Thread(target=consume, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    everything = sorted(got[0] + got[1] + got[2])
+    assert everything == [(i, f"job-{i}") for i in range(60)]
+    for rt in rts:
+        rt.sync()
+    assert all(len(q) == 0 for q in queues)
+
+
+def test_an_expired_claim_goes_to_the_next_consumer(pair: Replicas) -> None:
+    a, b = pair.new(), pair.new()
+    qa, qb = a.queue("jobs"), b.queue("jobs")
+    qa.put("only")
+    first = qa.claim(lease=0.001, consumer="dead-worker")  # it never acks
+    import time
+    time.sleep(0.01)
+    second = qb.claim(lease=30)
+    assert first == second == (0, "only")
+    assert qa.ack(0, consumer="dead-worker") is False  # it lost the claim
+    assert qb.ack(0) is True and qb.ack(0) is False
+    a.sync()
+    assert len(qa) == 0 and qa.claimed() == {}
+
+
+# -------------------------------------------------------------- checkpoints
+def test_checkpoint_trim_and_a_new_process_starting_from_it(pair: Replicas) -> None:
+    a = pair.new(checkpoints=True)
+    m, c, r, q = hosting(a)
+    behind = pair.new(checkpoints=True)  # a replica that plays now, then not until after the trim
+    hosting(behind)
+    for i in range(200):
+        m.put_async(f"k{i % 37}", i)
+    behind.sync()
+    for i in range(100):
+        m.put_async(f"k{i % 37}", -i)
+    c.add(7)
+    q.put("job")
+    a.sync()
+    info = a.checkpoint()
+    assert info.complete and info.position == a.applied and set(info.objects) == {"m", "c", "r", "q"}
+    for i in range(50):
+        m[f"after{i}"] = i
+    assert a.trim() == info.position - 1
+    assert pair.log.first_position() == info.position
+    # a new process: starts from the checkpoint and reads only what follows it
+    n = pair.new(checkpoints=True)
+    hosting(n)
+    n.sync()
+    assert n.stats.reloads == 1 and n.stats.read <= 60
+    assert state_of(n) == state_of(a)
+    # the replica that was behind meets the trimmed prefix and reloads
+    behind.sync()
+    assert behind.stats.reloads == 1 and state_of(behind) == state_of(a)
+    # without a checkpoint store the trimmed history cannot be rebuilt
+    bare = pair.new()
+    bare.map("m")
+    with pytest.raises(CheckpointError):
+        bare.sync()
+    # a checkpoint of only some objects is not complete: it does not allow a trim alone
+    part = pair.new(checkpoints=True)
+    part.map("m")
+    part.sync()
+    pinfo = part.checkpoint()
+    assert not pinfo.complete
+    assert [i.position for i in a.checkpoints.list() if i.complete] == [info.position]  # type: ignore[union-attr]
+
+
+def test_a_damaged_checkpoint_is_refused(pair: Replicas) -> None:
+    a = pair.new(checkpoints=True)
+    a.map("m")["k"] = "v"
+    info = a.checkpoint()
+    store = a.checkpoints
+    assert isinstance(store, RadosCheckpoints)
+    store.io.write(info.oid, b"\x00\x00", 3)
+    b = pair.new(checkpoints=True)
+    b.map("m")
+    with pytest.raises(CheckpointError):
+        b.start()
+
+
+def test_a_proposer_restarting_with_its_id_continues_its_seqs(pair: Replicas) -> None:
+    a = pair.new(client_id=77)
+    a.counter("c").add(1)
+    a.counter("c").add(1)
+    a.close()
+    again = pair.new(client_id=77)
+    ctr = again.counter("c")
+    again.start()
+    assert ctr.add(1) == 3  # not taken for a copy of seq 1

@@ -1,0 +1,205 @@
+"""The object layer's pure parts, with no cluster: the value codec (exact
+round trips, damaged bytes refused with BadEntry, never a crash), the entry
+header, the exactly-once sessions, and each object's apply against its own
+model (deterministic: two replicas fed the same commands agree)."""
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pyzlog
+from pyzlog.objects import MISSING, BadEntry, Counter, Queue, Register, ReplicatedMap, UnsupportedEntry, WrongType
+from pyzlog.objects import codec, entry
+from pyzlog.objects.objects import MAP_CAS, MAP_DEL, MAP_PUT, Q_ACK, Q_CLAIM, Q_GET, Q_PUT, Q_RELEASE, _OP
+from pyzlog.objects.sessions import Sessions
+
+scalars = (st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)
+           | st.floats(allow_nan=False) | st.text(max_size=300) | st.binary(max_size=300))
+values = st.recursive(scalars, lambda c: st.lists(c, max_size=5) | st.tuples(c, c)
+                      | st.dictionaries(st.text(max_size=5) | st.integers(), c, max_size=5), max_leaves=30)
+
+
+@given(values)
+@settings(max_examples=300, deadline=None)
+def test_codec_round_trips_exactly(v: object) -> None:
+    back = codec.loads(codec.dumps(v))
+    assert back == v and type(back) is type(v)
+    assert codec.dumps(back) == codec.dumps(v)  # one form per value: replicas write the same bytes
+
+
+def test_codec_keeps_missing_apart_from_none() -> None:
+    assert codec.loads(codec.dumps(MISSING)) is MISSING
+    assert codec.loads(codec.dumps([None, MISSING])) == [None, MISSING]
+    assert repr(MISSING) == "MISSING" and not MISSING
+
+
+@pytest.mark.parametrize("bad", [set(), object(), 1j, frozenset()])
+def test_codec_refuses_what_it_does_not_carry(bad: object) -> None:
+    with pytest.raises(pyzlog.InvalidRequest):
+        codec.dumps(bad)
+
+
+def test_codec_refuses_deep_nesting_both_ways() -> None:
+    v: object = 1
+    for _ in range(codec.MAX_DEPTH + 1):
+        v = [v]
+    with pytest.raises(pyzlog.InvalidRequest):
+        codec.dumps(v)
+    data = bytes([7]) + struct.pack("<I", 1)
+    with pytest.raises(BadEntry):
+        codec.loads(data * (codec.MAX_DEPTH + 2) + codec.dumps(1))
+
+
+@pytest.mark.parametrize("data", [b"", b"\xff", b"\x05\xff\xff\xff\x7f", b"\x07\xff\xff\xff\xff",
+                                  b"\x09\x01\x00\x00\x00\x07\x00\x00\x00\x00\x00",  # a list as a dict key
+                                  b"\x0c\x02\xc3", codec.dumps(1) + b"\x00", b"\x03\x01"])
+def test_codec_refuses_damaged_bytes(data: bytes) -> None:
+    with pytest.raises(BadEntry):
+        codec.loads(data)
+
+
+@given(st.binary(max_size=64))
+@settings(max_examples=500, deadline=None)
+def test_codec_never_crashes_on_random_bytes(data: bytes) -> None:
+    try:
+        codec.loads(data)
+    except BadEntry:
+        pass
+
+
+# ------------------------------------------------------------------ header
+def test_header_layout() -> None:
+    h = entry.header(entry.CMD, 0x0102030405060708, 7, 3, 99)
+    assert len(h) == entry.HEADER_SIZE == 37 and h[:2] == b"ZO" and h[2] == 1 and h[3] == entry.CMD
+    got = entry.parse(h + b"payload")
+    assert got == entry.Header(entry.CMD, 0, 0x0102030405060708, 7, 3, 99)
+    assert entry.parse(b"raw bytes of someone else") is None and entry.parse(b"ZO") is None
+
+
+def test_newer_entries_are_refused_not_skipped() -> None:
+    with pytest.raises(UnsupportedEntry):
+        entry.parse(entry.HEADER.pack(b"ZO", 2, 1, 0, 1, 1, 0, 0))
+    with pytest.raises(UnsupportedEntry):
+        entry.parse(entry.HEADER.pack(b"ZO", 1, 9, 0, 1, 1, 0, 0))
+
+
+def test_stream_ids() -> None:
+    assert entry.stream_id("users") == entry.stream_id("users") != entry.stream_id("users2")
+    assert 0 < entry.stream_id("x") < 1 << 64
+    for bad in ["", "x" * 201, 3, None]:
+        with pytest.raises(pyzlog.InvalidRequest):
+            entry.stream_id(bad)  # type: ignore[arg-type]
+
+
+def test_id_lists() -> None:
+    packed = entry.pack_u64s([1, 2, 1 << 63])
+    assert entry.unpack_u64s(packed + b"rest", 0) == ([1, 2, 1 << 63], len(packed))
+    with pytest.raises(BadEntry):
+        entry.unpack_u64s(packed[:-1], 0)
+
+
+# ---------------------------------------------------------------- sessions
+def test_sessions_apply_each_proposal_once() -> None:
+    s = Sessions()
+    assert s.admit(1, 1, 1) and s.admit(1, 2, 1)
+    assert not s.admit(1, 1, 1)            # a retried copy
+    assert s.admit(1, 4, 1) and s.admit(1, 3, 1)  # out of order is fine
+    assert not s.admit(1, 3, 5) and not s.admit(1, 2, 5)  # the lwm passed them
+    assert s.admit(2, 1, 1)                # another client
+    assert s.retire(1, [6, 5], 5) == [] and not s.admit(1, 6, 5)  # retired: never applied later
+    assert s.retire(1, [4], 4) == [4]      # retiring one that was applied says so
+
+
+def test_sessions_prune_and_snapshot_canonically() -> None:
+    s, t = Sessions(), Sessions()
+    rnd = random.Random(1)
+    seqs = list(range(1, 2000))
+    for q in seqs:
+        s.admit(7, q, max(1, q - 10))
+    shuffled = seqs[:]
+    rnd.shuffle(shuffled)
+    for q in sorted(shuffled):  # the same entries: the same state, whenever pruning ran
+        t.admit(7, q, max(1, q - 10))
+    assert s.snapshot() == t.snapshot()
+    assert len(s.by_client[7].seen) < 200  # pruned below the lwm
+    r = Sessions.restore(s.snapshot())
+    assert r.snapshot() == s.snapshot() and not r.admit(7, 1990, 1989) and r.admit(7, 2000, 1990)
+
+
+# ----------------------------------------------------------------- objects
+def _apply(obj: object, payloads: list[bytes]) -> list[object]:
+    return [obj.apply_payload(p, 0, i) for i, p in enumerate(payloads)]  # type: ignore[attr-defined]
+
+
+def test_map_commands_and_versions() -> None:
+    m = ReplicatedMap()
+    d = codec.dumps
+    out = _apply(m, [_OP[MAP_PUT] + d("a") + d(1), _OP[MAP_CAS] + d("a") + d(1) + d(2),
+                     _OP[MAP_CAS] + d("a") + d(1) + d(3), _OP[MAP_CAS] + d("b") + d(MISSING) + d(9),
+                     _OP[MAP_DEL] + d("a"), _OP[MAP_DEL] + d("a"), _OP[MAP_CAS] + d("b") + d(9) + d(MISSING)])
+    assert out == [None, True, False, True, True, False, True]
+    assert m.to_dict() == {}
+    m.apply_payload(_OP[MAP_PUT] + d(("t", 1)) + d(b"v"), 0, 41)
+    assert m.get(("t", 1)) == b"v" and m.version_of(("t", 1)) == 42 and m.version_of("zz") == 0
+    m2 = ReplicatedMap()
+    m2.restore(codec.loads(codec.dumps(m.snapshot())))
+    assert m2.to_dict() == m.to_dict() and m2.version_of(("t", 1)) == 42
+    with pytest.raises(WrongType):
+        m.apply_payload(b"\x20" + d(1), 0, 50)
+    with pytest.raises(BadEntry):
+        m.apply_payload(_OP[MAP_PUT] + d("a") + d(1) + b"junk", 0, 51)
+
+
+def test_queue_claims_are_exactly_once() -> None:
+    q = Queue()
+    d = codec.dumps
+    assert _apply(q, [_OP[Q_PUT] + d("a"), _OP[Q_PUT] + d("b"), _OP[Q_PUT] + d("c")]) == [0, 1, 2]
+    claim = lambda who, now: _OP[Q_CLAIM] + d(who) + d(1000) + d(now)  # noqa: E731
+    assert q.apply_payload(claim("x", 0), 0, 10) == [0, "a"]
+    assert q.apply_payload(claim("y", 500), 0, 11) == [1, "b"]        # x's claim has not run out
+    assert q.apply_payload(claim("y", 1500), 0, 12) == [0, "a"]       # it has now: to y
+    assert q.apply_payload(_OP[Q_ACK] + d(0) + d("x"), 0, 13) is False  # x lost it
+    assert q.apply_payload(_OP[Q_ACK] + d(0) + d("y"), 0, 14) is True
+    assert q.apply_payload(_OP[Q_ACK] + d(0) + d("y"), 0, 15) is False  # once
+    assert q.apply_payload(_OP[Q_RELEASE] + d(1) + d("y"), 0, 16) is True
+    assert q.apply_payload(_OP[Q_GET], 0, 17) == [1, "b"]             # released: back at the head
+    assert q.apply_payload(_OP[Q_GET], 0, 18) == [2, "c"]
+    assert q.apply_payload(_OP[Q_GET], 0, 19) is None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["put", "del", "cas"]), st.integers(0, 3), st.integers(0, 3)),
+                max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_replicas_fed_the_same_commands_agree(cmds: list[tuple[str, int, int]]) -> None:
+    d = codec.dumps
+    payloads = []
+    for op, k, v in cmds:
+        payloads.append(_OP[MAP_PUT] + d(k) + d(v) if op == "put" else _OP[MAP_DEL] + d(k) if op == "del"
+                        else _OP[MAP_CAS] + d(k) + d(v) + d(v + 1))
+    a, b = ReplicatedMap(), ReplicatedMap()
+    assert _apply(a, payloads) == _apply(b, payloads)
+    assert a.snapshot() == b.snapshot()
+    model: dict[int, int] = {}
+    for op, k, v in cmds:
+        if op == "put":
+            model[k] = v
+        elif op == "del":
+            model.pop(k, None)
+        elif model.get(k) == v:
+            model[k] = v + 1
+    assert a.to_dict() == model
+
+
+def test_counter_and_register() -> None:
+    c, r = Counter(), Register()
+    d = codec.dumps
+    assert _apply(c, [b"\x20" + d(5), b"\x20" + d(-2), b"\x21" + d(10)]) == [5, 3, 10]
+    with pytest.raises(BadEntry):
+        c.apply_payload(b"\x20" + d("x"), 0, 0)
+    assert _apply(r, [b"\x31" + d(None) + d("a"), b"\x31" + d(None) + d("b"), b"\x30" + d([1])]) == [True, False,
+                                                                                                    None]
+    assert r.value == [1]
