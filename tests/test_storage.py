@@ -260,7 +260,7 @@ def test_bench_storage(ceph, tmp_path) -> None:  # type: ignore[no-untyped-def]
     r = json.loads(out.read_text())
     assert r["kind"] == "storage" and r["log"]["slots"] == 1000 and r["log"]["format"] == "data"
     o = r["objects"]
-    assert o["count"] == 20 and o["max_entries"] == 1000 and o["after_trim"] == 10
+    assert o["count"] == 20 and o["max_entries"] == 1000 and o["after_trim_holding"] == 10
     assert r["bounds_met"] == {"slots": True, "ceph_keys": True, "size": True}
     ps, tr = r["pool_stored"], r["trim"]
     assert ps["log_share"] > 20000 * 512 * 0.9  # Ceph counts the entries' bytes

@@ -63,7 +63,7 @@ def test_cluster_stops_when_its_owner_is_killed(tmp_path: Path) -> None:
     try:
         c.start(osds=1, owner_pid=owner.pid)
         pids = list(c.daemons().values())
-        assert len(pids) == 2
+        assert len(pids) == 3  # mon, mgr, osd
         owner.kill()
         owner.wait()
         deadline = time.monotonic() + 60

@@ -108,7 +108,8 @@ def bench_storage(env: Any, *, entries: int = 2_000_000, size: int = 128, batch:
             "log": {"name": name, "first": first, "last": last, "format": "data" if view.bounded else "omap", "slots": view.slots,
                     "byte_bound": view.byte_bound, "fill_s": fill_s, "entries_per_s": entries / fill_s},
             "objects": {"count": len(objects), "max_entries": max_entries, "max_size": max_size,
-                        "after_trim": len(left)},
+                        # a wholly trimmed object keeps its header only (it is truncated)
+                        "after_trim": len(left), "after_trim_holding": sum(1 for o in left if o["bytes"] > 0)},
             "bounds_met": {"slots": max_entries <= view.slots, "ceph_keys": max_entries < CEPH_KEY_THRESHOLD,
                            "size": max_size < OBJECT_SIZE_LIMIT},
             "pool_stored": {"before": before, "filled": filled, "trimmed": trimmed, "log_share": share},
@@ -144,5 +145,5 @@ def markdown_storage(r: dict[str, Any]) -> str:
         f"| pool stored: before / filled / after trim | {_mib(ps['before'])} / {_mib(ps['filled'])} / "
         f"{_mib(ps['trimmed'])} |",
         f"| trim_to first half: stored bytes freed | {drop} of the log's (target >= {tr['target']:.0%}); "
-        f"{ob['after_trim']} objects left |",
+        f"{ob['after_trim_holding']} of {ob['after_trim']} objects still hold entries |",
     ])
