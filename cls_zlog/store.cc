@@ -655,7 +655,7 @@ int DataStore::repair(const Header& want) {
       const char* p = &raw[k * kSlotBytes];
       Entry e = decode_slot(p);
       const uint64_t pos = h.base + (s + k) * h.width;
-      if (!valid_slot(p, e, size)) {
+      if (!valid_slot(p, e, std::max(size, data_start()))) {  // (empty entries lie at the data's start)
         cls_log(0, "zlog: repair: the slot of position %" PRIu64 " is damaged too: not repairing", pos);
         return -ZLOG_ERR_CORRUPT;
       }
