@@ -361,6 +361,7 @@ int DataStore::load(bool) {
   if (r == -ENOENT) return 0;
   if (r < 0) return r;
   if (size == 0 && !omap) return 0;  // exists, holds nothing: not made yet
+  if (size == 0) return -EINVAL;     // omap and no data: an omap-format object (a client's bug)
   bufferlist bl;
   r = size >= kHeaderBytes ? cls_cxx_read(hctx_, 0, kHeaderBytes, &bl) : 0;
   if (r < 0) return r;
@@ -627,6 +628,7 @@ int DataStore::repair(const Header& want) {
   int r = holds_anything(hctx_, &size, &omap);
   if (r < 0) return r;
   if (size == 0 && !omap) return -ENOENT;
+  if (size == 0) return -EINVAL;  // an omap-format object
   if (omap) return -ZLOG_ERR_CORRUPT;  // a data-format object has none: not one of ours to rebuild
   bufferlist bl;
   if (size >= kHeaderBytes && (r = cls_cxx_read(hctx_, 0, kHeaderBytes, &bl)) < 0) return r;

@@ -40,7 +40,7 @@ def data_methods(o: Obj) -> dict[str, Callable[[], int]]:
         "max_position": lambda: o.max_position(9)[0],
         "stat": lambda: o.stat()[0],
     }
-    if o.protocol == wire.PROTOCOL:
+    if o.io.data_format:  # (init on an omap-format object is EINVAL: another format's)
         calls["init"] = lambda: o.init(9)
     return calls
 
