@@ -154,3 +154,37 @@ def test_damaged_metadata_is_reported(rados_cluster, ceph, io, log_name: str) ->
     p = run(ceph, "check", "--log", log_name, "--deep", "--json")
     assert p.returncode == 1
     assert [d["kind"] for d in json.loads(p.stdout)["damaged"]] == ["metadata"]
+
+
+@pytest.mark.parametrize("lose", [False, True], ids=["entry", "header"])
+def test_async_streams_stop_or_skip_alike(rados_cluster, ceph, io, log_name: str, lose: bool) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from pyzlog import aio
+
+    log = make_log(rados_cluster, ceph, log_name, "data", 2, 10)
+    if lose:
+        damage.lose_header(ceph.conf, io, log.oid_of(1), True)
+    else:
+        damage_entry(io, log, 5)
+
+    async def main() -> tuple[list[tuple[int, str]], int | None]:
+        alog = aio.AsyncLog(log)
+        got = []
+        try:
+            async for r in alog.stream(on_corrupt="skip"):
+                got.append((r.position, r.kind.value))
+        except pyzlog.CorruptEntry as e:
+            return got, e.position
+        return got, None
+
+    got, raised = asyncio.run(asyncio.wait_for(main(), 120))
+    sync: list[tuple[int, str]] = []
+    try:
+        for r in log.stream(on_corrupt="skip"):
+            sync.append((r.position, r.kind.value))
+        sync_raised = None
+    except pyzlog.CorruptEntry as e:
+        sync_raised = e.position
+    assert got == sync and raised == sync_raised
+    assert ("corrupt" in {k for _, k in got}) and (raised == (9 if lose else None))
