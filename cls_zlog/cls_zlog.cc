@@ -32,7 +32,7 @@ using ceph::bufferlist;
 extern "C" {
 CLS_API const char* __cls_name = "zlog";
 CLS_API int __cls_ver_maj = 2;
-CLS_API int __cls_ver_min = 1;
+CLS_API int __cls_ver_min = 2;
 CLS_API void __cls_init();
 }
 
@@ -414,6 +414,32 @@ int do_init(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   return st.init(q.epoch, q.position, q.width, q.slots, q.byte_bound);
 }
 
+// repair: sealed epoch, view end (with reason ZLOG_REPAIR_HAS_END), trim
+// point, and for the data format base (in `last`), width, slots and
+// byte_bound. An operator's tool (zlog repair), never a client's: rebuilds
+// the header of an object whose header is lost next to its entries, from
+// the entries and what the log's metadata says; acts only on such an object
+// (EEXIST if its header is usable, ENOENT if it holds nothing, EIO if an
+// entry is damaged too).
+int do_repair(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
+  zlog_req q;
+  int r = decode(in, ZLOG_OP_REPAIR, proto, &q);
+  if (r < 0) return r;
+  if (q.epoch > ZLOG_MAX_EPOCH || q.position > ZLOG_MAX_POSITION || q.start > ZLOG_MAX_POSITION + 1 ||
+      (q.reason & ~ZLOG_REPAIR_HAS_END))
+    return -EINVAL;
+  Header want;
+  want.sealed_epoch = q.epoch;
+  want.has_end = q.reason & ZLOG_REPAIR_HAS_END;
+  want.view_end = want.has_end ? q.position : 0;
+  want.trim_below = q.start;
+  want.base = q.last;
+  want.width = q.width;
+  want.slots = q.slots;
+  want.byte_bound = q.byte_bound;
+  return store_for(hctx, q.format)->repair(want);
+}
+
 // ------------------------------------------------------------ metadata objects
 //
 // Stored as the object's data in ops.h's zlog_meta layout; meta_get returns
@@ -495,7 +521,11 @@ int do_meta_create(cls_method_context_t hctx, bufferlist* in, bufferlist*, int p
   zlog_view first;
   if ((r = view_of(q, 1, 0, &first)) < 0) return r;
   r = cls_cxx_create(hctx, true);
-  if (r < 0) return r;  // -EEXIST
+  if (r == -EEXIST) {  // a log of that name, or the remains of one: say which
+    Meta m;
+    return load_meta(hctx, &m) == -ZLOG_ERR_CORRUPT ? -ZLOG_ERR_CORRUPT : r;
+  }
+  if (r < 0) return r;
   Meta m;
   m.epoch = 1;
   m.config.assign(q.data ? q.data : "", q.len);
@@ -668,4 +698,5 @@ void __cls_init() {
   register_op<do_init>(h, ZLOG_OP_INIT);
   register_op<do_meta_open_stripe>(h, ZLOG_OP_META_OPEN_STRIPE);
   register_op<do_meta_trim>(h, ZLOG_OP_META_TRIM);
+  register_op<do_repair>(h, ZLOG_OP_REPAIR);
 }

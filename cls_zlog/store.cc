@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace zlog_cls {
@@ -226,6 +227,60 @@ int OmapStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
   return 0;
 }
 
+// Rebuilds a lost header: the highest position from the entries (every one
+// must parse), the rest from what the log's metadata says (`want`).
+int OmapStore::repair(const Header& want) {
+  bufferlist bl;
+  int r = cls_cxx_map_read_header(hctx_, &bl);
+  if (r < 0) return r;  // -ENOENT: no object
+  Header parsed;
+  if (bl.length() && decode_omap_header(bl, &parsed) == 0) return -EEXIST;
+  bool any = false;
+  uint64_t top = 0;
+  std::string after;
+  for (bool more = true; more;) {
+    std::map<std::string, bufferlist> vals;
+    if ((r = cls_cxx_map_get_vals(hctx_, after, "", 1024, &vals, &more)) < 0) return r;
+    for (auto& kv : vals) {
+      Entry e;
+      char* end = nullptr;
+      const uint64_t pos = strtoull(kv.first.c_str(), &end, 16);
+      if (kv.first.size() != 16 || end != kv.first.c_str() + 16 || !parse_omap_entry(kv.second, &e)) {
+        cls_log(0, "zlog: repair: the entry under key '%s' is damaged too: not repairing", kv.first.c_str());
+        return -ZLOG_ERR_CORRUPT;
+      }
+      any = true;
+      top = std::max(top, pos);
+      after = kv.first;
+    }
+    if (vals.empty()) break;
+  }
+  uint64_t size = 0;
+  time_t mtime;
+  if ((r = cls_cxx_stat(hctx_, &size, &mtime)) < 0) return r;
+  if (size > 0) return -EINVAL;  // an omap-format object has no data: this is another format's
+  if (!any && bl.length() == 0) return -ENOENT;  // holds nothing: the initial state, nothing to repair
+  if (want.has_end && any && top >= want.view_end) return -EINVAL;
+  h = Header{};
+  h.sealed_epoch = want.sealed_epoch;
+  h.trim_below = want.trim_below;
+  h.has_end = want.has_end;
+  h.view_end = want.view_end;
+  h.has_max = any;
+  h.max_pos = top;
+  if (h.trim_below > 0 && (!h.has_end || h.view_end > 0)) {  // as trim_to leaves it
+    const uint64_t t = h.has_end ? std::min(h.trim_below - 1, h.view_end - 1) : h.trim_below - 1;
+    if (!h.has_max || t > h.max_pos) {
+      h.has_max = true;
+      h.max_pos = t;
+    }
+  }
+  exists = true;
+  cls_log(0, "zlog: repair: header rebuilt (sealed epoch %" PRIu64 ", max %s%" PRIu64 ")", h.sealed_epoch,
+          h.has_max ? "" : "none ", h.max_pos);
+  return save();
+}
+
 // ================================================================ data format
 
 namespace {
@@ -262,25 +317,8 @@ bool DataStore::holds(uint64_t pos) const {
 
 bool DataStore::full() const { return exists && h.data_end >= data_start() + h.byte_bound; }
 
-int DataStore::load(bool) {
-  h = Header{};
-  exists = false;
-  uint64_t size = 0;
-  bool omap = false;
-  int r = holds_anything(hctx_, &size, &omap);
-  if (r == -ENOENT) return 0;
-  if (r < 0) return r;
-  if (size == 0 && !omap) return 0;  // exists, holds nothing: not made yet
-  bufferlist bl;
-  r = size >= kHeaderBytes ? cls_cxx_read(hctx_, 0, kHeaderBytes, &bl) : 0;
-  if (r < 0) return r;
-  const char* p = bl.length() == kHeaderBytes ? bl.c_str() : nullptr;
-  if (!p || memcmp(p, kMagic, 4) != 0 || static_cast<uint8_t>(p[4]) != kDataHeaderVersion || omap) {
-    cls_log(0, "zlog: data-format object without a usable header (%" PRIu64 " bytes%s): corrupt; refusing "
-            "every call on it until an operator repairs it (zlog check --deep, docs/cls_zlog.md)",
-            size, omap ? ", omap entries" : "");
-    return -ZLOG_ERR_CORRUPT;
-  }
+bool DataStore::parse_header(const char* p) {
+  if (!p || memcmp(p, kMagic, 4) != 0 || static_cast<uint8_t>(p[4]) != kDataHeaderVersion) return false;
   const uint8_t flags = static_cast<uint8_t>(p[5]);
   h.has_max = flags & 1;
   h.has_end = flags & 2;
@@ -295,8 +333,50 @@ int DataStore::load(bool) {
   h.data_end = get_le(p + 64, 8);
   h.entries = get_le(p + 72, 8);
   h.bytes = get_le(p + 80, 8);
-  if (h.width == 0 || h.slots == 0 || h.slots > kMaxSlots || h.data_end < data_start()) {
-    cls_log(0, "zlog: data-format object with a damaged header: corrupt");
+  return h.width != 0 && h.slots != 0 && h.slots <= kMaxSlots && h.data_end >= data_start();
+}
+
+bool DataStore::valid_slot(const char* raw, const Entry& e, uint64_t data_end) const {
+  if (static_cast<uint8_t>(raw[15]) >> 7) return false;  // the word's top bit is never set
+  switch (e.state) {
+    case 0:
+      for (int i = 0; i < static_cast<int>(kSlotBytes); ++i)
+        if (raw[i]) return false;
+      return true;
+    case ZLOG_WRITTEN:
+      return !e.lost && e.offset >= data_start() && e.offset + e.len <= data_end;
+    case ZLOG_FILLED:
+      return e.offset == 0 && e.len == 0;
+    default:
+      return e.offset == 0 && e.len == 0 && !e.lost;
+  }
+}
+
+int DataStore::load(bool) {
+  h = Header{};
+  exists = false;
+  uint64_t size = 0;
+  bool omap = false;
+  int r = holds_anything(hctx_, &size, &omap);
+  if (r == -ENOENT) return 0;
+  if (r < 0) return r;
+  if (size == 0 && !omap) return 0;  // exists, holds nothing: not made yet
+  if (size == 0) return -EINVAL;     // omap and no data: an omap-format object (a client's bug)
+  bufferlist bl;
+  r = size >= kHeaderBytes ? cls_cxx_read(hctx_, 0, kHeaderBytes, &bl) : 0;
+  if (r < 0) return r;
+  if (omap || !parse_header(bl.length() == kHeaderBytes ? bl.c_str() : nullptr)) {
+    h = Header{};
+    cls_log(0, "zlog: data-format object without a usable header (%" PRIu64 " bytes%s): corrupt; refusing "
+            "every call on it until an operator repairs it (zlog check --deep, docs/cls_zlog.md)",
+            size, omap ? ", omap entries" : "");
+    return -ZLOG_ERR_CORRUPT;
+  }
+  // the entries' bytes end at data_end: an object shorter than that was
+  // truncated, and what it lost cannot be told from unwritten
+  if (h.data_end > data_start() && size < h.data_end) {
+    cls_log(0, "zlog: data-format object truncated (%" PRIu64 " of %" PRIu64 " bytes): corrupt", size, h.data_end);
+    h = Header{};
     return -ZLOG_ERR_CORRUPT;
   }
   exists = true;
@@ -359,6 +439,10 @@ int DataStore::get(uint64_t pos, Entry* e, bufferlist* data) {
   int r = read_slots(slot_of(pos), 1, &raw);
   if (r < 0) return r;
   *e = decode_slot(raw.data());
+  if (!valid_slot(raw.data(), *e, h.data_end)) {
+    cls_log(0, "zlog: the slot of position %" PRIu64 " is damaged: corrupt entry", pos);
+    return -ZLOG_ERR_CORRUPT;
+  }
   if (!e->state && full()) e->state = ZLOG_FILLED;  // never to be written now
   if (data && e->state == ZLOG_WRITTEN && e->len) {
     r = cls_cxx_read(hctx_, static_cast<int>(e->offset), static_cast<int>(e->len), data);
@@ -459,6 +543,10 @@ int DataStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
     if (r < 0) return r;
     for (uint64_t k = 0; k < n; ++k) {
       Entry e = decode_slot(&raw[k * kSlotBytes]);
+      if (!valid_slot(&raw[k * kSlotBytes], e, h.data_end)) {
+        cls_log(0, "zlog: the slot of position %" PRIu64 " is damaged: corrupt entry", h.base + (s + k) * h.width);
+        return -ZLOG_ERR_CORRUPT;
+      }
       if (e.state == 0) {
         if (!full()) continue;
         e.state = ZLOG_FILLED;  // a full object's unwritten position: listed as filled
@@ -529,6 +617,78 @@ int DataStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
     }
   }
   return 0;
+}
+
+// Rebuilds a lost header from the slots: the geometry comes from the
+// log's metadata (`want`), the counts, the entries' end and the highest
+// position from the slots, every one of which must be sound.
+int DataStore::repair(const Header& want) {
+  uint64_t size = 0;
+  bool omap = false;
+  int r = holds_anything(hctx_, &size, &omap);
+  if (r < 0) return r;
+  if (size == 0 && !omap) return -ENOENT;
+  if (size == 0) return -EINVAL;  // an omap-format object
+  if (omap) return -ZLOG_ERR_CORRUPT;  // a data-format object has none: not one of ours to rebuild
+  bufferlist bl;
+  if (size >= kHeaderBytes && (r = cls_cxx_read(hctx_, 0, kHeaderBytes, &bl)) < 0) return r;
+  if (parse_header(bl.length() == kHeaderBytes ? bl.c_str() : nullptr)) {
+    // a usable header: nothing to rebuild (a truncated object stays corrupt)
+    r = load(false);
+    return r < 0 ? r : -EEXIST;
+  }
+  if (want.width == 0 || want.width > ZLOG_MAX_WIDTH || want.slots == 0 || want.slots > kMaxSlots ||
+      want.byte_bound == 0 || want.byte_bound > kMaxByteBound || want.base > ZLOG_MAX_POSITION)
+    return -EINVAL;
+  h = Header{};
+  h.base = want.base;
+  h.width = want.width;
+  h.slots = want.slots;
+  h.byte_bound = want.byte_bound;
+  uint64_t data_end = data_start();
+  bool any = false;
+  uint64_t top = 0;
+  constexpr uint64_t kChunk = 1024;
+  for (uint64_t s = 0; s < h.slots; s += kChunk) {
+    const uint64_t n = std::min<uint64_t>(kChunk, h.slots - s);
+    std::string raw;
+    if ((r = read_slots(s, n, &raw)) < 0) return r;
+    for (uint64_t k = 0; k < n; ++k) {
+      const char* p = &raw[k * kSlotBytes];
+      Entry e = decode_slot(p);
+      const uint64_t pos = h.base + (s + k) * h.width;
+      if (!valid_slot(p, e, std::max(size, data_start()))) {  // (empty entries lie at the data's start)
+        cls_log(0, "zlog: repair: the slot of position %" PRIu64 " is damaged too: not repairing", pos);
+        return -ZLOG_ERR_CORRUPT;
+      }
+      if (!e.state) continue;
+      any = true;
+      top = pos;
+      if (e.state == ZLOG_WRITTEN) {
+        data_end = std::max(data_end, e.offset + e.len);
+        h.entries += 1;
+        h.bytes += e.len;
+      }
+    }
+  }
+  if (want.has_end && any && top >= want.view_end) return -EINVAL;
+  h.data_end = data_end;
+  h.sealed_epoch = want.sealed_epoch;
+  h.trim_below = want.trim_below;
+  h.has_end = want.has_end;
+  h.view_end = want.view_end;
+  h.has_max = any;
+  h.max_pos = top;
+  if (h.trim_below > 0 && (!h.has_end || h.view_end > 0)) {  // as trim_to leaves it
+    const uint64_t t = h.has_end ? std::min(h.trim_below - 1, h.view_end - 1) : h.trim_below - 1;
+    if (!h.has_max || t > h.max_pos) {
+      h.has_max = true;
+      h.max_pos = t;
+    }
+  }
+  cls_log(0, "zlog: repair: data-format header rebuilt (%" PRIu64 " entries, sealed epoch %" PRIu64 ")", h.entries,
+          h.sealed_epoch);
+  return save();
 }
 
 }  // namespace zlog_cls

@@ -99,6 +99,14 @@ class Store {
   // write can ever store one, so a reader must not wait for it.
   virtual bool full() const { return false; }
   virtual uint8_t format() const = 0;
+  // An operator's repair (zlog repair): rebuilds a header that is missing,
+  // empty or unparsable from the entries the object holds, with what the
+  // log's metadata knows (`want`: the sealed epoch, trim point, view end
+  // and, for the data format, the geometry). -EEXIST if the header is
+  // usable, -ENOENT if the object holds nothing, -EIO if an entry is
+  // damaged too (nothing is changed then), -EINVAL if an entry lies past
+  // the view's end.
+  virtual int repair(const Header& want) = 0;
 
   Header h;
   bool exists = false;
@@ -118,6 +126,7 @@ class OmapStore : public Store {
   int drop_trimmed() override;
   int list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) override;
   uint8_t format() const override { return ZLOG_FORMAT_OMAP; }
+  int repair(const Header& want) override;
 
  private:
   int check_headerless();
@@ -135,6 +144,7 @@ class DataStore : public Store {
   bool holds(uint64_t pos) const override;
   bool full() const override;
   uint8_t format() const override { return ZLOG_FORMAT_DATA; }
+  int repair(const Header& want) override;
 
   // Creates the object with its geometry, sealed at `epoch`; an object that
   // exists with the same geometry is left as it is.
@@ -149,6 +159,11 @@ class DataStore : public Store {
   uint64_t data_start() const { return kHeaderBytes + uint64_t(h.slots) * kSlotBytes; }
   // Reads slots [first, first + n) (unwritten ones read as zero).
   int read_slots(uint64_t first, uint64_t n, std::string* out);
+  // Whether the 128 header bytes at p parse (into h).
+  bool parse_header(const char* p);
+  // Whether a slot's bytes can be what put() wrote: an unwritten slot is all
+  // zero, a written one's bytes lie in the entries' area, a gap has none.
+  bool valid_slot(const char* raw, const Entry& e, uint64_t data_end) const;
 };
 
 }  // namespace zlog_cls

@@ -15,7 +15,7 @@ except ImportError as e:
         "cmake and g++)") from e
 
 from .core.cluster import connect
-from .core.errors import (ClassNotLoaded, CommitRefused, ClusterUnavailable, Corrupt, EntryTooLarge, EpochChanged, Filled,
+from .core.errors import (ClassNotLoaded, CommitRefused, ClusterUnavailable, Corrupt, CorruptEntry, EntryTooLarge, EpochChanged, Filled,
                           InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,
                           PoolNotFound, PositionError, ProtocolMismatch, ReadOnly, SequencerRefused,
                           SequencerUnavailable, StaleEpoch, Timeout, Trimmed, ZlogError)
@@ -30,7 +30,7 @@ __all__ = [
     "SequencerRefused", "Credentials", "TLSSettings",
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
-    "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt",
+    "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt", "CorruptEntry",
     "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer",
 ]
 __version__ = "0.1.0"

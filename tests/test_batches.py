@@ -140,7 +140,7 @@ def test_stream_is_the_oracles(rados_cluster, ceph, log_name, compression) -> No
     assert full(stream) == want
     assert metrics.READS.value - before == counted == sum(1 for w in want if w[1] is RecordKind.DATA)
     assert [full(lg.stream(0, end, stride_index=i, stride=3)) for i in range(3)] == want_parts
-    assert {w[1] for w in want} == set(RecordKind)
+    assert {w[1] for w in want} == set(RecordKind) - {RecordKind.CORRUPT}  # (a healthy log has every other kind)
     if compression == "zstd":
         assert (0, RecordKind.DATA, b"a0") == want[0][:3]
 

@@ -3,7 +3,10 @@
 A hypothesis state machine drives random sequences of every data method
 (write, write_many, read, fill, trim, trim_to, seal, close, max_position, read_range)
 at one real object, a fresh one per example, and at the model below, and
-asserts the same return code and the same bytes for every step. Positions are
+asserts the same return code and the same bytes for every step. The object's
+header is lost now and then (from outside, as damage would): an object that
+holds anything is then corrupt (every method EIO) until `repair` rebuilds
+the header; one that holds nothing is new again. Positions are
 0..15 and epochs small so that collisions, trims over data and stale epochs
 are common; request epochs are drawn, not always the sealed one.
 """
@@ -17,14 +20,18 @@ from typing import Union
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from pyzlog.core import wire
 from pyzlog.core.wire import EntryState, ObjectStat, RangeEntry
 
 from clsobj import Raw as ClassIO
 from clsobj import RangeReply
-from clsobj import EINVAL, FILLED, NOENT, OK, STALE, TOO_BIG, TRIMMED, UNWRITTEN, WRITTEN, Obj
+from clsobj import CORRUPT, EINVAL, FILLED, NOENT, OK, STALE, TOO_BIG, TRIMMED, UNWRITTEN, WRITTEN, Obj
+import damage
+from pyzlog.core.native import Op
+
+EXISTS = -errno.EEXIST
 
 
 
@@ -50,6 +57,29 @@ class Model:
     max_pos: int | None = None  # highest position written, filled or trimmed
     view_end: int | None = None  # set by close: positions from here belong to a later view
     entries: dict[int, tuple[EntryState, int, bytes]] = field(default_factory=dict)  # (state, epoch, data)
+    corrupt: bool = False  # its header was lost next to its contents: every method EIO
+    headerless: bool = False  # (omap) it exists, holding nothing, its header lost: the initial state
+
+    def lose_header(self, data_format: bool, garble: bool) -> None:
+        """The header is lost (or overwritten with bytes that do not parse)."""
+        if data_format or garble or self.entries:
+            self.corrupt = True
+        else:  # nothing else in it (an omap object's entries are its omap): new again, empty
+            self.__init__()  # type: ignore[misc]
+            self.exists = self.headerless = True
+
+    def repair(self, epoch: int) -> int:
+        """The repair method with what the log's metadata knows: `epoch` (at
+        or above the seal), the trim point and the view's end."""
+        if not self.corrupt:
+            return NOENT if not self.exists or self.headerless else EXISTS
+        self.corrupt = self.headerless = False
+        self.sealed = epoch
+        return OK
+
+    def _stored(self) -> None:
+        self.exists = True
+        self.headerless = False
 
     def _taken(self, pos: int) -> int | None:
         """The error for storing at `pos`, or None if it is unwritten."""
@@ -68,13 +98,15 @@ class Model:
     def write(self, epoch: int, pos: int, data: bytes) -> int:
         if len(data) > wire.MAX_ENTRY_BYTES:
             return TOO_BIG
+        if self.corrupt:
+            return CORRUPT
         if epoch < self.sealed or self._past_end(pos):
             return STALE
         err = self._taken(pos)
         if err is not None:
             return err
         self.entries[pos] = (EntryState.WRITTEN, epoch, data)
-        self.exists = True
+        self._stored()
         self._note(pos)
         return OK
 
@@ -84,6 +116,8 @@ class Model:
             return EINVAL
         if any(len(d) > wire.MAX_ENTRY_BYTES for _, d in batch):
             return TOO_BIG
+        if self.corrupt:
+            return CORRUPT
         if epoch < self.sealed or self._past_end(max(positions)):
             return STALE
         for p in sorted(positions):  # the first taken position, in position order
@@ -93,12 +127,14 @@ class Model:
         for p, d in batch:
             self.entries[p] = (EntryState.WRITTEN, epoch, d)
             self._note(p)
-        self.exists = True
+        self._stored()
         return OK
 
     def read(self, epoch: int, pos: int) -> tuple[int, bytes]:
         if not self.exists:
             return NOENT, b""
+        if self.corrupt:
+            return CORRUPT, b""
         if epoch < self.sealed:
             return STALE, b""
         if pos < self.trim_below:
@@ -111,6 +147,8 @@ class Model:
         return OK, e[2]
 
     def fill(self, epoch: int, pos: int, reason: int) -> int:
+        if self.corrupt:
+            return CORRUPT
         if epoch < self.sealed or self._past_end(pos):
             return STALE
         err = self._taken(pos)
@@ -122,23 +160,27 @@ class Model:
         if err is not None:
             return err
         self.entries[pos] = (EntryState.FILLED, epoch, mark)
-        self.exists = True
+        self._stored()
         self._note(pos)
         return OK
 
     def trim(self, epoch: int, pos: int) -> int:
+        if self.corrupt:
+            return CORRUPT
         if epoch < self.sealed or self._past_end(pos):
             return STALE
-        self.exists = True
+        self._stored()
         if pos >= self.trim_below:
             self.entries[pos] = (EntryState.TRIMMED, epoch, b"")  # a re-trim stores the new epoch
             self._note(pos)
         return OK
 
     def trim_to(self, epoch: int, pos: int) -> int:
+        if self.corrupt:
+            return CORRUPT
         if epoch < self.sealed:
             return STALE
-        self.exists = True
+        self._stored()
         if pos + 1 > self.trim_below:
             self.trim_below = pos + 1
             self.entries = {p: e for p, e in self.entries.items() if p > pos}
@@ -151,6 +193,8 @@ class Model:
         return OK
 
     def close(self, epoch: int, end: int) -> int:
+        if self.corrupt:
+            return CORRUPT
         if not self.exists or epoch == 0 or epoch != self.sealed:
             return STALE
         if self.view_end is not None:
@@ -158,18 +202,23 @@ class Model:
         if self.max_pos is not None and self.max_pos >= end:
             return EINVAL
         self.view_end = end
+        self.headerless = False
         return OK
 
     def seal(self, epoch: int) -> int:
+        if self.corrupt:
+            return CORRUPT
         if epoch <= self.sealed:
             return STALE
         self.sealed = epoch
-        self.exists = True
+        self._stored()
         return OK
 
     def max_position(self, epoch: int) -> tuple[int, int | None]:
         if not self.exists:
             return NOENT, None
+        if self.corrupt:
+            return CORRUPT, None
         if epoch < self.sealed:
             return STALE, None
         return OK, self.max_pos
@@ -180,6 +229,8 @@ class Model:
             return NOENT, None
         if last < first or max_entries == 0 or max_bytes == 0:
             return EINVAL, None
+        if self.corrupt:
+            return CORRUPT, None
         if epoch < self.sealed:
             return STALE, None
         out: list[RangeEntry] = []
@@ -202,6 +253,8 @@ class Model:
     def stat(self) -> tuple[int, ObjectStat | None]:
         if not self.exists:
             return NOENT, None
+        if self.corrupt:
+            return CORRUPT, None
         return OK, ObjectStat(self.sealed, self.max_pos, self.trim_below, self.view_end)
 
 
@@ -245,6 +298,8 @@ OVERSIZE = st.integers(0, 11).map(lambda i: i == 0)
 
 class ClsZlogMachine(RuleBasedStateMachine):
     io: ClassIO | None = None  # set by the fixture below
+    rados_io: object = None  # python-rados on the same pool, to damage the object from outside
+    conf: str = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -363,6 +418,30 @@ class ClsZlogMachine(RuleBasedStateMachine):
             cur = reply.next
         raise AssertionError("read_range walk did not finish")
 
+    @precondition(lambda self: self.model.exists)
+    @rule(garble=st.booleans())
+    def lose_header(self, garble: bool) -> None:
+        """Damage from outside: the header goes (or turns to bytes that do not parse)."""
+        assert self.io is not None
+        damage.lose_header(self.conf, self.rados_io, self.obj.oid, self.io.data_format, garble)  # type: ignore[arg-type]
+        self.model.lose_header(self.io.data_format, garble)
+        event(f"lose_header ({'corrupt' if self.model.corrupt else 'new again'})")
+
+    @rule(delta=st.integers(0, 1))
+    def repair(self, delta: int) -> None:
+        """An operator's repair, with what the log's metadata knows: an epoch at or
+        above the lost seal, the trim point and the view's end."""
+        assert self.io is not None
+        e, m = self.model.sealed + delta, self.model
+        base, width, slots, byte_bound = self.io.geometry
+        p2 = Obj(ClassIO(self.io.conn, self.io.pool, wire.PROTOCOL, self.io.fmt, self.io.geometry), self.obj.oid,
+                 made=False)
+        got = p2.op(Op.REPAIR, epoch=e, position=m.view_end or 0, reason=0 if m.view_end is None else 1,
+                    start=m.trim_below, last=base, width=width, slots=slots, byte_bound=byte_bound,
+                    format=self.io.fmt)[0]
+        event(f"repair {errname(got)}")
+        assert got == self.model.repair(e)
+
     @invariant()
     def object_matches(self) -> None:
         """After every step, the whole object: its header (stat has no epoch check) and
@@ -382,10 +461,13 @@ SETTINGS = settings(
 
 
 @pytest.fixture
-def machine_io(data_io: ClassIO):  # type: ignore[no-untyped-def]
+def machine_io(data_io: ClassIO, rados_cluster, ceph):  # type: ignore[no-untyped-def]
     ClsZlogMachine.io = data_io
+    ClsZlogMachine.rados_io = io = damage.ioctx(rados_cluster, ceph.pool)
+    ClsZlogMachine.conf = ceph.conf
     yield data_io
-    ClsZlogMachine.io = None
+    ClsZlogMachine.io = ClsZlogMachine.rados_io = None
+    io.close()
 
 
 def test_cls_zlog_matches_model(machine_io: ClassIO) -> None:

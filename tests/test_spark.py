@@ -126,6 +126,28 @@ def test_fail_on_lost_hole(spark, ceph, rados_cluster, log_name):  # type: ignor
         [(0, b"a", "data"), (1, b"b", "data"), (2, b"c", "data"), (4, b"e", "data")]
 
 
+def test_corrupt_entry_each_on_corrupt_mode(spark, ceph, rados_cluster, log_name):  # type: ignore[no-untyped-def]
+    """A position damaged at rest (issue 24): the query fails naming it by
+    default; onCorrupt=skip drops it, onCorrupt=rows returns it as kind corrupt."""
+    import damage
+    from test_corrupt import damage_entry
+
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    log.append_many([b"d%d" % i for i in range(6)])
+    io = damage.ioctx(rados_cluster, ceph.pool)
+    try:
+        damage_entry(io, log, 3)
+    finally:
+        io.close()
+    with pytest.raises(Exception, match=r"position 3 of"):
+        reader(spark, ceph, log_name).collect()
+    data = [(p, b"d%d" % p, "data") for p in (0, 1, 2, 4, 5)]
+    assert rows(reader(spark, ceph, log_name, onCorrupt="skip")) == data
+    assert rows(reader(spark, ceph, log_name, onCorrupt="rows")) == sorted(data + [(3, None, "corrupt")])
+    with pytest.raises(Exception, match="option onCorrupt"):
+        reader(spark, ceph, log_name, onCorrupt="ignore").collect()
+
+
 def test_earliest_skips_trimmed_prefix(spark, ceph, rados_cluster, log_name):  # type: ignore[no-untyped-def]
     log = Log.create(rados_cluster, ceph.pool, log_name, width=3)
     log.append_many([b"x%d" % i for i in range(12)])

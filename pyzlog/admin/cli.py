@@ -249,14 +249,17 @@ def read(env: Env, name: str, pos: int) -> None:
 @click.option("--hole-wait", type=click.FloatRange(min=0), default=2.0, show_default=True,
               metavar="SECONDS", help="wait this long for the writer of an unwritten position "
                                       "below the tail, then fill it (reported as lost)")
+@click.option("--on-corrupt", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
+              help="at a position damaged at rest: fail (exit 1 naming it and its object), or skip it "
+                   "(reported as '# POS corrupt' on stderr, or kind corrupt in json)")
 @pass_env
-def cat(env: Env, name: str, start: int, last: int | None, fmt: str, hole_wait: float) -> None:
+def cat(env: Env, name: str, start: int, last: int | None, fmt: str, hole_wait: float, on_corrupt: str) -> None:
     """Print the entries of NAME in log order."""
     log = env.open(name)
     end = None if last is None else last + 1
     if end is not None and end <= start:
         return
-    _print_records(log.stream(start, end, hole_wait=hole_wait), fmt)
+    _print_records(log.stream(start, end, hole_wait=hole_wait, on_corrupt=on_corrupt), fmt)
 
 
 def _print_records(records: Iterator[Any], fmt: str) -> None:
@@ -478,11 +481,23 @@ def status(env: Env, as_json: bool) -> None:
 
 @cli.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--log", "log_name", default=None, metavar="NAME", help="with --deep: the log to scan")
+@click.option("--deep", is_flag=True, help="scan every object of --log for damage at rest: objects whose "
+                                           "header is lost, entries that do not parse (reads every entry)")
 @pass_env
-def check(env: Env, as_json: bool) -> None:
+def check(env: Env, as_json: bool, log_name: str | None, deep: bool) -> None:
     """Is this cluster ready for pyzlog? Run it first: cluster reachable, pool,
     cls_zlog loaded on every OSD, this client's caps, sequencer. One line per
-    check; exits 1 if any fails."""
+    check; exits 1 if any fails.
+
+    With --log NAME --deep: list every damaged object and position of the
+    log instead (progress on stderr); exits 1 if any is found. A lost
+    header is rebuilt by `zlog repair` (docs/faults.md)."""
+    if deep or log_name:
+        if not (deep and log_name):
+            raise click.UsageError("--deep and --log NAME go together")
+        _check_deep(env, log_name, as_json)
+        return
     from .doctor import run_checks
 
     results = run_checks(env)
@@ -493,6 +508,50 @@ def check(env: Env, as_json: bool) -> None:
             click.echo(f"{r.status.upper():<5} {r.name}: {r.detail}")
     if any(r.status == "fail" for r in results):
         raise click.exceptions.Exit(1)
+
+
+def _check_deep(env: Env, name: str, as_json: bool) -> None:
+    from ..core.state import LogState
+    from .damage import deep_scan
+
+    shown = [0.0]
+
+    def progress(done: int, total: int, damaged: int) -> None:
+        now = time.monotonic()
+        if done == total or now - shown[0] >= 1.0:
+            shown[0] = now
+            click.echo(f"# scanned {done}/{total} objects of {name!r}, {damaged} damaged", err=True)
+
+    found, objects = deep_scan(LogState(env.cluster, env.pool, name), progress)
+    if as_json:
+        click.echo(json.dumps({"log": name, "objects": objects, "damaged": [d.as_dict() for d in found]}, indent=2))
+    else:
+        for d in found:
+            where = d.oid if d.position is None else f"{d.oid} position {d.position}"
+            click.echo(f"DAMAGED {d.kind}: {where}: {d.detail}")
+        click.echo(f"{len(found)} damaged in {objects} object(s) of log {name!r}")
+    if found:
+        raise click.exceptions.Exit(1)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("name")
+@click.option("--object", "oid", required=True, metavar="OID",
+              help="the data object whose header is lost (as zlog check --log NAME --deep names it)")
+@pass_env
+def repair(env: Env, name: str, oid: str) -> None:
+    """Rebuild the lost header of one data object of NAME from its entries
+    (highest position, counts) and the log's metadata (sealed epoch, trim
+    point, view end). Only acts on an object whose header is missing, empty
+    or unparsable and whose entries are all sound; never run automatically.
+    See docs/faults.md."""
+    from ..core.state import LogState
+    from .damage import repair as rebuild
+
+    st = rebuild(LogState(env.cluster, env.pool, name), oid)
+    top = "none" if st.max_position is None else st.max_position
+    end = "" if st.view_end is None else f", view end {st.view_end}"
+    click.echo(f"repaired {oid}: sealed epoch {st.sealed_epoch}, max position {top}, trim below {st.trim_below}{end}")
 
 
 @cli.command(name="ls", context_settings=CONTEXT)

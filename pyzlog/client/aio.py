@@ -322,23 +322,23 @@ class AsyncLog:
 
     def stream(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
-               stride: int | None = None, known_tail: int | None = None) -> AsyncRecords:
+               stride: int | None = None, known_tail: int | None = None, on_corrupt: Any = "fail") -> AsyncRecords:
         """Log.stream for `async for`: the same records, gaps and hole
         filling, with no thread of its own."""
-        check_stream_args(start, end, stride_index, stride)
+        check_stream_args(start, end, stride_index, stride, on_corrupt)
         return AsyncRecords(AsyncBatchStream(self.sync.state, start, end, follow=follow, hole_wait=hole_wait,
                                              stride_index=stride_index, stride=stride, known_tail=known_tail,
-                                             max_rows=STREAM_BATCH_ROWS, decode=False))
+                                             max_rows=STREAM_BATCH_ROWS, decode=False, on_corrupt=on_corrupt))
 
     def stream_batches(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                        hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
                        stride: int | None = None, known_tail: int | None = None,
-                       signed: bool = False) -> AsyncIterator[Any]:
+                       signed: bool = False, on_corrupt: Any = "fail") -> AsyncIterator[Any]:
         """Log.stream_batches for `async for` (pyarrow.RecordBatch es)."""
-        check_stream_args(start, end, stride_index, stride)
+        check_stream_args(start, end, stride_index, stride, on_corrupt)
         return aiter(AsyncBatchStream(self.sync.state, start, end, follow=follow, hole_wait=hole_wait,
                                       stride_index=stride_index, stride=stride, known_tail=known_tail,
-                                      signed=signed))
+                                      signed=signed, on_corrupt=on_corrupt))
 
     # ------------------------------------------------- blocking in the sync API
     async def tail(self) -> int:

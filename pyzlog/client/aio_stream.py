@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from ..core.errors import StaleEpoch, Timeout, ZlogError
 from ..core.layout import view_end
 from ..core.native import Queue
-from ..core.scan import KIND_NAMES, STOP_END, STOP_MISSING, ViewScan, batch_of
+from ..core.scan import KIND_NAMES, STOP_CORRUPT, STOP_END, STOP_MISSING, ViewScan, batch_of
 from . import metrics
 from .batches import BatchStream
 from .ops import fill_hole
@@ -144,6 +144,25 @@ class AsyncBatchStream(BatchStream):
                 self.position = sc.position
                 if built.stop == STOP_END:
                     scan = None
+                    continue
+                if built.stop == STOP_CORRUPT:
+                    err = await blocking(self._corrupt_entry, sc, view, built.stop_object)
+                    if err is None:
+                        continue
+                    if err.whole and self.on_corrupt != "fail":
+                        def top(sc: ViewScan = sc) -> int | None:
+                            sc.refresh_max()
+                            return sc.max_position()
+
+                        at, end_of_view = err.position, vend
+                        if await step(lambda: self.holes.since(at, end_of_view, top), q, loop) is None:
+                            if not self.follow:
+                                self._fail(sc, err)
+                            await asyncio.sleep(MAX_POLL_SECONDS)
+                            sc.forget_from(at)
+                            await blocking(self.log.refresh)
+                            continue
+                    yield self._skip_corrupt(sc, err)
                     continue
                 if built.stop != STOP_MISSING:
                     continue

@@ -14,11 +14,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..core.scan import KIND_NAMES, STOP_END, STOP_MISSING, ViewScan, batch_of
+import errno
+import logging
+
+from ..core.scan import KIND_NAMES, STOP_CORRUPT, STOP_END, STOP_MISSING, ViewScan, batch_of
 from . import metrics
 from ..core import wire
-from ..core.errors import StaleEpoch, ZlogError
-from ..core.native import Queue
+from ..core.errors import CorruptEntry, StaleEpoch, ZlogError
+from ..core.native import Op, Queue
 from ..core.layout import first_in_stride, stripe_end, stripe_of, stripe_places, view_end, view_of
 from ..core.tailfind import highest_position
 from .ops import fill_hole
@@ -29,6 +32,8 @@ from ..core.state import LogState
 #: entries asked of one object per read_range call
 PER_CALL = 1024
 
+logger = logging.getLogger("pyzlog")
+
 
 class BatchStream:
     """Batches for positions [start, end) (or only those p with p % stride ==
@@ -36,8 +41,14 @@ class BatchStream:
 
     def __init__(self, log: LogState, start: int, end: int | None, *, follow: bool, hole_wait: float,
                  stride_index: int | None = None, stride: int | None = None, known_tail: int | None = None,
-                 signed: bool = False, max_rows: int = 65536, decode: bool = True) -> None:
+                 signed: bool = False, max_rows: int = 65536, decode: bool = True,
+                 on_corrupt: Any = "fail") -> None:
         self.log = log
+        #: at a damaged position: "fail" raises CorruptEntry; "skip" (or a
+        #: callable, called with the CorruptEntry) hands out a CORRUPT row
+        #: and goes on (a position of an object whose header is lost only
+        #: once it is known to lie below the tail)
+        self.on_corrupt = on_corrupt
         self.position = start
         self.end = end
         self.follow = follow
@@ -138,6 +149,20 @@ class BatchStream:
             if built.stop == STOP_END:
                 scan = None  # the view (or the range) is done: the next view, or the end
                 continue
+            if built.stop == STOP_CORRUPT:
+                err = self._corrupt_entry(scan, view, built.stop_object)
+                if err is None:
+                    continue  # another partition's position
+                if err.whole and self.on_corrupt != "fail" and self.holes.since(
+                        scan.position, vend, lambda: self._max_position(scan, view, err.position)) is None:
+                    if not self.follow:  # no later position known: it may never have held an entry
+                        self._fail(scan, err)
+                    time.sleep(MAX_POLL_SECONDS)  # as at the tail: later entries (or a repair) tell
+                    scan.forget_from(err.position)
+                    self.log.refresh()
+                    continue
+                yield self._skip_corrupt(scan, err)
+                continue
             if built.stop != STOP_MISSING:
                 continue
             pos = scan.position
@@ -165,6 +190,43 @@ class BatchStream:
                 self.position = scan.position
             else:
                 scan.forget_from(pos)  # someone else got there first: read what it is now
+
+    def _corrupt_entry(self, scan: ViewScan, view: wire.View, obj: int) -> CorruptEntry | None:
+        """The error for the damaged position the scan stopped at (None for
+        another partition's, skipped), raised now with on_corrupt="fail".
+        `.whole`: its object has lost its header (then lose()s it)."""
+        pos = scan.position
+        if self._filter and pos % self.stride != self.stride_index:  # type: ignore[operator]
+            scan.skip()  # its own reader reports it
+            self.position = scan.position
+            return None
+        oid = scan.oids[obj].decode()
+        code, _ = self.log.conn.call_raw(self._pool, oid, Op.STAT, format=view.format)
+        whole = code == -errno.EIO
+        if whole:
+            scan.lose(obj)
+        why = "its object has lost its header" if whole else "its entry is damaged"
+        err = CorruptEntry(f"position {pos} of {self.log.name!r} ({oid}): {why} (zlog check --log "
+                           f"{self.log.name} --deep lists the damage; docs/faults.md)", errno=errno.EIO, oid=oid,
+                           position=pos)
+        err.whole = whole  # type: ignore[attr-defined]
+        if self.on_corrupt == "fail":
+            self._fail(scan, err)
+        return err
+
+    def _fail(self, scan: ViewScan, err: CorruptEntry) -> None:
+        scan.forget_from(err.position)  # type: ignore[arg-type]  # not handed out: met again next time
+        raise err
+
+    def _skip_corrupt(self, scan: ViewScan, err: CorruptEntry) -> Any:
+        """Report a damaged position (on_corrupt="skip" or a callable) and go past it."""
+        metrics.CORRUPT_SKIPPED.inc()
+        logger.warning("stream of %r: skipping %s", self.log.name, err)
+        if callable(self.on_corrupt):
+            self.on_corrupt(err)
+        scan.skip()
+        self.position = scan.position
+        return self._rows(batch_of([err.position], ["corrupt"], [0], [None], signed=self.signed))
 
     def _rows(self, batch: Any) -> Any:
         """Only the positions asked for (a view of another width than the

@@ -248,7 +248,8 @@ class Log:
     # ---------------------------------------------------------------- stream
     def stream(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
-               stride: int | None = None, known_tail: int | None = None) -> Iterator[Record]:
+               stride: int | None = None, known_tail: int | None = None,
+               on_corrupt: Any = "fail") -> Iterator[Record]:
         """Records for positions start, start+1, ... in order: DATA, or a gap
         (FILLED, TRIMMED, or LOST for a hole a reader filled after waiting
         `hole_wait` seconds for its writer; this reader fills such holes too). Stops before `end`, or at the tail
@@ -258,24 +259,35 @@ class Log:
         positions p with p % stride == stride_index, and `known_tail` when it
         knows every position below it was handed out.
 
+        A position damaged at rest (its entry, or its object's header) stops
+        the stream with CorruptEntry naming it and its object (`on_corrupt`
+        "fail", the default). With "skip", or a callable (called with each
+        CorruptEntry), it is handed out as a CORRUPT record (no data),
+        counted (zlog_client_corrupt_skipped_total) and logged, and the
+        stream goes on: Spark's onDataLoss for damage. A position of an
+        object whose header is lost is skipped only once a later position is
+        known to be stored (before that it cannot be told from the tail).
+
         Records come from stream_batches' walk (the native read path), each
         decoded and counted as it is handed out."""
-        check_stream_args(start, end, stride_index, stride)
+        check_stream_args(start, end, stride_index, stride, on_corrupt)
         return Records(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
                                    stride_index=stride_index, stride=stride, known_tail=known_tail,
-                                   max_rows=STREAM_BATCH_ROWS, decode=False))
+                                   max_rows=STREAM_BATCH_ROWS, decode=False, on_corrupt=on_corrupt))
 
     def stream_batches(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                        hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
                        stride: int | None = None, known_tail: int | None = None,
-                       signed: bool = False) -> Iterator[Any]:
+                       signed: bool = False, on_corrupt: Any = "fail") -> Iterator[Any]:
         """stream() as pyarrow.RecordBatch es, on the native read path:
         columns position, data (null unless the kind is data), kind (data,
-        filled, trimmed, lost), epoch, with the same positions, gaps and hole
-        filling as stream(). `signed`: position and epoch as int64."""
-        check_stream_args(start, end, stride_index, stride)
+        filled, trimmed, lost; corrupt with on_corrupt="skip"), epoch, with
+        the same positions, gaps, hole filling and damage rule as stream().
+        `signed`: position and epoch as int64."""
+        check_stream_args(start, end, stride_index, stride, on_corrupt)
         return iter(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
-                                stride_index=stride_index, stride=stride, known_tail=known_tail, signed=signed))
+                                stride_index=stride_index, stride=stride, known_tail=known_tail, signed=signed,
+                                on_corrupt=on_corrupt))
 
     def read_batches(self, start: int, end: int, *, hole_wait: float = HOLE_WAIT_SECONDS,
                      signed: bool = False) -> Iterator[Any]:

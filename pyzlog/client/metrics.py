@@ -121,6 +121,8 @@ SLOW_POSITIONS = Tally()
 RATE_LIMITED = Tally()
 #: holes below the tail a reader filled after waiting for their writer (LOST)
 HOLES_FILLED = Tally()
+#: damaged positions a stream skipped (on_corrupt="skip"), each also a CORRUPT record
+CORRUPT_SKIPPED = Tally()
 #: named consumers' commits stored, and refused (another instance committed further)
 COMMITS = Tally()
 COMMITS_REFUSED = Tally()
@@ -214,6 +216,7 @@ class ClientCollector(Collector):
         yield counter("slow_tail_positions", "positions taken by slow tail finding", SLOW_POSITIONS.value)
         yield counter("holes_filled", "holes a reader filled after waiting for their writer (LOST)",
                       HOLES_FILLED.value)
+        yield counter("corrupt_skipped", "damaged positions streams skipped (on_corrupt=skip)", CORRUPT_SKIPPED.value)
         in_flight = ASYNC.totals(lambda a: {"in_flight": a._in_flight})  # noqa: SLF001 - a plain int
         yield GaugeMetricFamily("zlog_client_async_in_flight", "async appends and reads outstanding",
                                 value=in_flight.get("in_flight", 0))

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from ..core.errors import InvalidRequest
 from ..core.layout import check_position
@@ -32,6 +33,7 @@ class RecordKind(str, Enum):
     FILLED = "filled"    # junk, filled by some client: never data
     TRIMMED = "trimmed"  # reclaimed: the data is gone
     LOST = "lost"        # a hole filled by a reader after waiting: its writer never wrote
+    CORRUPT = "corrupt"  # damaged at rest, skipped by a stream with on_corrupt="skip" (no data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +93,14 @@ class HoleClock:
         return min(0.01 + waited / 4, 0.2, self.hole_wait - waited)
 
 
+#: what a stream does at a damaged position (CorruptEntry): raise it, or skip it
+ON_CORRUPT = ("fail", "skip")
+
+
 def check_stream_args(start: int, end: int | None, stride_index: int | None = None,
-                      stride: int | None = None) -> None:
+                      stride: int | None = None, on_corrupt: Any = "fail") -> None:
+    if on_corrupt not in ON_CORRUPT and not callable(on_corrupt):
+        raise InvalidRequest(f"on_corrupt must be 'fail', 'skip' or a callable, not {on_corrupt!r}")
     for name, v in (("stride", stride), ("stride_index", stride_index)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
             raise InvalidRequest(f"{name} must be an integer, not {v!r}")

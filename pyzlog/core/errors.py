@@ -85,6 +85,14 @@ class Corrupt(ZlogError):
         self.position = position
 
 
+class CorruptEntry(Corrupt):
+    """A position whose entry cannot be read because it, or the header of
+    the object holding it, is damaged at rest: `position` and `oid` name
+    them. Raised by read() and by streams (on_corrupt="fail", the default);
+    `zlog check --log NAME --deep` lists every such position, `zlog repair`
+    rebuilds a lost header (docs/faults.md)."""
+
+
 class StaleEpoch(ZlogError):
     """The request's epoch is below the one sealed on the object."""
 
@@ -187,7 +195,7 @@ def error_for(code: int, what: str, *, position: int | None = None, oid: str | N
     if kind is PoolFull:
         return PoolFull(f"{message}{f' (pool {pool!r})' if pool else ''}: appends resume once space returns",
                         errno=err, pool=pool)
-    if kind is Corrupt:
-        return Corrupt(message, errno=err, oid=oid, position=position)
+    if kind is Corrupt:  # about one position: CorruptEntry
+        return (Corrupt if position is None else CorruptEntry)(message, errno=err, oid=oid, position=position)
     return kind(message, errno=err)
 

@@ -73,6 +73,7 @@ class Op(IntEnum):
     INIT = lib.ZLOG_OP_INIT
     META_OPEN_STRIPE = lib.ZLOG_OP_META_OPEN_STRIPE
     META_TRIM = lib.ZLOG_OP_META_TRIM
+    REPAIR = lib.ZLOG_OP_REPAIR
 
 
 #: the fields call_pos takes (a READ_RANGE has more, so no window comes back there)

@@ -31,8 +31,12 @@ from .._dataplane import ffi, lib  # the cffi extension (untyped)
 
 #: why build_batch stopped
 STOP_END, STOP_FULL, STOP_NEED, STOP_MISSING = lib.DP_STOP_END, lib.DP_STOP_FULL, lib.DP_STOP_NEED, lib.DP_STOP_MISSING
-#: row kinds of a batch's "kind" column, in code order (pyzlog.client.reader.RecordKind values)
-KIND_NAMES = ("data", "filled", "trimmed", "lost")
+#: next_batch stopped at a position whose entry (or object) is damaged: the
+#: object's read_range answered EIO, narrowed down to that one position
+STOP_CORRUPT = -1
+#: row kinds of a batch's "kind" column, in code order (pyzlog.client.reader.RecordKind values);
+#: the data plane makes the first four, a reader skipping a damaged position the last
+KIND_NAMES = ("data", "filled", "trimmed", "lost", "corrupt")
 
 
 _READ_RANGE = int(lib.ZLOG_OP_READ_RANGE)
@@ -181,7 +185,7 @@ class Built:
     """What build_batch produced and where it stopped."""
 
     batch: pa.RecordBatch
-    stop: int            # STOP_END, STOP_FULL, STOP_NEED or STOP_MISSING
+    stop: int            # STOP_END, STOP_FULL, STOP_NEED, STOP_MISSING or (ViewScan) STOP_CORRUPT
     stop_position: int   # the first position not in the batch
     stop_object: int     # STOP_NEED: the object (index in the view) whose window ran out
 
@@ -219,11 +223,16 @@ def empty_window(first: int, next_position: int, trim_below: int = 0) -> RangeWi
 class _Segment:
     """One read_range of one object: the positions [first, last] asked for."""
 
-    __slots__ = ("first", "last", "tag", "window")
+    __slots__ = ("first", "last", "tag", "window", "corrupt")
 
     def __init__(self, first: int, last: int, tag: int) -> None:
         self.first, self.last, self.tag = first, last, tag
         self.window: RangeWindow | None = None
+        self.corrupt = False  # its one position's entry (or object) is damaged: EIO
+
+    @property
+    def done(self) -> bool:
+        return self.window is not None or self.corrupt
 
 
 class ViewScan:
@@ -238,7 +247,11 @@ class ViewScan:
     again or skip() past it. `step` = width reads one object only (positions
     start, start + width, ...). An object that does not exist reads as empty.
     A failed call raises its typed error (StaleEpoch on -ESTALE: set `epoch`
-    and call again; the scan re-reads from where it stopped).
+    and call again; the scan re-reads from where it stopped). A call that
+    meets damage (EIO) is narrowed, halving its range, down to the one
+    position at fault: next_batch() then stops there with STOP_CORRUPT, and
+    the caller raises or skip()s it; lose() marks an object whose header is
+    lost, every position of which is then damaged without asking.
 
     `queue` is a native.Queue (or anything with its submit, wait, tags,
     close and conn), `pool` a native.Pool: scan sits below native, which
@@ -266,6 +279,7 @@ class ViewScan:
         self._max_position: int | None = None
         self._fetched = [False] * self.width  # a reply of each object since the last forget_from
         self._probing: set[int] = set()  # objects asked only for their max (refresh_max)
+        self._lost: set[int] = set()  # objects whose header is lost (lose())
         self._deadline_s = queue.conn.op_timeout + 5.0
 
     # ------------------------------------------------------------- fetching
@@ -294,6 +308,11 @@ class ViewScan:
             return
         last = min(self.end - 1, first + self.width * (self.per_call - 1))
         segs = self._segments[obj]
+        if obj in self._lost:  # every position damaged: one at a time, no call
+            seg = _Segment(first, min(last, first + self.width - 1), -1)
+            seg.corrupt = True
+            segs.insert(len(segs) if index is None else index, seg)
+            return
         segs.insert(len(segs) if index is None else index, self._send(obj, first, last, self.per_call))
 
     def _top_up(self, obj: int) -> None:
@@ -319,6 +338,10 @@ class ViewScan:
             self._probing.discard(obj)
             if code == -errno.ENOENT:
                 value = empty_window(seg.first, seg.last + 1, self.trim_below)
+            elif code == -errno.EIO:
+                self._fetched[obj] = True  # (it has no max to give)
+                self._narrow(obj, seg)
+                continue
             elif code < 0:
                 self.forget_from(self.position)
                 raise self.queue.conn.error(code, f"read_range on {self.oids[obj].decode()}", pool=self.pool,
@@ -335,6 +358,29 @@ class ViewScan:
                 segs = self._segments[obj]
                 self._issue(obj, value.next, segs.index(seg) + 1)
 
+    def _narrow(self, obj: int, seg: _Segment) -> None:
+        """A damaged range: ask again for its first half (the rest is asked
+        for once the walk gets there), down to the one damaged position."""
+        segs = self._segments[obj]
+        if seg not in segs:
+            return  # refresh_max's probe: it only wanted the max
+        n = (seg.last - seg.first) // self.width + 1  # this object's positions in it
+        if n == 1:
+            seg.corrupt = True
+            return
+        segs[segs.index(seg)] = self._send(obj, seg.first, seg.first + self.width * ((n + 1) // 2) - 1,
+                                           self.per_call)
+
+    def lose(self, obj: int) -> None:
+        """The object `obj` has lost its header (every call on it is EIO):
+        each of its positions from here on is reported damaged, without
+        asking, until forget_from()."""
+        self._lost.add(obj)
+        for seg in self._segments[obj]:
+            self._by_tag.pop(seg.tag, None)
+        self._segments[obj] = []
+        self._fetched[obj] = True
+
     def _ready(self, obj: int, position: int) -> bool:
         """Make the head window of `obj` the one covering `position`; False
         while it is still on its way."""
@@ -349,7 +395,7 @@ class ViewScan:
         if not segs or segs[0].first > position:
             self._issue(obj, position, 0)  # nothing asked covers it (a forget, or a cut-short reply)
         self._top_up(obj)
-        return segs[0].window is not None
+        return segs[0].done
 
     def _wait_ready(self, objs: list[int], position: int) -> None:
         deadline = None
@@ -378,8 +424,12 @@ class ViewScan:
             built = build_batch([s[0].window if s else None for s in self._segments], start, self.end,
                                 step=self.step, max_rows=self.max_rows, signed=self.signed)
             self.position = built.stop_position
-            if built.stop == STOP_NEED and built.batch.num_rows == 0:
-                continue  # a window ended exactly here: the loop fetches on
+            if built.stop == STOP_NEED:
+                segs = self._segments[built.stop_object]
+                if segs and segs[0].corrupt and segs[0].first <= self.position <= segs[0].last:
+                    built = Built(built.batch, STOP_CORRUPT, built.stop_position, built.stop_object)
+                elif built.batch.num_rows == 0:
+                    continue  # a window ended exactly here: the loop fetches on
             try:
                 for obj in self._objects():
                     self._ready(obj, self.position)  # swap in what has arrived, read ahead
@@ -412,7 +462,7 @@ class ViewScan:
         whole view, also when this scan reads one object (step = width) or
         `end` leaves an object nothing to read (it is then asked about the
         position after `end`, only for its max)."""
-        need = [o for o in range(self.width) if not self._fetched[o]]
+        need = [o for o in range(self.width) if not self._fetched[o] and o not in self._lost]
         if not need:
             return
         scanned = [o for o in self._objects() if o in need and self._first_of(o, self.position) < self.end]
@@ -445,6 +495,7 @@ class ViewScan:
         self._by_tag.clear()
         self._fetched = [False] * self.width
         self._probing.clear()
+        self._lost.clear()  # asked again: a repair shows
         self._max_position = None
 
     def close(self) -> None:

@@ -20,13 +20,15 @@ from dataclasses import dataclass
 from ..core.cluster import DEFAULT_CONF
 
 ON_DATA_LOSS = ("fail", "skip", "rows")
+#: a position damaged at rest: fail the read (CorruptEntry), drop it, or return it as a row of kind corrupt
+ON_CORRUPT = ("fail", "skip", "rows")
 EARLIEST = "earliest"
 LATEST = "latest"
 Position = int | str  # a number, or EARLIEST / LATEST
 
 #: every option the source and sink read, as documented (matched case-insensitively)
 OPTIONS = ("log", "pool", "conf", "keyring", "client", "sequencer", "startingPosition",
-           "endingPosition", "minPartitions", "holeWait", "onDataLoss", "maxEntriesPerTrigger",
+           "endingPosition", "minPartitions", "holeWait", "onDataLoss", "onCorrupt", "maxEntriesPerTrigger",
            "batchSize", "createIfMissing", "width")
 #: aliases -> zlog option: Kafka source names, and `path` (.load(name) / .save(name))
 ALIASES = {"startingOffsets": "startingPosition", "endingOffsets": "endingPosition",
@@ -67,6 +69,7 @@ class ZlogOptions:
     min_partitions: int = 0
     hole_wait: float = 2.0
     on_data_loss: str = "fail"
+    on_corrupt: str = "fail"
     max_entries_per_trigger: int | None = None
     batch_size: int = 256
     create: bool = True
@@ -188,6 +191,10 @@ def parse_options(options: Mapping[str, str]) -> ZlogOptions:
     if on_loss not in ON_DATA_LOSS:
         raise ValueError(f"zlog option onDataLoss: expected one of {', '.join(ON_DATA_LOSS)}, "
                          f"got {opts.get('ondataloss')!r}")
+    on_corrupt = str(opts.get("oncorrupt") or "fail").strip().lower()
+    if on_corrupt not in ON_CORRUPT:
+        raise ValueError(f"zlog option onCorrupt: expected one of {', '.join(ON_CORRUPT)}, "
+                         f"got {opts.get('oncorrupt')!r}")
     return ZlogOptions(
         conf=conf,
         pool=str(opts.get("pool") or "zlog"),
@@ -200,6 +207,7 @@ def parse_options(options: Mapping[str, str]) -> ZlogOptions:
         min_partitions=_int(opts, "minpartitions", "minPartitions", 0, 0) or 0,
         hole_wait=_seconds(opts, "holewait", "holeWait", 2.0),
         on_data_loss=on_loss,
+        on_corrupt=on_corrupt,
         max_entries_per_trigger=_int(opts, "maxentriespertrigger", "maxEntriesPerTrigger", None, 1),
         batch_size=_int(opts, "batchsize", "batchSize", 256, 1) or 256,
         create=_bool(opts, "createifmissing", "createIfMissing", True),

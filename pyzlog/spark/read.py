@@ -59,7 +59,7 @@ def read_partition(opts: ZlogOptions, part: object,
         # read from whichever view holds each one now: a reconfiguration since
         # planning moves where they are read from, never which are delivered.
         args = dict(stride_index=part.index, stride=part.width, known_tail=part.known_tail,
-                    hole_wait=opts.hole_wait)
+                    hole_wait=opts.hole_wait, on_corrupt="fail" if opts.on_corrupt == "fail" else "skip")
         try:
             batches = log.stream_batches(part.start, part.end, signed=True, **args)
         except ImportError:  # no native read path in this build: records through python-rados
@@ -74,10 +74,15 @@ def read_partition(opts: ZlogOptions, part: object,
 def _spark_rows(opts: ZlogOptions, batch: pa.RecordBatch) -> pa.RecordBatch:
     """A stream_batches batch as the source's rows, with onDataLoss applied:
     rows keeps every kind; otherwise filled positions are dropped, and
-    trimmed or lost ones are dropped (skip) or fail the read (fail)."""
+    trimmed or lost ones are dropped (skip) or fail the read (fail). A
+    corrupt row (onCorrupt=skip or rows; with fail the stream raised
+    CorruptEntry) is kept only with onCorrupt=rows."""
     import pyarrow.compute as pc
 
     kind = batch.column(2).dictionary_decode()
+    if opts.on_corrupt != "rows":
+        keep = pc.not_equal(kind, RecordKind.CORRUPT.value)
+        batch, kind = batch.filter(keep), kind.filter(keep)
     if opts.on_data_loss != "rows":
         if opts.on_data_loss == "fail":
             lost = pc.or_(pc.equal(kind, RecordKind.TRIMMED.value), pc.equal(kind, RecordKind.LOST.value))
@@ -85,7 +90,7 @@ def _spark_rows(opts: ZlogOptions, batch: pa.RecordBatch) -> pa.RecordBatch:
                 i = pc.index(lost, True).as_py()
                 raise ZlogDataLoss(opts.log, batch.column(0)[i].as_py(), RecordKind(kind[i].as_py()),
                                    opts.hole_wait)
-        keep = pc.equal(kind, RecordKind.DATA.value)
+        keep = pc.or_(pc.equal(kind, RecordKind.DATA.value), pc.equal(kind, RecordKind.CORRUPT.value))
         batch, kind = batch.filter(keep), kind.filter(keep)
     return pa.RecordBatch.from_arrays([batch.column(0), batch.column(1), kind, batch.column(3)],
                                       schema=ARROW_SCHEMA)
@@ -99,7 +104,10 @@ def _from_records(opts: ZlogOptions, stream: Iterator[Any], batch_rows: int) -> 
     kind: list[str] = []
     epoch: list[int] = []
     for rec in stream:
-        if rec.kind != RecordKind.DATA and not rows:
+        if rec.kind == RecordKind.CORRUPT:
+            if opts.on_corrupt != "rows":
+                continue
+        elif rec.kind != RecordKind.DATA and not rows:
             if rec.kind == RecordKind.FILLED or opts.on_data_loss == "skip":
                 continue
             raise ZlogDataLoss(opts.log, rec.position, rec.kind, opts.hole_wait)
