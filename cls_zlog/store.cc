@@ -594,6 +594,21 @@ int DataStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
       if (r < 0) return r;
       if (span.length() != hi_off - lo_off) return -ZLOG_ERR_CORRUPT;
     }
+    // the usual case: the entries lie back to back in position order, so the
+    // span is the reply's data as it is (one buffer, not one piece per entry)
+    uint64_t at = lo_off;
+    bool back_to_back = true;
+    for (auto& [off, len] : extents) {
+      if (off != at) {  // a gap, a lost mark, or out of order
+        back_to_back = false;
+        break;
+      }
+      at += len;
+    }
+    if (back_to_back && at == hi_off) {
+      out->data.claim_append(span);
+      return 0;
+    }
     for (auto& [off, len] : extents) {
       if (off == UINT64_MAX) {
         out->data.append(&lost_mark, 1);

@@ -220,7 +220,10 @@ class Cluster:
             "bluestore block size = 4294967296\nbluestore fsck on mount = false\n"
             "bluestore cache size = 268435456\n"
             if bluestore else
-            "osd objectstore = memstore\nmemstore device bytes = 4294967296\n"
+            # page sets: an object's data in 64 KiB pages. Without them memstore keeps
+            # an object as one bufferlist that each write splits further, so a write
+            # to a data-format object costs more the more entries it already holds.
+            "osd objectstore = memstore\nmemstore device bytes = 8589934592\nmemstore page set = true\n"
         )
         self.conf.write_text(f"""[global]
 fsid = {fsid}
