@@ -154,13 +154,18 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
     import pyzlog
 
     cluster = pyzlog.connect(conf)
+    # each build reads a log in the format it writes: this build's default
+    # (data), and the omap format an older build made (and reads: it cannot
+    # parse a data-format log's metadata)
+    read_logs = {"current": f"compare-read-{uuid.uuid4().hex[:8]}",
+                 "baseline": f"compare-read-omap-{uuid.uuid4().hex[:8]}"}
     try:
-        read_log = f"compare-read-{uuid.uuid4().hex[:8]}"
-        log = pyzlog.Log.create(cluster, pool, read_log, width=4)
         data = os.urandom(size)
-        for i in range(0, entries, 1000):
-            log.append_many([data] * min(1000, entries - i))
-        log.close()
+        for side, fmt in (("current", "data"), ("baseline", "omap")):
+            log = pyzlog.Log.create(cluster, pool, read_logs[side], width=4, format=fmt)
+            for i in range(0, entries, 1000):
+                log.append_many([data] * min(1000, entries - i))
+            log.close()
         machine = machine_info(cluster)
     finally:
         cluster.shutdown()
@@ -170,7 +175,7 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
         for case in cases:
             order = ("baseline", "current") if r % 2 == 0 else ("current", "baseline")
             for side in order:
-                name = read_log if case in READ_CASES else f"compare-{case}-{side}-{uuid.uuid4().hex[:8]}"
+                name = read_logs[side] if case in READ_CASES else f"compare-{case}-{side}-{uuid.uuid4().hex[:8]}"
                 runs[case][side].append(_run_case(side, baseline, conf, pool, case, name, size, duration, seqr,
                                                   meter))
             b, c = runs[case]["baseline"][-1], runs[case]["current"][-1]
@@ -179,7 +184,8 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
     result: dict[str, Any] = {
         "kind": "compare", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "params": {"duration_s": duration, "rounds": rounds, "entry_bytes": size, "read_entries": entries,
-                   "pool": pool, "baseline": str(base.resolve())},
+                   "pool": pool, "baseline": str(base.resolve()),
+                   "read_logs": {"current": "data format", "baseline": "omap format"}},
         "machine": machine, "cases": {},
     }
     for case in cases:
