@@ -346,10 +346,11 @@ class _Bench:
 
     def new_log(self, width: int, format: str = "data", slots: int | None = None) -> Any:
         from ..client.log import Log
+        from ..core.metadata import DEFAULT_SLOTS
 
         name = f"bench-{self.run_id}-{uuid.uuid4().hex[:6]}"
         Log.create(self.cluster, self.pool, name, width=width, format=format,
-                   **({} if slots is None else {"slots": slots}))
+                   slots=DEFAULT_SLOTS if slots is None else slots)
         self.log_names.append(name)
         return name
 

@@ -194,10 +194,11 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
             rs = runs[case][side]
             rates = [x["entries"] / x["elapsed_s"] for x in rs]
             osd = [None if x["osd_s"] is None else 1e6 * x["osd_s"] / max(1, x["entries"]) for x in rs]
+            osd_known = [o for o in osd if o is not None]
             sides[side] = {
                 "entries_per_s": statistics.median(rates),
                 "client_us_per_entry": statistics.median(1e6 * x["cpu_s"] / max(1, x["entries"]) for x in rs),
-                "osd_us_per_entry": statistics.median(o for o in osd) if all(o is not None for o in osd) else None,
+                "osd_us_per_entry": statistics.median(osd_known) if len(osd_known) == len(osd) else None,
                 "rounds_entries_per_s": rates,
                 "library": rs[0]["library"],
             }

@@ -209,13 +209,13 @@ class BatchStream:
         err = CorruptEntry(f"position {pos} of {self.log.name!r} ({oid}): {why} (zlog check --log "
                            f"{self.log.name} --deep lists the damage; docs/faults.md)", errno=errno.EIO, oid=oid,
                            position=pos)
-        err.whole = whole  # type: ignore[attr-defined]
+        err.whole = whole
         if self.on_corrupt == "fail":
             self._fail(scan, err)
         return err
 
     def _fail(self, scan: ViewScan, err: CorruptEntry) -> None:
-        scan.forget_from(err.position)  # type: ignore[arg-type]  # not handed out: met again next time
+        scan.forget_from(err.position)  # not handed out: met again next time
         raise err
 
     def _skip_corrupt(self, scan: ViewScan, err: CorruptEntry) -> Any:

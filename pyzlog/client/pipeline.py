@@ -55,7 +55,7 @@ _make_condition = threading.Lock()
 _DONE = (_futures.CANCELLED, _futures.CANCELLED_AND_NOTIFIED, _futures.FINISHED)
 
 
-class _Future(Future):  # type: ignore[type-arg]
+class _Future(Future[Any]):
     """A concurrent.futures.Future whose Condition is made on first use.
 
     A Future's Condition costs more than the rest of an async append in
@@ -71,11 +71,12 @@ class _Future(Future):  # type: ignore[type-arg]
         self._result = None
         self._exception = None
         self._waiters = []
-        self._done_callbacks = []
+        self._done_callbacks: list[Callable[[Future[Any]], object]] = []
         self._cond: threading.Condition | None = None
 
-    @property  # type: ignore[override]
-    def _condition(self) -> threading.Condition:
+    # Future's _condition is an attribute; here, deliberately, a property made on first use
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
         cond = self._cond
         if cond is None:
             with _make_condition:
@@ -419,9 +420,10 @@ class LogAsync:
         conn, pool = self.log.conn, self.log.data
         for item, pos in placed:
             epoch, where = self.log.locate(pos)
+            def done(code: int, _v: Any, item: Item = item, pos: int = pos) -> None:
+                self.outcome(item, code, pos)
             try:
-                conn.submit(pool, where.oid, Op.WRITE,
-                            lambda code, _v, item=item, pos=pos: self.outcome(item, code, pos),
+                conn.submit(pool, where.oid, Op.WRITE, done,
                             epoch=epoch, position=pos, data=item[2], format=where.format)
             except ZlogError as e:
                 self._finish(item[1], error=e)

@@ -92,6 +92,12 @@ class CorruptEntry(Corrupt):
     `zlog check --log NAME --deep` lists every such position, `zlog repair`
     rebuilds a lost header (docs/faults.md)."""
 
+    #: always a position (error_for() and the streams make one only for a position)
+    position: int
+    #: set by streams: True when the entry's object has lost its header
+    #: (not only the entry is damaged); False when not known to be so
+    whole: bool = False
+
 
 class StaleEpoch(ZlogError):
     """The request's epoch is below the one sealed on the object."""

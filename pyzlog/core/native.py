@@ -150,9 +150,9 @@ def decode(op: Op | int, payload: bytes, protocol: int = wire.PROTOCOL) -> dict[
     ret = lib.dp_decode(op, protocol, payload, len(payload), q)
     if ret < 0:
         raise error_for(ret, f"decoding {Op(op).name}")
-    out = {k: int(getattr(q, k)) for k in ("epoch", "position", "last", "max_entries", "max_bytes", "reason",
-                                          "expected", "next_epoch", "start", "width", "count", "format", "slots",
-                                          "byte_bound", "stripe", "expected_stripes")}
+    out: dict[str, Any] = {k: int(getattr(q, k)) for k in (
+        "epoch", "position", "last", "max_entries", "max_bytes", "reason", "expected", "next_epoch", "start",
+        "width", "count", "format", "slots", "byte_bound", "stripe", "expected_stripes")}
     out["data"] = ffi.unpack(q.data, q.len) if q.data != ffi.NULL else b""
     out["seqr"] = ffi.unpack(q.seqr, q.seqr_len).decode() if q.seqr != ffi.NULL else None
     return out

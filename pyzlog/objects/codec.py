@@ -13,7 +13,9 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
-from .errors import BadEntry, InvalidRequest
+from pyzlog import InvalidRequest
+
+from .errors import BadEntry
 
 
 class _Missing:
@@ -59,10 +61,11 @@ def dumps(value: Any) -> bytes:
     """`value` as bytes; InvalidRequest for a type the codec does not carry."""
     t = type(value)
     if t is bytes:  # the common keys and values, without the general walk
-        n = len(value)
-        return (bytes((_SBYTES, n)) if n < 256 else _TI.pack(_BYTES, n)) + value
+        raw: bytes = value
+        n = len(raw)
+        return (bytes((_SBYTES, n)) if n < 256 else _TI.pack(_BYTES, n)) + raw
     if t is str:
-        b = value.encode()
+        b: bytes = value.encode()
         n = len(b)
         return (bytes((_SSTR, n)) if n < 256 else _TI.pack(_STR, n)) + b
     out: list[bytes] = []

@@ -27,7 +27,9 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from .errors import BadEntry, InvalidRequest
+from pyzlog import InvalidRequest
+
+from .errors import BadEntry
 
 MAGIC: Final = b"ZO"
 VERSION: Final = 1

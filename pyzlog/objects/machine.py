@@ -21,8 +21,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from pyzlog import InvalidRequest
+
 from . import codec
-from .errors import InvalidRequest, NotHosted
+from .errors import NotHosted
 
 
 class Host(Protocol):
@@ -31,6 +33,7 @@ class Host(Protocol):
 
     _lock: threading.RLock
     _objects: dict[int, StateMachine]
+    client_id: int
 
     def current_transaction(self) -> Transaction | None: ...
     def propose(self, obj: StateMachine, payload: bytes) -> Future[Any]: ...

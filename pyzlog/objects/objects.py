@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
+from pyzlog import InvalidRequest
+
 from .codec import MISSING, dumps, load_from
-from .errors import BadEntry, InvalidRequest, WrongType
+from .errors import BadEntry, WrongType
 from .machine import StateMachine
 from .machine import Transaction
 
@@ -288,7 +290,8 @@ class Counter(StateMachine):
         if tx is not None:
             ov = tx.overlay.get(self.stream)
             if ov is not None:
-                return (self._value if ov[1] is None else ov[1]) + ov[0]
+                total: int = (self._value if ov[1] is None else ov[1]) + ov[0]
+                return total
         return self._value
 
     def __int__(self) -> int:
@@ -409,12 +412,12 @@ class Queue(StateMachine):
             return [qid, item]
         if op == Q_ACK or op == Q_RELEASE:
             qid, consumer = _args(data, off + 1, 2)
-            c = self._claims.get(qid)
-            if c is None or c[1] != consumer:
+            claim = self._claims.get(qid)
+            if claim is None or claim[1] != consumer:
                 return False
             del self._claims[qid]
             if op == Q_RELEASE:  # back among the waiting items, in id order
-                self._items[qid] = c[0]
+                self._items[qid] = claim[0]
                 self._items = dict(sorted(self._items.items()))
             return True
         raise _wrong(self, op)

@@ -358,7 +358,7 @@ class Runtime:
             self._landed(None)
             self._append_failed(p, e)
             return
-        f.add_done_callback(lambda f, p=p: self._appended(p, f))
+        f.add_done_callback(lambda f: self._appended(p, f))
 
     def _send_loop(self) -> None:
         """Send queued proposals: everything queued (up to MAX_BATCH) in one

@@ -58,8 +58,9 @@ def read_partition(opts: ZlogOptions, part: object,
         # Exactly the planned positions (p % width == index of the planned view),
         # read from whichever view holds each one now: a reconfiguration since
         # planning moves where they are read from, never which are delivered.
-        args = dict(stride_index=part.index, stride=part.width, known_tail=part.known_tail,
-                    hole_wait=opts.hole_wait, on_corrupt="fail" if opts.on_corrupt == "fail" else "skip")
+        args: dict[str, Any] = dict(
+            stride_index=part.index, stride=part.width, known_tail=part.known_tail,
+            hole_wait=opts.hole_wait, on_corrupt="fail" if opts.on_corrupt == "fail" else "skip")
         try:
             batches = log.stream_batches(part.start, part.end, signed=True, **args)
         except ImportError:  # no native read path in this build: records through python-rados

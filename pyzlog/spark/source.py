@@ -146,7 +146,7 @@ def behind_latest(views: tuple[View, ...], end: int, tail: int) -> dict[str, flo
             "maxEntriesBehindLatest": max(per_object)}
 
 
-class ZlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class ZlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of [start, end) position ranges. Offsets are {"position": N}:
     the next position to read.
 
