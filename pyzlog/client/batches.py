@@ -261,17 +261,14 @@ class Records:
         self._decode = batches.codec
         self._walk: Iterator[Any] | None = None
         self._kinds = [RecordKind(k) for k in KIND_NAMES]
-        self._pos: list[int] = []
-        self._data: list[bytes | None] = []
-        self._kind: list[int] = []
-        self._epoch: list[int] = []
+        self._records: list[Record] = []
         self._i = 0
 
     def __iter__(self) -> Iterator[Record]:
         return self
 
     def __next__(self) -> Record:
-        while self._i >= len(self._pos):
+        while self._i >= len(self._records):
             if self._walk is None:
                 self._walk = iter(self._batches)  # resumes at the batch stream's position
             try:
@@ -279,21 +276,25 @@ class Records:
             except BaseException:
                 self._walk = None  # the walk is over (its reads are closed): a new one next time
                 raise
-            self._pos, self._data = b.column(0).to_pylist(), b.column(1).to_pylist()
-            self._kind, self._epoch = b.column(2).indices.to_pylist(), b.column(3).to_pylist()
+            self._records = self._make(b)
             self._i = 0
         i = self._i
-        data = self._data[i]
-        if data is not None:
-            stored = len(data)
+        rec = self._records[i]
+        if rec.data is not None:
+            metrics.read(len(rec.data))  # counted as handed out, as stored
             if self._decode is not None:
                 try:
-                    data = self._decode(data)
+                    rec = rec._replace(data=self._decode(rec.data))
                 except Exception as e:  # noqa: BLE001 - raised again if asked again: never skipped
-                    raise ZlogError(f"position {self._pos[i]}: cannot decode entry: {e}") from e
-            metrics.read(stored)
+                    raise ZlogError(f"position {rec.position}: cannot decode entry: {e}") from e
         self._i = i + 1
-        return Record(self._pos[i], self._kinds[self._kind[i]], data, self._epoch[i])
+        return rec
+
+    def _make(self, b: Any) -> list[Record]:
+        """A batch's records, made in bulk: the per-entry cost of stream()."""
+        kinds = self._kinds
+        return list(map(Record, b.column(0).to_pylist(), [kinds[k] for k in b.column(2).indices.to_pylist()],
+                        b.column(1).to_pylist(), b.column(3).to_pylist()))
 
     def close(self) -> None:
         """Stop reading now (an abandoned stream's reads are also closed when
