@@ -2,16 +2,25 @@
 
     offset size  field
     0      2     magic b"ZO"
-    2      1     version (1)
+    2      1     version (1; 2 when a backpointer section follows)
     3      1     kind: CMD, TXN, RETIRE, NOOP
-    4      1     flags (bit 0: a backpointer section follows; none is written yet)
+    4      1     flags (bit 0: a backpointer section follows; set exactly in version 2)
     5      8     client id (u64): the proposing runtime
     13     8     seq (u64): the proposal's number within its client
     21     8     lwm (u64): every seq of this client below it is settled
     29     8     stream (u64): the object a CMD is for (0 for other kinds)
-    37     ...   kind-specific: CMD: the object's command;
+    37     ...   version 2: the backpointer section (streams, below), then
+    ...    ...   kind-specific: CMD: the object's command;
                  TXN: u16 count + count x u64 streams, then the commit record;
                  RETIRE: u16 count + count x u64 seqs retired
+
+The backpointer section (version 2; docs/objects.md, "Streams"): u8 K (the
+sequencer's most backpointers per stream), u8 nstreams, then per stream of
+the entry: u64 stream, u64 horizon, u8 n (<= K), u8 width (4 or 8), n x
+width-byte deltas (this entry's position minus a backpointer, newest first).
+The stream's positions in [x, this position) are exactly the n backpointers,
+where x is the oldest of them when n == K, else the horizon: below the
+horizon the sequencer knew nothing (a reader scans).
 
 (client, seq) is the proposal id: a retried append stores the same bytes
 again, and replay applies the first copy only (sessions.Sessions). All
@@ -30,7 +39,8 @@ from typing import Final
 from .errors import BadEntry, InvalidRequest
 
 MAGIC: Final = b"ZO"
-VERSION: Final = 1
+VERSION: Final = 2  #: the newest version this build reads (and writes with backpointers)
+PLAIN_VERSION: Final = 1  #: entries without backpointers are written as version 1
 CMD, TXN, RETIRE, NOOP = 1, 2, 3, 4
 KINDS: Final = frozenset((CMD, TXN, RETIRE, NOOP))
 FLAG_BACKPOINTERS: Final = 1
@@ -54,7 +64,66 @@ def stream_id(name: str) -> int:
 
 
 def header(kind: int, client: int, seq: int, lwm: int, stream: int = 0) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, kind, 0, client, seq, lwm, stream)
+    return HEADER.pack(MAGIC, PLAIN_VERSION, kind, 0, client, seq, lwm, stream)
+
+
+_BP_HEAD = struct.Struct("<BB")
+_BP_STREAM = struct.Struct("<QQBB")
+_U32_MAX = (1 << 32) - 1
+
+#: (stream, horizon, backpointers newest first) for each stream of an entry
+Backpointers = list[tuple[int, int, list[int]]]
+
+
+def with_backpointers(plain: bytes, position: int, k: int, bps: Backpointers) -> bytes:
+    """The version-2 form of a version-1 entry stored at `position`."""
+    out = [HEADER.pack(MAGIC, VERSION, plain[3], FLAG_BACKPOINTERS, *HEADER.unpack_from(plain)[4:]),
+           _BP_HEAD.pack(k, len(bps))]
+    for stream, horizon, back in bps:
+        deltas = [position - b for b in back]
+        if deltas and (max(deltas) > _U32_MAX or min(deltas) <= 0):
+            if min(deltas) <= 0:
+                raise InvalidRequest(f"a backpointer {back} not below position {position}")
+            out.append(_BP_STREAM.pack(stream, horizon, len(deltas), 8))
+            out.append(struct.pack(f"<{len(deltas)}Q", *deltas))
+        else:
+            out.append(_BP_STREAM.pack(stream, horizon, len(deltas), 4))
+            if deltas:
+                out.append(struct.pack(f"<{len(deltas)}I", *deltas))
+    out.append(plain[HEADER_SIZE:])
+    return b"".join(out)
+
+
+def parse_backpointers(data: bytes, position: int) -> tuple[int, dict[int, tuple[int, list[int]]], int]:
+    """(K, {stream: (horizon, backpointers newest first)}, offset of the
+    kind-specific part) of a version-2 entry stored at `position`."""
+    try:
+        k, n = _BP_HEAD.unpack_from(data, HEADER_SIZE)
+        off = HEADER_SIZE + _BP_HEAD.size
+        out: dict[int, tuple[int, list[int]]] = {}
+        for _ in range(n):
+            stream, horizon, count, width = _BP_STREAM.unpack_from(data, off)
+            off += _BP_STREAM.size
+            if width not in (4, 8) or count > k:
+                raise BadEntry(f"position {position}: a backpointer section with width {width}, {count} of {k}")
+            deltas = struct.unpack_from(f"<{count}{'I' if width == 4 else 'Q'}", data, off)
+            off += width * count
+            out[stream] = (horizon, [position - d for d in deltas])
+        return k, out, off
+    except struct.error as e:
+        raise BadEntry(f"position {position}: a backpointer section does not parse: {e}") from None
+
+
+def body_offset(data: bytes) -> int:
+    """Where the kind-specific part of an entry starts."""
+    if data[4] & FLAG_BACKPOINTERS:
+        k, n = _BP_HEAD.unpack_from(data, HEADER_SIZE)
+        off = HEADER_SIZE + _BP_HEAD.size
+        for _ in range(n):
+            _s, _h, count, width = _BP_STREAM.unpack_from(data, off)
+            off += _BP_STREAM.size + width * count
+        return off
+    return HEADER_SIZE
 
 
 def pack_u64s(values: list[int]) -> bytes:
@@ -97,7 +166,7 @@ def parse(data: bytes) -> Header | None:
 def check(version: int, kind: int) -> None:
     from .errors import UnsupportedEntry
 
-    if version != VERSION:
-        raise UnsupportedEntry(f"an entry of version {version}: this build reads version {VERSION}")
+    if version not in (PLAIN_VERSION, VERSION):
+        raise UnsupportedEntry(f"an entry of version {version}: this build reads versions 1 and {VERSION}")
     if kind not in KINDS:
         raise UnsupportedEntry(f"an entry of unknown kind {kind}")
