@@ -616,12 +616,21 @@ StreamResponse Client::parse_stream_response(const uint8_t* p, uint32_t len, siz
     StreamBackpointers& b = r.streams[i];
     b.stream = get_u64(p + off);
     b.horizon = get_u64(p + off + 8);
-    const uint32_t k = p[off + 16];
+    b.ordinal = get_u64(p + off + 16);
+    const uint32_t k = p[off + 24];
+    const uint32_t m = p[off + 25];
     off += kStreamPerStream;
-    if (k > r.max_backpointers || len < off + 8 * size_t(k)) throw bad("truncated");
+    if (k > r.max_backpointers || m > kStreamLevels ||
+        len < off + 8 * size_t(k) + kStreamLevelEntry * size_t(m))
+      throw bad("truncated");
     b.positions.resize(k);
     for (uint32_t j = 0; j < k; ++j) b.positions[j] = get_u64(p + off + 8 * j);
     off += 8 * size_t(k);
+    b.levels.resize(m);
+    for (uint32_t j = 0; j < m; ++j) {
+      b.levels[j] = {p[off], get_u64(p + off + 1)};
+      off += kStreamLevelEntry;
+    }
   }
   if (off != len) throw bad("with trailing bytes");
   return r;

@@ -89,7 +89,9 @@ struct Response {
 struct StreamBackpointers {
   uint64_t stream = 0;
   uint64_t horizon = 0;             // the server knows the stream from here on
+  uint64_t ordinal = 0;             // the answer's position's ordinal in the stream
   std::vector<uint64_t> positions;  // its last positions below the answer's, newest first
+  std::vector<std::pair<uint8_t, uint64_t>> levels;  // (level, position) skip pointers
 };
 
 struct StreamResponse {

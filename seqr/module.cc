@@ -64,6 +64,7 @@ PYBIND11_MODULE(_seqr, m) {
   m.attr("OP_STREAM_NEXT") = int(OP_STREAM_NEXT);
   m.attr("OP_STREAM_TAIL") = int(OP_STREAM_TAIL);
   m.attr("STREAM_BACKPOINTERS") = int(kStreamBackpointers);
+  m.attr("STREAM_FIRST_LEVEL") = int(kStreamFirstLevel);
   m.attr("MAX_STREAMS_PER_REQUEST") = int(kMaxStreamsPerRequest);
   m.attr("STALE_EPOCH") = int(ST_STALE_EPOCH);
   m.attr("RETRY") = int(ST_RETRY);
@@ -396,7 +397,8 @@ PYBIND11_MODULE(_seqr, m) {
             }
             py::list streams;
             for (const auto& b : r.streams)
-              streams.append(py::make_tuple(b.stream, b.horizon, py::cast(b.positions)));
+              streams.append(py::make_tuple(b.stream, b.horizon, py::cast(b.positions), b.ordinal,
+                                            py::cast(b.levels)));
             return py::make_tuple(int(r.response.status), r.response.epoch, r.response.position,
                                   r.response.count, int(r.max_backpointers), streams);
           },

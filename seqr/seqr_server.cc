@@ -469,16 +469,37 @@ void Server::stream_answer(LogState& s, const uint8_t* ids, uint32_t nstreams, u
       if (it != s.streams.end()) ring = &it->second;
     }
     const uint32_t n = ring ? ring->n : 0;
-    uint8_t* q = out.extend(kStreamPerStream + 8 * size_t(n));
+    const uint64_t ord = ring ? ring->ordinal : 0;
+    // levels whose multiple exists below ord (ordinal 0 is a multiple of all)
+    // (levels above the first whose newest multiple is ordinal 0 repeat it: not sent)
+    uint32_t m = 0;
+    if (ord) {
+      while (m < kStreamLevels && (uint64_t(1) << (m + kStreamFirstLevel)) <= ord - 1) ++m;
+      if (m < kStreamLevels) ++m;
+    }
+    uint8_t* q = out.extend(kStreamPerStream + 8 * size_t(n) + kStreamLevelEntry * size_t(m));
     put_u64(q, id);
     put_u64(q + 8, s.streams_from);
-    q[16] = static_cast<uint8_t>(n);
+    put_u64(q + 16, ord);
+    q[24] = static_cast<uint8_t>(n);
+    q[25] = static_cast<uint8_t>(m);
     q += kStreamPerStream;
     for (uint32_t k = 0; k < n; ++k) {  // newest first
       const uint32_t slot = (ring->head + kStreamBackpointers - 1 - k) % kStreamBackpointers;
       put_u64(q + 8 * k, ring->pos[slot]);
     }
+    q += 8 * size_t(n);
+    for (uint32_t l = 0; l < m; ++l) {
+      q[0] = static_cast<uint8_t>(l + kStreamFirstLevel);
+      put_u64(q + 1, ring->level[l]);
+      q += kStreamLevelEntry;
+    }
     if (!count) continue;
+    for (uint32_t l = 0; l < kStreamLevels; ++l) {  // the newest multiple of 2^level in the batch
+      const uint64_t mult = ((ord + count - 1) >> (l + kStreamFirstLevel)) << (l + kStreamFirstLevel);
+      if (mult >= ord) ring->level[l] = pos + (mult - ord);
+    }
+    ring->ordinal += count;
     // the batch's positions are the stream's newest; only the last K matter
     const uint64_t first = count > kStreamBackpointers ? pos + count - kStreamBackpointers : pos;
     for (uint64_t p = first; p < pos + count; ++p) {

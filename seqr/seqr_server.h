@@ -148,9 +148,12 @@ class Server : public FrameServer {
 
  private:
   enum class State { INITIALISING, READY, FAILED };
-  // A stream's last positions (a ring of up to kStreamBackpointers).
+  // A stream's last positions (a ring of up to kStreamBackpointers), and per
+  // level the position of its newest ordinal that is a multiple of 2^level.
   struct StreamRing {
     uint64_t pos[kStreamBackpointers];
+    uint64_t level[kStreamLevels];
+    uint64_t ordinal = 0;  // positions handed out for the stream since the horizon
     uint8_t n = 0, head = 0;  // head: where the next position goes
   };
   struct LogState {

@@ -56,18 +56,18 @@ def logs(rados_cluster, ceph, log_name, seqr) -> Iterator[Logs]:  # type: ignore
     r.close()
 
 
-def stream_entries(log: Log) -> dict[int, list[tuple[int, int, list[int]]]]:
-    """{stream: [(position, horizon, backpointers)]} of every entry with a
-    backpointer section, read from the whole log."""
-    out: dict[int, list[tuple[int, int, list[int]]]] = {}
+def stream_entries(log: Log) -> dict[int, list[tuple[int, int, list[int], list[int]]]]:
+    """{stream: [(position, horizon, recent backpointers, skip pointers)]} of
+    every entry with a backpointer section, read from the whole log."""
+    out: dict[int, list[tuple[int, int, list[int], list[int]]]] = {}
     for batch in log.stream_batches(0, log.tail(), hole_wait=HOLE_WAIT):
         for pos, data in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
             if data is None or data[:2] != MAGIC or not data[4] & entry.FLAG_BACKPOINTERS:
                 continue
             assert HEADER.unpack_from(data)[1] == entry.VERSION
             _k, sections, _off = entry.parse_backpointers(data, pos)
-            for s, (h, back) in sections.items():
-                out.setdefault(s, []).append((pos, h, back))
+            for s, (h, back, far) in sections.items():
+                out.setdefault(s, []).append((pos, h, back, far))
     return out
 
 
@@ -110,10 +110,19 @@ def test_backpointers_correct_under_concurrent_appenders(logs: Logs) -> None:
     k = 16
     assert set(found) == {entry.stream_id(n) for n in names}
     for s, rows in found.items():
-        positions = [p for p, _h, _b in rows]
-        for i, (pos, horizon, back) in enumerate(rows):
+        positions = [p for p, _h, _b, _f in rows]
+        for i, (pos, horizon, back, far) in enumerate(rows):
             assert horizon == 0
             assert back == positions[:i][::-1][:k], (s, pos)
+            # skip pointers: the newest entry whose ordinal is a multiple of 2^level (below the recent ones)
+            want = []
+            for level in range(4, 64):
+                m = ((i - 1) >> level) << level
+                if i > k and m < i - k and (not want or positions[m] < want[-1]):
+                    want.append(positions[m])
+                if i <= k or m == 0:
+                    break
+            assert far == want, (s, pos)
 
     full = logs.runtime()
     for n in names:
@@ -147,10 +156,10 @@ def test_sequencer_restart_never_leaves_a_wrong_backpointer(logs: Logs, seqr: Se
         found = stream_entries(logs.log)
         horizons = set()
         for s, rows in found.items():
-            mine = {p for p, _h, _b in rows}
-            for pos, horizon, back in rows:
+            mine = {p for p, _h, _b, _f in rows}
+            for pos, horizon, back, far in rows:
                 horizons.add(horizon)
-                for bp in back:
+                for bp in back + far:
                     assert bp in mine and bp < pos, (s, pos, bp)
                     assert bp >= horizon
         assert 0 in horizons and max(horizons) > 0  # the restart made a horizon

@@ -201,28 +201,29 @@ class Positions:
                 pass
         return next_position_hint(self.log)
 
-    def take_streams(self, count: int, streams: list[int]) -> tuple[int, int, list[tuple[int, int, list[int]]]]:
+    def take_streams(self, count: int, streams: list[int]) -> tuple[int, int, list[Any]]:
         """First of `count` fresh positions that belong to `streams`, with
         each stream's backpointers: (first, K, [(stream, horizon, positions
-        newest first)]) as the sequencer answered (docs/seqr-protocol.md,
+        newest first, ordinal, [(level, position)])]) as the sequencer
+        answered (docs/seqr-protocol.md,
         "Streams"). Without a sequencer the positions come from slow tail
         finding with a new epoch (so that the next sequencer to serve the
         log starts its streams above them), and no stream knows anything
-        below them: (first, K, [(stream, first, []) ...]). A sequencer that
+        below them: (first, 0, [(stream, first, [], 0, []) ...]). A sequencer that
         does not know stream requests raises StreamsUnsupported."""
         got = self._from_sequencer(count, streams)
         if got is not None:
             pos, k, bps = got
-            return int(pos), int(k), [(int(s), int(h), list(b)) for s, h, b in bps]
+            return int(pos), int(k), bps
         _epoch, first = find_tail(self.log)
         with self._slow_lock:
             first = max(self._slow_next, first)
             self._slow_next = first + count
         metrics.SLOW_POSITIONS.inc(count)
-        return first, 0, [(s, first, []) for s in streams]
+        return first, 0, [(s, first, [], 0, []) for s in streams]
 
-    def tail_streams(self, streams: list[int]) -> tuple[int, int, list[tuple[int, int, list[int]]]] | None:
-        """(tail, K, [(stream, horizon, backpointers)]) from the sequencer,
+    def tail_streams(self, streams: list[int]) -> tuple[int, int, list[Any]] | None:
+        """(tail, K, [(stream, horizon, backpointers, ordinal, levels)]) from the sequencer,
         or None when none answers (a reader then scans)."""
         self.follow()
         seqr = self.sequencer
@@ -232,7 +233,7 @@ class Positions:
             for _ in range(1000):
                 status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, self.log.epoch, 0, streams)
                 if status == OK:
-                    return int(pos), int(k), [(int(s), int(h), list(b)) for s, h, b in bps]
+                    return int(pos), int(k), bps
                 if status == STALE_EPOCH:
                     self.log.refresh()
                 elif status == RETRY:

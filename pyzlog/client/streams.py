@@ -16,32 +16,63 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from .. import _seqr  # type: ignore[attr-defined]
 from ..core.errors import ZlogError
-from ..core.layout import place_of
+from ..core.layout import place_of, stripe_of, view_of
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, _write, judge, stored_form, write_error
 from .stale import StaleWait
 
 if TYPE_CHECKING:
     from .log import Log
 
-#: (stream, horizon, backpointers newest first), one per stream of an entry
-Backpointers = list[tuple[int, int, list[int]]]
+FIRST_LEVEL = _seqr.STREAM_FIRST_LEVEL
+
+#: (stream, horizon, recent backpointers newest first, skip pointers newest
+#: first), one per stream of an entry
+Backpointers = list[tuple[int, int, list[int], list[int]]]
 #: build(data, position, K, backpointers) -> the bytes to store at position
 Build = Callable[[bytes, int, int, Backpointers], bytes]
 
 
-def entry_backpointers(first: int, index: int, k: int, answer: Backpointers) -> Backpointers:
+def entry_backpointers(first: int, index: int, k: int, answer: list) -> Backpointers:  # type: ignore[type-arg]
     """The backpointers of the entry at first + index of a batch of
     positions [first, ...) that all belong to the streams of `answer` (the
-    sequencer's answer for the batch). K = 0 (positions from slow tail
-    finding): nothing is known below the entry itself."""
+    sequencer's answer for the batch: (stream, horizon, recent, ordinal,
+    [(level, position)])): its stream's K most recent positions, and skip
+    pointers to the stream's newest entry below it whose ordinal is a
+    multiple of 2^level, for the levels not in the recent list. K = 0
+    (positions from slow tail finding): nothing is known below the entry."""
     pos = first + index
-    if not k:
-        return [(s, pos, []) for s, _h, _b in answer]
-    inside = [pos - 1 - j for j in range(min(index, k))]
-    if len(inside) >= k:
-        return [(s, h, inside) for s, h, _b in answer]
-    return [(s, h, inside + back[:k - len(inside)]) for s, h, back in answer]
+    out: Backpointers = []
+    for s, h, back, ordinal, levels in answer:
+        if not k:
+            out.append((s, pos, [], []))
+            continue
+        inside = [pos - 1 - j for j in range(min(index, k))]
+        recent = inside if len(inside) >= k else inside + list(back[:k - len(inside)])
+        me = ordinal + index  # this entry's ordinal in the stream
+        far: list[int] = []
+        if me > len(recent):
+            known = dict(levels)
+            level = FIRST_LEVEL
+            while level < 64:
+                m = ((me - 1) >> level) << level  # the newest multiple of 2^level below me
+                if m >= me - len(recent):
+                    level += 1
+                    continue  # in the recent list
+                if m >= ordinal:
+                    p: int | None = first + (m - ordinal)
+                elif m == 0 and known:  # the stream's first entry: the sequencer's highest level names it
+                    p = known[max(known)]
+                else:
+                    p = known.get(level)
+                if p is not None and (not far or p < far[-1]):
+                    far.append(p)
+                if m == 0:
+                    break  # every higher level names ordinal 0 too
+                level += 1
+        out.append((s, h, recent, far))
+    return out
 
 
 def append_streams(log: Log, streams: list[int], entries: Sequence[bytes], build: Build) -> list[int]:
@@ -87,13 +118,21 @@ def read_positions(log: Log, positions: Sequence[int]) -> dict[int, bytes | int]
     todo = list(positions)
     for _attempt in range(5):
         meta = state.meta
-        groups: dict[tuple[str, int], list[int]] = {}
-        for p in todo:
-            where = place_of(state.name, meta.views, p)
-            groups.setdefault((where.oid, where.format), []).append(p)
+        views = meta.views
+        newest = views[-1]
+        by_key: dict[tuple[int, int, int], list[int]] = {}
+        for p in todo:  # by (view, stripe, index): one place_of per object, not per position
+            v = newest if p >= newest.start else view_of(views, p)
+            key = (id(v), stripe_of(v, p), p % v.width)
+            got_list = by_key.get(key)
+            if got_list is None:
+                by_key[key] = [p]
+            else:
+                got_list.append(p)
         with state.conn._waiter() as q:
-            for (oid, fmt), ps in groups.items():
-                q.read_many(state.data, oid, meta.epoch, ps, ps, fmt)
+            for ps in by_key.values():
+                where = place_of(state.name, views, ps[0])
+                q.read_many(state.data, where.oid, meta.epoch, ps, ps, where.format)
             got = 0
             while got < len(todo):
                 results = q.wait(30.0)

@@ -821,9 +821,14 @@ class Runtime:
                         self.applied = pos + 1
                         continue
                     _m, version, kind, flags, client, seq, lwm, stream = unpack(data)
-                    if version != 1 or kind > 4 or kind < 1:
+                    if version > 2 or version < 1 or kind > 4 or kind < 1:
                         entry.check(version, kind)
-                    off = entry.body_offset(data) if flags & FLAG_BACKPOINTERS else HEADER_SIZE
+                    if not flags & FLAG_BACKPOINTERS:
+                        off = HEADER_SIZE
+                    elif data[38] == 1 and len(data) > 57:  # one stream: the section's length at a glance
+                        off = 58 + data[57] * (data[55] + data[56])
+                    else:
+                        off = entry.body_offset(data)
                     s = sessions.get(client)
                     if s is None:
                         s = sessions[client] = Session(lwm)
