@@ -105,6 +105,7 @@ typedef enum {
   ZLOG_OP_INIT,             /* protocol 2 only: create a data-format object */
   ZLOG_OP_META_OPEN_STRIPE, /* protocol 2 only: the newest view's objects go one stripe further */
   ZLOG_OP_META_TRIM,        /* protocol 2 only: raise the log's trim point */
+  ZLOG_OP_READ_SET,         /* protocol 2 only: any positions of one object (streams) */
   ZLOG_OP_COUNT
 } zlog_op;
 
@@ -120,9 +121,9 @@ static const char *const zlog_op_name[ZLOG_OP_COUNT][2] = {
     {"meta_get", "meta_get2"},   {"meta_new_epoch", "meta_new_epoch2"},
     {"meta_propose_view", "meta_propose_view2"}, {NULL, "version2"},
     {NULL, "init2"},             {NULL, "meta_open_stripe2"},
-    {NULL, "meta_trim2"},
+    {NULL, "meta_trim2"},        {NULL, "read_set2"},
 };
-static const uint8_t zlog_op_writes[ZLOG_OP_COUNT] = {1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1};
+static const uint8_t zlog_op_writes[ZLOG_OP_COUNT] = {1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1, 0};
 
 static inline const char *zlog_method(zlog_op op, int proto) {
   return (unsigned)op < ZLOG_OP_COUNT && (proto == 1 || proto == 2) ? zlog_op_name[op][proto - 1] : NULL;
@@ -186,6 +187,8 @@ static const uint8_t zlog_req_fields[ZLOG_OP_COUNT][6] = {
     /* init */ {ZF_EPOCH, ZF_POSITION, ZF_WIDTH, ZF_SLOTS, ZF_BYTE_BOUND},
     /* meta_open_stripe */ {ZF_EXPECTED, ZF_STRIPE},
     /* meta_trim */ {ZF_POSITION},
+    /* read_set: write_many's entries, each with no data (only the positions count) */
+    /* read_set */ {ZF_EPOCH, ZF_ENTRIES},
 };
 
 /* The fields struct_v 2 appended to each op (protocol 2 only); a request of
@@ -198,6 +201,7 @@ static const uint8_t zlog_req_fields_v2[ZLOG_OP_COUNT][5] = {
     /* meta_new_epoch */ {ZF_EXPECTED_STRIPES},
     /* meta_propose_view */ {ZF_FORMAT, ZF_SLOTS, ZF_BYTE_BOUND, ZF_EXPECTED_STRIPES},
     /* version, init, meta_open_stripe, meta_trim */ {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END},
+    /* read_set */ {ZF_FORMAT},
 };
 
 /* ------------------------------------------------------------- encoding */

@@ -204,3 +204,39 @@ def test_stream_only_replicas_of_a_map_counter_and_queue_match_full_replay(logs:
         getattr(rt, {"m": "map", "c": "counter", "q": "queue"}[name])(name)
         rt.sync()
         assert maps_state(rt) == {name: full.hosted()[name].snapshot()}
+
+
+def test_read_positions_in_one_call_per_object(logs: Logs) -> None:
+    """read_set (the class's read of any positions of one object) answers
+    what a read of each position answers: data, filled, lost, trimmed,
+    unwritten; malformed calls are refused EINVAL."""
+    import errno
+
+    from pyzlog.core.layout import place_of
+    from pyzlog.core.native import Op
+
+    lg = logs.log
+    for i in range(6):
+        assert lg.append(b"e%d" % i) == i
+    assert lg.take_positions(2) == 6
+    lg.fill(6)
+    lg.fill_lost(7)
+    for i in range(8, 12):
+        assert lg.append(b"e%d" % i) == i
+    lg.trim_to(1)
+    pos = lg.take_positions(2)  # handed out, never written
+    wanted = [0, 1, 2, 5, 6, 7, 11, pos, pos + 1]
+    got = lg.read_positions(wanted)
+    assert got == {0: -errno.EIDRM, 1: -errno.EIDRM, 2: b"e2", 5: b"e5", 6: -errno.ENOMSG, 7: -errno.ENOMSG,
+                   11: b"e11", pos: -errno.ENODATA, pos + 1: -errno.ENODATA}
+    st = lg.state
+    where = place_of(st.name, st.meta.views, 5)
+    for entries in ([(8, b""), (5, b"")],  # not ascending
+                    [(5, b"x")],           # data with a position
+                    [(6, b"")]):           # a position of another object
+        code, _ = st.conn.call_raw(st.data, where.oid, Op.READ_SET, epoch=st.meta.epoch, entries=entries,
+                                   format=where.format)
+        assert code == -errno.EINVAL, entries
+    code, window = st.conn.call_raw(st.data, where.oid, Op.READ_SET, epoch=st.meta.epoch,
+                                    entries=[(2, b""), (5, b""), (8, b"")], format=where.format)
+    assert code == 0 and [e.position for e in window.entries()] == [2, 5, 8]

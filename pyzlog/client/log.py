@@ -231,7 +231,7 @@ class Log:
         the sequencer does not answer stream requests."""
         from .streams import append_streams
 
-        return append_streams(self, streams, entries, build)
+        return append_streams(self.state, self.positions, streams, entries, build)
 
     def stream_tail(self, streams: builtins.list[int]) -> tuple[int, int, Any] | None:
         """(tail, K, [(stream, horizon, backpointers newest first)]) as the
@@ -243,7 +243,7 @@ class Log:
         {position: bytes, or the negative code of a position not readable}."""
         from .streams import read_positions
 
-        return read_positions(self, positions)
+        return read_positions(self.state, positions)
 
     # ----------------------------------------------------------------- async
     def append_async(self, data: bytes) -> Future[int]:

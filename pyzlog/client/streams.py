@@ -14,16 +14,18 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]
 from ..core.errors import ZlogError
 from ..core.layout import place_of, stripe_of, view_of
+from ..core.native import Op
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, _write, judge, stored_form, write_error
 from .stale import StaleWait
 
 if TYPE_CHECKING:
-    from .log import Log
+    from ..core.state import LogState
+    from .positions import Positions
 
 FIRST_LEVEL = _seqr.STREAM_FIRST_LEVEL
 
@@ -75,13 +77,13 @@ def entry_backpointers(first: int, index: int, k: int, answer: list) -> Backpoin
     return out
 
 
-def append_streams(log: Log, streams: list[int], entries: Sequence[bytes], build: Build) -> list[int]:
+def append_streams(state: LogState, positions: Positions, streams: list[int], entries: Sequence[bytes],
+                   build: Build) -> list[int]:
     """Append `entries`, each of which belongs to every stream in `streams`,
     storing build(entry, position, K, backpointers) at each position. Returns
     the positions (increasing in entry order unless a write was refused, when
     that entry is stored again at a new position with new backpointers).
     StreamsUnsupported if the sequencer does not answer stream requests."""
-    state, positions = log.state, log.positions
     todo = list(range(len(entries)))
     placed = [-1] * len(entries)
     deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
@@ -109,11 +111,16 @@ def append_streams(log: Log, streams: list[int], entries: Sequence[bytes], build
     return placed
 
 
-def read_positions(log: Log, positions: Sequence[int]) -> dict[int, bytes | int]:
+#: positions per read_set call (the class takes up to ZLOG_MAX_BATCH_ENTRIES)
+SET_CHUNK = 512
+_GAP_CODES = {"filled": -errno.ENOMSG, "lost": -errno.ENOMSG, "trimmed": -errno.EIDRM}
+
+
+def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes | int]:
     """Each position's entry (decoded bytes) or the class's negative code
-    (-ENODATA: not written, -ENOMSG: filled, -EIDRM: trimmed, ...): one read
-    op per data object for all of its positions."""
-    state = log.state
+    (-ENODATA: not written, -ENOMSG: filled, -EIDRM: trimmed, ...): one
+    read_set call per data object for all of its positions (one read op of a
+    call per position on a class too old for read_set)."""
     out: dict[int, bytes | int] = {}
     todo = list(positions)
     for _attempt in range(5):
@@ -129,22 +136,81 @@ def read_positions(log: Log, positions: Sequence[int]) -> dict[int, bytes | int]
                 by_key[key] = [p]
             else:
                 got_list.append(p)
+        groups = [(place_of(state.name, views, ps[0]), sorted(ps)) for ps in by_key.values()]
+        fallback: list[tuple[Any, list[int]]] = []
         with state.conn._waiter() as q:
-            for ps in by_key.values():
-                where = place_of(state.name, views, ps[0])
-                q.read_many(state.data, where.oid, meta.epoch, ps, ps, where.format)
-            got = 0
-            while got < len(todo):
-                results = q.wait(30.0)
-                if not results:
-                    raise ZlogError(f"reads of {len(todo) - got} positions of {state.name!r} got no answer")
-                for tag, code, value in results:
-                    got += 1
-                    if code == -errno.ENOENT:
-                        code = -errno.EIDRM if tag < meta.trim_below else -errno.ENODATA
-                    out[tag] = code if code else state.decode(value)
+            if state.read_set:
+                asked: dict[int, tuple[Any, list[int]]] = {}
+                for where, ps in groups:
+                    for i in range(0, len(ps), SET_CHUNK):
+                        chunk = ps[i:i + SET_CHUNK]
+                        asked[len(asked)] = (where, chunk)
+                        q.submit(state.data, where.oid, Op.READ_SET, len(asked) - 1, epoch=meta.epoch,
+                                 entries=[(p, b"") for p in chunk], format=where.format)
+                left = len(asked)
+                while left:
+                    results = q.wait(30.0)
+                    if not results:
+                        raise ZlogError(f"reads of {state.name!r} got no answer")
+                    for tag, code, value in results:
+                        left -= 1
+                        where, chunk = asked[tag]
+                        if code == 0:
+                            _from_window(state, value, chunk, out)
+                        elif code == -errno.ENOENT:  # the object was never made
+                            for p in chunk:
+                                out[p] = -errno.EIDRM if p < meta.trim_below else -errno.ENODATA
+                        elif code == -errno.ESTALE:
+                            for p in chunk:
+                                out[p] = code
+                        else:  # a class without read_set (EOPNOTSUPP), or a reply too large: one by one
+                            if code in (-errno.EOPNOTSUPP, -errno.EPROTONOSUPPORT):
+                                state.read_set = False
+                            fallback.append((where, chunk))
+            else:
+                fallback = groups
+            if fallback:
+                for where, ps in fallback:
+                    q.read_many(state.data, where.oid, meta.epoch, ps, ps, where.format)
+                got = 0
+                total = sum(len(ps) for _, ps in fallback)
+                while got < total:
+                    results = q.wait(30.0)
+                    if not results:
+                        raise ZlogError(f"reads of {total - got} positions of {state.name!r} got no answer")
+                    for tag, code, value in results:
+                        got += 1
+                        if code == -errno.ENOENT:
+                            code = -errno.EIDRM if tag < meta.trim_below else -errno.ENODATA
+                        out[tag] = code if code else state.decode(value)
         todo = [p for p in todo if out.get(p) == -errno.ESTALE]
         if not todo:
             return out
         StaleWait(state, "read")(meta.epoch)
     return out
+
+
+def _from_window(state: Any, window: Any, chunk: list[int], out: dict[int, bytes | int]) -> None:
+    """What a read_set reply says of each position of `chunk`."""
+    listed: set[int] = set()
+    if window.count:
+        batch = window.record_batch()
+        ps = batch.column(0).to_pylist()
+        datas = batch.column(1).to_pylist()
+        kinds = None
+        if batch.column(1).null_count:
+            col = batch.column(2)
+            names = col.dictionary.to_pylist()
+            kinds = [names[i] for i in col.indices.to_pylist()]
+        plain = state.plain
+        for i, p in enumerate(ps):
+            d = datas[i]
+            if d is None:
+                out[p] = _GAP_CODES.get(kinds[i] if kinds else "", -errno.ENOMSG)
+            else:
+                out[p] = d if plain else state.decode(d)
+            listed.add(p)
+    trim = window.trim_below
+    for p in chunk:
+        if p not in listed:
+            out[p] = -errno.EIDRM if p < trim else -errno.ENODATA

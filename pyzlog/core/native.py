@@ -73,6 +73,7 @@ class Op(IntEnum):
     INIT = lib.ZLOG_OP_INIT
     META_OPEN_STRIPE = lib.ZLOG_OP_META_OPEN_STRIPE
     META_TRIM = lib.ZLOG_OP_META_TRIM
+    READ_SET = lib.ZLOG_OP_READ_SET
 
 
 #: the fields call_pos takes (a READ_RANGE has more, so no window comes back there)
@@ -195,7 +196,7 @@ def decode_reply(op: Op | int, raw: bytes, protocol: int = wire.PROTOCOL, first:
         has, top = ffi.new("uint8_t *"), ffi.new("uint64_t *")
         ret = lib.dp_decode_max(raw, len(raw), protocol, has, top)
         value = None if ret < 0 else (int(top[0]) if has[0] else None)
-    elif op == Op.READ_RANGE:
+    elif op == Op.READ_RANGE or op == Op.READ_SET:
         from .scan import RangeWindow
 
         try:
@@ -223,7 +224,7 @@ def _value(r: Any) -> Any:
     op = r.op
     if op == Op.READ or op == Op.META_GET or op == RAW or op == Op.VERSION:
         return ffi.unpack(r.data, r.len) if r.data != ffi.NULL else b""
-    if op == Op.READ_RANGE:
+    if op == Op.READ_RANGE or op == Op.READ_SET:
         from .scan import RangeWindow
 
         return RangeWindow(r.window)
@@ -584,7 +585,7 @@ class Connection:
                 if code:
                     return code, None
                 value = _value(r)
-                if op == Op.READ_RANGE:
+                if op == Op.READ_RANGE or op == Op.READ_SET:
                     r.window = ffi.NULL  # the RangeWindow owns it now
                 return 0, value
             finally:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, parse_backpointers
 
 if TYPE_CHECKING:
-    from ..client.log import Log
+    from pyzlog import Log
 
 
 @dataclass
