@@ -240,3 +240,21 @@ def test_read_positions_in_one_call_per_object(logs: Logs) -> None:
     code, window = st.conn.call_raw(st.data, where.oid, Op.READ_SET, epoch=st.meta.epoch,
                                     entries=[(2, b""), (5, b""), (8, b"")], format=where.format)
     assert code == 0 and [e.position for e in window.entries()] == [2, 5, 8]
+
+
+def test_a_bad_entry_in_a_batch_fails_alone_with_streams(logs: Logs) -> None:
+    """An entry too large is refused before any position is taken: the
+    others of its batch are appended, and no position is left a hole."""
+    import pyzlog
+
+    rt = logs.runtime(streams=True)
+    m = rt.map("m")
+    futures = [m.put_async(f"k{i}", b"v") for i in range(20)]
+    big = m.put_async("big", b"x" * (2 << 20))
+    futures += [m.put_async(f"j{i}", b"v") for i in range(20)]
+    assert [f.result(60) for f in futures] == [None] * 40
+    with pytest.raises(pyzlog.EntryTooLarge):
+        big.result(60)
+    rt.sync()
+    assert logs.log.tail() <= 41  # 40 puts (and at most a RETIRE): nothing taken and thrown away
+    assert len(m) == 40

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]
-from ..core.errors import ZlogError
+from ..core import wire
+from ..core.errors import EntryTooLarge, ZlogError
 from ..core.layout import place_of, stripe_of, view_of
 from ..core.native import Op
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, _write, judge, stored_form, write_error
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 FIRST_LEVEL = _seqr.STREAM_FIRST_LEVEL
 
+#: the most bytes a stream's backpointer section may take in an entry (and its head)
+_SECTION_MAX = 2 + 19 + 8 * (16 + 64)
 #: (stream, horizon, recent backpointers newest first, skip pointers newest
 #: first), one per stream of an entry
 Backpointers = list[tuple[int, int, list[int], list[int]]]
@@ -84,6 +87,10 @@ def append_streams(state: LogState, positions: Positions, streams: list[int], en
     the positions (increasing in entry order unless a write was refused, when
     that entry is stored again at a new position with new backpointers).
     StreamsUnsupported if the sequencer does not answer stream requests."""
+    for e in entries:  # refused before any position is taken (a taken one would be left a hole)
+        if len(e) + _SECTION_MAX * len(streams) > wire.MAX_ENTRY_BYTES:
+            raise EntryTooLarge(f"entry of {len(e)} bytes with the backpointers of {len(streams)} stream(s) is over "
+                                f"the limit of {wire.MAX_ENTRY_BYTES}")
     todo = list(range(len(entries)))
     placed = [-1] * len(entries)
     deadline = time.monotonic() + APPEND_DEADLINE_SECONDS

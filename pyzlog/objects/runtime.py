@@ -393,10 +393,16 @@ class Runtime:
 
     def _submit(self, p: _Pending) -> None:
         p.attempts += 1
-        if self.streams:  # the senders append it, with backpointers
-            self._queue.append(p)
-            with self._send_cv:
-                self._send_cv.notify()
+        if self.streams:  # appended here, alone, with its backpointers
+            with self._cv:
+                self._in_flight += 1
+            try:
+                pos, stored = self._store([p])[0]
+            except BaseException as e:  # noqa: BLE001 - judged like a failed append
+                self._landed(None)
+                self._append_failed(p, e)
+                return
+            self._landed(pos, stored)
             return
         with self._cv:
             self._in_flight += 1
