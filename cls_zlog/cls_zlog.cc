@@ -383,9 +383,6 @@ int do_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out, in
   return 0;
 }
 
-// read_set: asked positions at most this many slots apart are listed together
-constexpr uint64_t kReadSetGap = 32;
-
 // read_set (protocol 2 only): epoch, n x (position, empty data) -> the range
 // reply of ops.h (next = 0) listing each asked position that is written,
 // filled or trimmed, in position order; a position not listed is unwritten.
@@ -422,57 +419,14 @@ int do_read_set(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int 
       e.state = ZLOG_TRIMMED;
       got.entries.emplace_back(positions[i], e);
     }
-    // Runs of positions close together are listed as read_range lists them
-    // (their slots and data in a few reads, not two per position), keeping
-    // the positions asked; a position far from the others is looked up alone.
-    const uint64_t gap = kReadSetGap * (st->format() == ZLOG_FORMAT_DATA ? st->h.width : 1);
-    while (i < n) {
-      size_t j = i + 1;
-      while (j < n && positions[j] - positions[j - 1] <= gap) ++j;
-      if (j == i + 1) {
-        Entry e;
-        bufferlist data;
-        if ((r = get_entry(st.get(), positions[i], &e, &data)) < 0) return r;
-        if (e.state) {
-          if (e.state != ZLOG_WRITTEN) {  // a lost fill's data is its one mark byte, as read_range lists it
-            data.clear();
-            e.len = 0;
-            if (e.state == ZLOG_FILLED && e.lost) {
-              const char mark = static_cast<char>(ZLOG_FILL_LOST);
-              data.append(&mark, 1);
-              e.len = 1;
-            }
-          }
-          if (got.data.length() + e.len > ZLOG_MAX_RANGE_BYTES) return -EFBIG;
-          got.entries.emplace_back(positions[i], e);
-          got.data.claim_append(data);
-        }
-        i = j;
-        continue;
-      }
-      while (i < j) {
-        Listed part;
-        if ((r = st->list(positions[i], positions[j - 1], ZLOG_MAX_RANGE_ENTRIES, ZLOG_MAX_RANGE_BYTES, &part)) < 0)
-          return r;
-        unsigned off = 0;
-        for (auto& [pos, e] : part.entries) {
-          while (i < j && positions[i] < pos) ++i;  // not listed: unwritten
-          if (i < j && positions[i] == pos) {
-            if (got.data.length() + e.len > ZLOG_MAX_RANGE_BYTES) return -EFBIG;
-            if (e.len) {
-              bufferlist one;
-              one.substr_of(part.data, off, e.len);
-              got.data.claim_append(one);
-            }
-            got.entries.emplace_back(pos, e);
-            ++i;
-          }
-          off += e.len;
-        }
-        while (i < j && positions[i] < part.next) ++i;
-        if (part.next <= positions[j - 1] && part.entries.empty()) return -EIO;  // no progress: never expected
-      }
-    }
+    // the rest: slots of positions close together in one read, the entries'
+    // bytes in one read per run of them lying back to back (DataStore)
+    std::vector<uint64_t> rest(positions.begin() + i, positions.end());
+    Listed part;
+    if ((r = st->get_many(rest, &part)) < 0) return r;
+    if (got.data.length() + part.data.length() > ZLOG_MAX_RANGE_BYTES) return -EFBIG;
+    for (auto& pe : part.entries) got.entries.push_back(pe);
+    got.data.claim_append(part.data);
   }
   const Header& h = st->h;
   zlog_range_head head{h.trim_below, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, 0,

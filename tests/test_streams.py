@@ -258,3 +258,21 @@ def test_a_bad_entry_in_a_batch_fails_alone_with_streams(logs: Logs) -> None:
     rt.sync()
     assert logs.log.tail() <= 41  # 40 puts (and at most a RETIRE): nothing taken and thrown away
     assert len(m) == 40
+
+
+@pytest.mark.parametrize("fmt,compression", [("omap", "none"), ("data", "zstd")])
+def test_read_positions_other_formats(rados_cluster, ceph, log_name, seqr, fmt: str, compression: str) -> None:  # type: ignore[no-untyped-def]
+    import errno
+
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address, format=fmt,
+                    compression=compression)
+    try:
+        for i in range(10):
+            lg.append(b"v%d" % i * 50)
+        hole = lg.take_positions(1)
+        lg.fill_lost(hole)
+        got = lg.read_positions([1, 4, 5, 9, hole, hole + 1])
+        assert got == {1: b"v1" * 50, 4: b"v4" * 50, 5: b"v5" * 50, 9: b"v9" * 50, hole: -errno.ENOMSG,
+                       hole + 1: -errno.ENODATA}
+    finally:
+        lg.close()

@@ -153,7 +153,7 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
                         chunk = ps[i:i + SET_CHUNK]
                         asked[len(asked)] = (where, chunk)
                         q.submit(state.data, where.oid, Op.READ_SET, len(asked) - 1, epoch=meta.epoch,
-                                 entries=[(p, b"") for p in chunk], format=where.format)
+                                 positions=chunk, format=where.format)
                 left = len(asked)
                 while left:
                     results = q.wait(30.0)
