@@ -404,7 +404,8 @@ PYBIND11_MODULE(_seqr, m) {
           },
           py::arg("pool"), py::arg("log"), py::arg("epoch"), py::arg("count"), py::arg("streams"),
           "STREAM_NEXT (count >= 1) or STREAM_TAIL (count 0): (status, epoch, position, count, K, "
-          "[(stream, horizon, [positions, newest first])]) (docs/seqr-protocol.md, \"Streams\").")
+          "[(stream, horizon, [positions, newest first], ordinal, [(level, position)])]) "
+          "(docs/seqr-protocol.md, \"Streams\").")
       .def(
           "send_next",
           [](Client& c, const std::string& pool, const std::string& log, uint64_t epoch,
