@@ -383,6 +383,69 @@ int do_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out, in
   return 0;
 }
 
+// read_set (protocol 2 only): epoch, n x (position, empty data) -> the range
+// reply of ops.h (next = 0) listing each asked position that is written,
+// filled or trimmed, in position order; a position not listed is unwritten.
+// One call for any positions of this object (a stream's, found by its
+// backpointers): the header is loaded once, not once per position.
+// Positions not strictly ascending, one this object does not hold, or data
+// with a position is EINVAL; a reply over ZLOG_MAX_RANGE_BYTES is EFBIG (ask for fewer).
+int do_read_set(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int proto) {
+  zlog_req q;
+  zw_reader rd;
+  int r = decode(in, ZLOG_OP_READ_SET, proto, &q, &rd);
+  if (r < 0) return r;
+  if (proto != ZLOG_PROTO_CURRENT) return -EINVAL;
+  std::vector<uint64_t> positions;
+  positions.reserve(q.count);
+  for (uint32_t i = 0; i < q.count; i++) {
+    uint64_t pos;
+    const char* data;
+    uint32_t len;
+    zlog_req_next_entry(&rd, &pos, &data, &len);
+    if (pos > ZLOG_MAX_POSITION || len != 0 || (i && pos <= positions.back())) return -EINVAL;
+    positions.push_back(pos);
+  }
+  auto st = store_for(hctx, q.format);
+  if ((r = load_at(st.get(), q.epoch, false, false)) < 0) return r;
+  Listed got;
+  const size_t n = positions.size();
+  if (st->exists) {
+    for (uint64_t pos : positions)
+      if (!st->holds(pos)) return -EINVAL;
+    size_t i = 0;
+    for (; i < n && positions[i] < st->h.trim_below; ++i) {  // below the watermark: trimmed
+      Entry e;
+      e.state = ZLOG_TRIMMED;
+      got.entries.emplace_back(positions[i], e);
+    }
+    // the rest: slots of positions close together in one read, the entries'
+    // bytes in one read per run of them lying back to back (DataStore)
+    std::vector<uint64_t> rest(positions.begin() + i, positions.end());
+    Listed part;
+    if ((r = st->get_many(rest, &part)) < 0) return r;
+    if (got.data.length() + part.data.length() > ZLOG_MAX_RANGE_BYTES) return -EFBIG;
+    for (auto& pe : part.entries) got.entries.push_back(pe);
+    got.data.claim_append(part.data);
+  }
+  const Header& h = st->h;
+  zlog_range_head head{h.trim_below, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, 0,
+                       static_cast<uint32_t>(got.entries.size())};
+  Reply rep;
+  zw_u8(&rep.w, ZLOG_STRUCT_V);
+  zw_u8(&rep.w, ZLOG_COMPAT_V);
+  zw_u32(&rep.w, static_cast<uint32_t>(ZLOG_RANGE_HEAD_BYTES + got.entries.size() * ZLOG_RANGE_REC2_BYTES +
+                                       got.data.length()));
+  zlog_range_head_encode(&rep.w, &head);
+  for (auto& [pos, e] : got.entries) {
+    zlog_range_entry rec{pos, e.epoch, e.len, e.state, 0};
+    zlog_range_rec_encode(&rep.w, &rec);
+  }
+  if ((r = rep.to(out)) < 0) return r;
+  out->claim_append(got.data);
+  return 0;
+}
+
 // stat: (nothing) -> zlog_stat. No epoch check: it only reports, and tools
 // need it to pick a new epoch.
 int do_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int proto) {
@@ -699,4 +762,5 @@ void __cls_init() {
   register_op<do_meta_open_stripe>(h, ZLOG_OP_META_OPEN_STRIPE);
   register_op<do_meta_trim>(h, ZLOG_OP_META_TRIM);
   register_op<do_repair>(h, ZLOG_OP_REPAIR);
+  register_op<do_read_set>(h, ZLOG_OP_READ_SET);
 }

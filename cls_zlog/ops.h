@@ -106,6 +106,7 @@ typedef enum {
   ZLOG_OP_META_OPEN_STRIPE, /* protocol 2 only: the newest view's objects go one stripe further */
   ZLOG_OP_META_TRIM,        /* protocol 2 only: raise the log's trim point */
   ZLOG_OP_REPAIR,           /* protocol 2 only: rebuild a lost header from the entries (an operator's) */
+  ZLOG_OP_READ_SET,         /* protocol 2 only: any positions of one object (streams) */
   ZLOG_OP_COUNT
 } zlog_op;
 
@@ -122,8 +123,9 @@ static const char *const zlog_op_name[ZLOG_OP_COUNT][2] = {
     {"meta_propose_view", "meta_propose_view2"}, {NULL, "version2"},
     {NULL, "init2"},             {NULL, "meta_open_stripe2"},
     {NULL, "meta_trim2"},        {NULL, "repair2"},
+    {NULL, "read_set2"},
 };
-static const uint8_t zlog_op_writes[ZLOG_OP_COUNT] = {1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1, 1};
+static const uint8_t zlog_op_writes[ZLOG_OP_COUNT] = {1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1, 1, 0};
 
 static inline const char *zlog_method(zlog_op op, int proto) {
   return (unsigned)op < ZLOG_OP_COUNT && (proto == 1 || proto == 2) ? zlog_op_name[op][proto - 1] : NULL;
@@ -191,6 +193,8 @@ static const uint8_t zlog_req_fields[ZLOG_OP_COUNT][6] = {
      * ZLOG_REPAIR_HAS_END), the trim point, the data format's first
      * position (in `last`) and width */
     /* repair */ {ZF_EPOCH, ZF_POSITION, ZF_REASON, ZF_START, ZF_LAST, ZF_WIDTH},
+    /* read_set: write_many's entries, each with no data (only the positions count) */
+    /* read_set */ {ZF_EPOCH, ZF_ENTRIES},
 };
 
 /* The fields struct_v 2 appended to each op (protocol 2 only); a request of
@@ -204,6 +208,7 @@ static const uint8_t zlog_req_fields_v2[ZLOG_OP_COUNT][5] = {
     /* meta_propose_view */ {ZF_FORMAT, ZF_SLOTS, ZF_BYTE_BOUND, ZF_EXPECTED_STRIPES},
     /* version, init, meta_open_stripe, meta_trim */ {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END},
     /* repair: the object's format and (data format) its geometry */ {ZF_FORMAT, ZF_SLOTS, ZF_BYTE_BOUND},
+    /* read_set */ {ZF_FORMAT},
 };
 #define ZLOG_REPAIR_HAS_END 1 /* repair's reason: the object's view has ended at `position` */
 

@@ -433,6 +433,86 @@ int DataStore::read_slots(uint64_t first, uint64_t n, std::string* out) {
   return 0;
 }
 
+int Store::get_many(const std::vector<uint64_t>& positions, Listed* out) {
+  for (uint64_t pos : positions) {
+    Entry e;
+    bufferlist data;
+    int r = get(pos, &e, &data);
+    if (r < 0) return r;
+    if (!e.state) continue;
+    if (e.state != ZLOG_WRITTEN) {  // a lost fill's data is its one mark byte
+      data.clear();
+      e.len = 0;
+      if (e.state == ZLOG_FILLED && e.lost) {
+        const char mark = static_cast<char>(ZLOG_FILL_LOST);
+        data.append(&mark, 1);
+        e.len = 1;
+      }
+    }
+    out->entries.emplace_back(pos, e);
+    out->data.claim_append(data);
+  }
+  return 0;
+}
+
+// The slots of positions close together are read in one read; then the
+// entries' bytes, one read per run of them lying back to back.
+int DataStore::get_many(const std::vector<uint64_t>& positions, Listed* out) {
+  constexpr uint64_t kGap = 64;  // slots: positions further apart read their slots apart
+  const char lost_mark = static_cast<char>(ZLOG_FILL_LOST);
+  std::vector<std::pair<uint64_t, uint32_t>> extents;  // (offset, len); UINT64_MAX: a lost mark
+  size_t i = 0;
+  const size_t n = positions.size();
+  while (i < n) {
+    size_t j = i + 1;
+    while (j < n && slot_of(positions[j]) - slot_of(positions[j - 1]) <= kGap &&
+           slot_of(positions[j]) - slot_of(positions[i]) < 4096)
+      ++j;
+    const uint64_t first = slot_of(positions[i]);
+    std::string raw;
+    int r = read_slots(first, slot_of(positions[j - 1]) - first + 1, &raw);
+    if (r < 0) return r;
+    for (; i < j; ++i) {
+      Entry e = decode_slot(&raw[(slot_of(positions[i]) - first) * kSlotBytes]);
+      if (!e.state) {
+        if (!full()) continue;
+        e.state = ZLOG_FILLED;
+      }
+      const bool lost = e.state == ZLOG_FILLED && e.lost;
+      const uint32_t len = e.state == ZLOG_WRITTEN ? e.len : (lost ? 1 : 0);
+      if (len) extents.emplace_back(lost ? UINT64_MAX : e.offset, len);
+      e.len = len;
+      out->entries.emplace_back(positions[i], e);
+    }
+  }
+  size_t k = 0;
+  while (k < extents.size()) {
+    if (extents[k].first == UINT64_MAX) {
+      out->data.append(&lost_mark, 1);
+      ++k;
+      continue;
+    }
+    size_t m = k + 1;  // a run of extents back to back
+    uint64_t end = extents[k].first + extents[k].second;
+    while (m < extents.size() && extents[m].first == end) end += extents[m++].second;
+    if (end > h.data_end) {
+      cls_log(0, "zlog: an entry runs past the object's data: corrupt");
+      return -ZLOG_ERR_CORRUPT;
+    }
+    bufferlist bl;
+    const uint64_t len = end - extents[k].first;
+    int r = cls_cxx_read(hctx_, static_cast<int>(extents[k].first), static_cast<int>(len), &bl);
+    if (r < 0) return r;
+    if (bl.length() != len) {
+      cls_log(0, "zlog: an entry runs past the object's data: corrupt");
+      return -ZLOG_ERR_CORRUPT;
+    }
+    out->data.claim_append(bl);
+    k = m;
+  }
+  return 0;
+}
+
 int DataStore::get(uint64_t pos, Entry* e, bufferlist* data) {
   *e = Entry{};
   std::string raw;

@@ -92,6 +92,10 @@ class Store {
   // Entries in [first, last], up to max_entries and max_bytes of data (at
   // least one entry when one exists).
   virtual int list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) = 0;
+  // The entries at `positions` (ascending, held, not below the trim
+  // watermark) that are written or filled, as list() lists them (a lost
+  // fill's data is its mark byte); unwritten ones are left out.
+  virtual int get_many(const std::vector<uint64_t>& positions, Listed* out);
   // Whether `pos` belongs to this object (the data format knows its slots).
   virtual bool holds(uint64_t pos) const { return true; }
   // Whether the object takes no more entries (the data format's byte bound
@@ -141,6 +145,7 @@ class DataStore : public Store {
   int put(const std::vector<NewEntry>& entries) override;
   int drop_trimmed() override;
   int list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) override;
+  int get_many(const std::vector<uint64_t>& positions, Listed* out) override;
   bool holds(uint64_t pos) const override;
   bool full() const override;
   uint8_t format() const override { return ZLOG_FORMAT_DATA; }

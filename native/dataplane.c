@@ -431,6 +431,7 @@ static void decode_slot(dp_slot *s) {
   int r = 0;
   switch (s->op) {
     case ZLOG_OP_READ_RANGE:
+    case ZLOG_OP_READ_SET:
       s->window = parse_window(s->out, s->out_len, s->first, s->proto, 1);
       if (s->window)
         s->out = NULL; /* the window owns it now */

@@ -557,6 +557,85 @@ Response Client::tail(const std::string& pool, const std::string& log, uint64_t 
   return wait_for(rid);
 }
 
+StreamResponse Client::streams(const std::string& pool, const std::string& log, uint64_t epoch,
+                               uint32_t count, const std::vector<uint64_t>& ids) {
+  if (ids.empty() || ids.size() > kMaxStreamsPerRequest)
+    throw std::invalid_argument("a stream request names 1.." + std::to_string(kMaxStreamsPerRequest) +
+                                " streams");
+  std::lock_guard<std::mutex> lk(mu_);
+  check_open();
+  out_.clear();
+  const uint64_t rid = next_rid_++;
+  const size_t at = out_.size();
+  encode(out_, count ? OP_STREAM_NEXT : OP_STREAM_TAIL, rid, epoch, count, pool, log);
+  uint8_t* q = out_.extend(2 + 8 * ids.size());
+  put_u16(q, static_cast<uint16_t>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) put_u64(q + 2 + 8 * i, ids[i]);
+  put_u32(out_.data() + at, static_cast<uint32_t>(out_.size() - at - 4));
+  send_all(out_.data(), out_.size(), deadline());
+  const auto dl = deadline();
+  for (;;) {
+    const uint8_t* p;
+    uint32_t len;
+    read_frame(p, len, 1u << 20, dl);
+    StreamResponse r = parse_stream_response(p, len, ids.size());
+    if (r.response.request_id == rid) {
+      for (size_t i = 0; i < r.streams.size(); ++i)
+        if (r.streams[i].stream != ids[i])
+          throw ConnectionError(ConnectionError::GENERIC,
+                                "protocol error: a stream answer for another stream from " + peer_);
+      return r;
+    }
+    if (r.response.request_id > rid)
+      throw ConnectionError(ConnectionError::GENERIC, "protocol error: unexpected request id in response");
+  }
+}
+
+StreamResponse Client::parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams) {
+  StreamResponse r;
+  auto bad = [&](const char* what) {
+    return ConnectionError(ConnectionError::GENERIC,
+                           std::string("protocol error: stream answer ") + what + " from " + peer_);
+  };
+  if (len < kRespPayload) throw bad("too short");
+  r.response = parse_response(p, kRespPayload);
+  if (len == kRespPayload) {
+    if (r.response.status == ST_OK) throw bad("without its stream section");
+    return r;  // a refusal: no stream section
+  }
+  size_t off = kRespPayload;
+  if (len < off + kStreamFixed) throw bad("too short");
+  if (p[off] != kStreamVersion) throw bad("of an unknown version");
+  r.max_backpointers = p[off + 1];
+  const uint32_t n = get_u16(p + off + 2);
+  if (n != nstreams) throw bad("for another number of streams");
+  off += kStreamFixed;
+  r.streams.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (len < off + kStreamPerStream) throw bad("truncated");
+    StreamBackpointers& b = r.streams[i];
+    b.stream = get_u64(p + off);
+    b.horizon = get_u64(p + off + 8);
+    b.ordinal = get_u64(p + off + 16);
+    const uint32_t k = p[off + 24];
+    const uint32_t m = p[off + 25];
+    off += kStreamPerStream;
+    if (k > r.max_backpointers || m > kStreamLevels ||
+        len < off + 8 * size_t(k) + kStreamLevelEntry * size_t(m))
+      throw bad("truncated");
+    b.positions.resize(k);
+    for (uint32_t j = 0; j < k; ++j) b.positions[j] = get_u64(p + off + 8 * j);
+    off += 8 * size_t(k);
+    b.levels.resize(m);
+    for (uint32_t j = 0; j < m; ++j) {
+      b.levels[j] = {p[off], get_u64(p + off + 1)};
+      off += kStreamLevelEntry;
+    }
+  }
+  if (off != len) throw bad("with trailing bytes");
+  return r;
+}
+
 PipelineResult Client::pipeline_next(const std::string& pool, const std::string& log,
                                      uint64_t epoch, uint32_t count_per_request,
                                      uint64_t total_requests, uint32_t depth, bool collect) {

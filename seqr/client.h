@@ -85,6 +85,21 @@ struct Response {
   uint32_t count;
 };
 
+// One stream's part of an answer to a stream request (docs/seqr-protocol.md, "Streams").
+struct StreamBackpointers {
+  uint64_t stream = 0;
+  uint64_t horizon = 0;             // the server knows the stream from here on
+  uint64_t ordinal = 0;             // the answer's position's ordinal in the stream
+  std::vector<uint64_t> positions;  // its last positions below the answer's, newest first
+  std::vector<std::pair<uint8_t, uint64_t>> levels;  // (level, position) skip pointers
+};
+
+struct StreamResponse {
+  Response response;
+  uint8_t max_backpointers = 0;  // K: a full list has this many
+  std::vector<StreamBackpointers> streams;  // in request order (empty unless OK)
+};
+
 struct PipelineResult {
   uint64_t requests = 0;
   uint64_t ok = 0, stale = 0, retry = 0, bad_request = 0, recovery_failed = 0, other = 0;
@@ -113,6 +128,9 @@ class Client {
   Response next(const std::string& pool, const std::string& log, uint64_t epoch,
                 uint32_t count = 1);
   Response tail(const std::string& pool, const std::string& log, uint64_t epoch);
+  // STREAM_NEXT (count >= 1) or, with count 0, STREAM_TAIL for `streams`.
+  StreamResponse streams(const std::string& pool, const std::string& log, uint64_t epoch,
+                         uint32_t count, const std::vector<uint64_t>& streams);
   uint64_t send_request(uint8_t op, const std::string& pool, const std::string& log,
                         uint64_t epoch, uint32_t count);
   Response recv();
@@ -155,6 +173,7 @@ class Client {
   void read_frame(const uint8_t*& payload, uint32_t& len, uint32_t max_len,
                   Clock::time_point dl);
   Response parse_response(const uint8_t* p, uint32_t len);
+  StreamResponse parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams);
   Response wait_for(uint64_t rid);
   [[noreturn]] void throw_errno(const char* what, int err);
 

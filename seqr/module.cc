@@ -61,6 +61,11 @@ PYBIND11_MODULE(_seqr, m) {
   m.doc() = "pyzlog sequencer: C++/Asio server, blocking client and echo baseline";
 
   m.attr("OK") = int(ST_OK);
+  m.attr("OP_STREAM_NEXT") = int(OP_STREAM_NEXT);
+  m.attr("OP_STREAM_TAIL") = int(OP_STREAM_TAIL);
+  m.attr("STREAM_BACKPOINTERS") = int(kStreamBackpointers);
+  m.attr("STREAM_FIRST_LEVEL") = int(kStreamFirstLevel);
+  m.attr("MAX_STREAMS_PER_REQUEST") = int(kMaxStreamsPerRequest);
   m.attr("STALE_EPOCH") = int(ST_STALE_EPOCH);
   m.attr("RETRY") = int(ST_RETRY);
   m.attr("BAD_REQUEST") = int(ST_BAD_REQUEST);
@@ -288,6 +293,8 @@ PYBIND11_MODULE(_seqr, m) {
                d["state"] = i.state;
                d["epoch"] = i.epoch;
                d["next"] = i.next;
+               d["streams"] = i.streams;
+               d["streams_from"] = i.streams_from;
                d["message"] = i.message;
                d["requests"] = i.requests;
                d["positions"] = i.positions;
@@ -379,6 +386,26 @@ PYBIND11_MODULE(_seqr, m) {
             return resp4(r);
           },
           py::arg("pool"), py::arg("log"), py::arg("epoch"))
+      .def(
+          "streams",
+          [](Client& c, const std::string& pool, const std::string& log, uint64_t epoch,
+             uint32_t count, const std::vector<uint64_t>& ids) {
+            StreamResponse r;
+            {
+              py::gil_scoped_release rel;
+              r = c.streams(pool, log, epoch, count, ids);
+            }
+            py::list streams;
+            for (const auto& b : r.streams)
+              streams.append(py::make_tuple(b.stream, b.horizon, py::cast(b.positions), b.ordinal,
+                                            py::cast(b.levels)));
+            return py::make_tuple(int(r.response.status), r.response.epoch, r.response.position,
+                                  r.response.count, int(r.max_backpointers), streams);
+          },
+          py::arg("pool"), py::arg("log"), py::arg("epoch"), py::arg("count"), py::arg("streams"),
+          "STREAM_NEXT (count >= 1) or STREAM_TAIL (count 0): (status, epoch, position, count, K, "
+          "[(stream, horizon, [positions, newest first], ordinal, [(level, position)])]) "
+          "(docs/seqr-protocol.md, \"Streams\").")
       .def(
           "send_next",
           [](Client& c, const std::string& pool, const std::string& log, uint64_t epoch,

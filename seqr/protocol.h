@@ -14,6 +14,10 @@ constexpr uint8_t kProtocolVersion = 2;
 enum Op : uint8_t {
   OP_NEXT = 1,
   OP_TAIL = 2,
+  // streams (docs/seqr-protocol.md, "Streams"): NEXT and TAIL that also name
+  // streams and are answered with each stream's backpointers
+  OP_STREAM_NEXT = 3,
+  OP_STREAM_TAIL = 4,
   // handshake frames, in the order they are sent
   OP_HELLO = 16,      // client: version, nonce, pool
   OP_CHALLENGE = 17,  // server: status, auth mode, key generation, nonce
@@ -62,6 +66,31 @@ constexpr uint32_t kReqMinPayload = kReqFixed + 2 + 2;  // both names empty
 // Response payload: u8 status, u64 request_id, u64 epoch, u64 position, u32 count
 constexpr uint32_t kRespPayload = 1 + 8 + 8 + 8 + 4;  // 29
 constexpr uint32_t kRespFrame = 4 + kRespPayload;      // 33
+
+// Stream requests: the request as above, then u16 nstreams (1..kMaxStreamsPerRequest),
+// nstreams x u64 stream id (distinct). An OK answer is the response above
+// followed by the stream section: u8 version (kStreamVersion), u8 K (the most
+// recent backpointers kept per stream), u16 nstreams, then per stream in
+// request order: u64 stream, u64 horizon, u64 ordinal, u8 n (<= K), u8 m,
+// n x u64 positions (newest first): the stream's last n positions below
+// `position` that this server handed out; then m x (u8 level, u64 position):
+// skip pointers, the position of the stream's newest entry below `position`
+// whose ordinal is a multiple of 2^level (level >= kStreamFirstLevel).
+// `ordinal` is the ordinal of `position` in the stream (how many positions
+// the server handed out for it before, since the horizon). The server knows
+// a stream only from `horizon` on: with n < K the stream has no other
+// position in [horizon, position); positions below horizon are unknown (a
+// reader scans for them). Other answers carry no stream section.
+constexpr uint8_t kStreamVersion = 1;
+constexpr uint32_t kMaxStreamsPerRequest = 64;
+constexpr uint32_t kStreamBackpointers = 16;  // K
+constexpr uint32_t kStreamFirstLevel = 4;     // 2^4 = 16 = K: lower levels are in the recent list
+constexpr uint32_t kStreamLevels = 28;        // levels 4..31
+constexpr uint32_t kStreamFixed = 1 + 1 + 2;  // version, K, nstreams
+constexpr uint32_t kStreamPerStream = 8 + 8 + 8 + 1 + 1;  // stream, horizon, ordinal, n, m
+constexpr uint32_t kStreamLevelEntry = 1 + 8;             // level, position
+// A log's server forgets every stream (horizon := next) rather than keep more than this.
+constexpr size_t kDefaultMaxStreams = 1u << 18;
 
 constexpr uint32_t kDefaultMaxFrame = 1024;
 constexpr uint32_t kDefaultMaxName = 255;

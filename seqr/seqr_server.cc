@@ -100,7 +100,8 @@ FrameResult Server::refuse_proof(SeqrSession& s, uint8_t reason, Refusal why, By
 
 FrameResult Server::on_hello(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out) {
   if (p[0] != OP_HELLO) {
-    if ((p[0] == OP_NEXT || p[0] == OP_TAIL) && len >= 9) {
+    if ((p[0] == OP_NEXT || p[0] == OP_TAIL || p[0] == OP_STREAM_NEXT || p[0] == OP_STREAM_TAIL) &&
+        len >= 9) {
       // a request with no handshake (a client of protocol 1, or a stranger):
       // answered in the request's own format so that it can tell why
       log_refusal(s, REFUSED_NO_HANDSHAKE, "a request before the handshake");
@@ -328,11 +329,31 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
   const char* pool = reinterpret_cast<const char*>(p + kReqFixed + 2);
   const uint32_t llen = get_u16(p + kReqFixed + 2 + plen);
   const char* log = pool + plen + 2;
-  const bool bad = (size_t(kReqMinPayload) + plen + llen != len) ||  // overrun / trailing bytes
-                   (op != OP_NEXT && op != OP_TAIL) || plen == 0 || llen == 0 ||
-                   plen > max_name_ || llen > max_name_ ||
-                   (op == OP_NEXT && (count == 0 || count > effective_max_count())) ||
-                   (op == OP_TAIL && count != 0);
+  const bool stream_op = op == OP_STREAM_NEXT || op == OP_STREAM_TAIL;
+  const bool next_op = op == OP_NEXT || op == OP_STREAM_NEXT;
+  // stream requests: u16 nstreams and the stream ids follow the log name
+  const size_t names_end = size_t(kReqMinPayload) + plen + llen;
+  uint32_t nstreams = 0;
+  const uint8_t* ids = nullptr;
+  if (stream_op && names_end + 2 <= len) {
+    nstreams = get_u16(p + names_end);
+    ids = p + names_end + 2;
+  }
+  bool bad = (stream_op ? names_end + 2 + size_t(8) * nstreams != len  // overrun / trailing bytes
+                        : names_end != len) ||
+             (op != OP_NEXT && op != OP_TAIL && !stream_op) || plen == 0 || llen == 0 ||
+             plen > max_name_ || llen > max_name_ ||
+             (next_op && (count == 0 || count > effective_max_count())) ||
+             (!next_op && count != 0) ||
+             (stream_op && (nstreams == 0 || nstreams > kMaxStreamsPerRequest));
+  if (!bad && stream_op) {  // each stream once
+    for (uint32_t i = 1; i < nstreams && !bad; ++i)
+      for (uint32_t j = 0; j < i; ++j)
+        if (std::memcmp(ids + 8 * i, ids + 8 * j, 8) == 0) {
+          bad = true;
+          break;
+        }
+  }
   if (bad) {
     ++local_.bad_requests;
     return respond(out, ST_BAD_REQUEST, rid, 0, 0, 0);
@@ -343,7 +364,7 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
     return respond(out, ST_NOT_AUTHORISED, rid, 0, 0, 0);
   }
   const uint32_t rate = max_rate_.load(std::memory_order_relaxed);
-  if (op == OP_NEXT && rate) {
+  if (next_op && rate) {
     if (batch_start_ > sess.refill_at) {  // once per batch of requests read together
       const double dt = std::chrono::duration<double>(batch_start_ - sess.refill_at).count();
       sess.tokens = std::min<double>(max_outstanding_.load(std::memory_order_relaxed),
@@ -376,7 +397,7 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
   switch (s.state) {
     case State::READY:
       if (epoch == s.epoch) {
-        if (op == OP_NEXT) {
+        if (next_op) {
           if (s.next > std::numeric_limits<uint64_t>::max() - count) {
             ++local_.bad_requests;
             return respond(out, ST_BAD_REQUEST, rid, s.epoch, 0, 0);
@@ -386,8 +407,13 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
           s.positions += count;
           local_.positions += count;
           if (rate) sess.tokens -= count;
-          return respond(out, ST_OK, rid, s.epoch, pos, count);
+          respond(out, ST_OK, rid, s.epoch, pos, count);
+          if (stream_op) stream_answer(s, ids, nstreams, pos, count, out);
+          return;
         }
+        respond(out, ST_OK, rid, s.epoch, s.next, 0);
+        if (stream_op) stream_answer(s, ids, nstreams, s.next, 0, out);
+        return;
         return respond(out, ST_OK, rid, s.epoch, s.next, 0);
       }
       if (epoch < s.epoch) {
@@ -416,6 +442,73 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
       ++local_.recovery_failed;
       return respond(out, ST_RECOVERY_FAILED, rid, s.epoch, 0, 0);
   }
+}
+
+// Called right after the OK answer's 33 bytes were appended to out: appends
+// the stream section and makes the frame's length cover it. Then records
+// [pos, pos + count) as each stream's newest positions.
+void Server::stream_answer(LogState& s, const uint8_t* ids, uint32_t nstreams, uint64_t pos,
+                           uint32_t count, ByteBuf& out) {
+  const size_t frame = out.size() - kRespFrame;
+  if (count && s.streams.size() + nstreams > kDefaultMaxStreams) {
+    // too many streams to remember: forget them all, never answer wrongly
+    s.streams.clear();
+    s.streams_from = pos;
+  }
+  uint8_t* h = out.extend(kStreamFixed);
+  h[0] = kStreamVersion;
+  h[1] = static_cast<uint8_t>(kStreamBackpointers);
+  put_u16(h + 2, static_cast<uint16_t>(nstreams));
+  for (uint32_t i = 0; i < nstreams; ++i) {
+    const uint64_t id = get_u64(ids + 8 * i);
+    StreamRing* ring = nullptr;
+    if (count) {
+      ring = &s.streams[id];
+    } else {
+      auto it = s.streams.find(id);
+      if (it != s.streams.end()) ring = &it->second;
+    }
+    const uint32_t n = ring ? ring->n : 0;
+    const uint64_t ord = ring ? ring->ordinal : 0;
+    // levels whose multiple exists below ord (ordinal 0 is a multiple of all)
+    // (levels above the first whose newest multiple is ordinal 0 repeat it: not sent)
+    uint32_t m = 0;
+    if (ord) {
+      while (m < kStreamLevels && (uint64_t(1) << (m + kStreamFirstLevel)) <= ord - 1) ++m;
+      if (m < kStreamLevels) ++m;
+    }
+    uint8_t* q = out.extend(kStreamPerStream + 8 * size_t(n) + kStreamLevelEntry * size_t(m));
+    put_u64(q, id);
+    put_u64(q + 8, s.streams_from);
+    put_u64(q + 16, ord);
+    q[24] = static_cast<uint8_t>(n);
+    q[25] = static_cast<uint8_t>(m);
+    q += kStreamPerStream;
+    for (uint32_t k = 0; k < n; ++k) {  // newest first
+      const uint32_t slot = (ring->head + kStreamBackpointers - 1 - k) % kStreamBackpointers;
+      put_u64(q + 8 * k, ring->pos[slot]);
+    }
+    q += 8 * size_t(n);
+    for (uint32_t l = 0; l < m; ++l) {
+      q[0] = static_cast<uint8_t>(l + kStreamFirstLevel);
+      put_u64(q + 1, ring->level[l]);
+      q += kStreamLevelEntry;
+    }
+    if (!count) continue;
+    for (uint32_t l = 0; l < kStreamLevels; ++l) {  // the newest multiple of 2^level in the batch
+      const uint64_t mult = ((ord + count - 1) >> (l + kStreamFirstLevel)) << (l + kStreamFirstLevel);
+      if (mult >= ord) ring->level[l] = pos + (mult - ord);
+    }
+    ring->ordinal += count;
+    // the batch's positions are the stream's newest; only the last K matter
+    const uint64_t first = count > kStreamBackpointers ? pos + count - kStreamBackpointers : pos;
+    for (uint64_t p = first; p < pos + count; ++p) {
+      ring->pos[ring->head] = p;
+      ring->head = static_cast<uint8_t>((ring->head + 1) % kStreamBackpointers);
+      if (ring->n < kStreamBackpointers) ++ring->n;
+    }
+  }
+  put_u32(out.data() + frame, static_cast<uint32_t>(out.size() - frame - 4));
 }
 
 void Server::on_batch_done() {
@@ -473,6 +566,12 @@ bool Server::install(const std::string& pool, const std::string& log, uint64_t e
     if (s.state == State::READY) {
       if (s.epoch > epoch) return;
       if (s.epoch == epoch && s.next > next_position) next_position = s.next;
+    }
+    if (s.state != State::READY || s.epoch != epoch) {
+      // positions below next_position were handed out by another sequencer
+      // (or before a recovery): which streams they belong to is unknown here
+      s.streams.clear();
+      s.streams_from = next_position;
     }
     s.state = State::READY;
     s.epoch = epoch;
@@ -580,7 +679,8 @@ std::vector<LogInfo> Server::logs() {
                        : s.state == State::FAILED ? "failed"
                                                   : "initialising";
       res.push_back(LogInfo{s.pool, s.log, st, s.epoch, s.next, s.message, s.requests,
-                            s.positions, s.stale, s.retries, s.recovery_failed});
+                            s.positions, s.stale, s.retries, s.recovery_failed,
+                            s.streams.size(), s.streams_from});
     }
   });
   return res;

@@ -31,6 +31,8 @@ struct LogInfo {
   std::string message;
   // answers to this log's clients since the server met it
   uint64_t requests, positions, stale, retries, recovery_failed;
+  // streams: how many are tracked, and from which position on they are known
+  uint64_t streams, streams_from;
 };
 
 // Time from a batch's bytes arriving to its answers being queued, per
@@ -146,6 +148,14 @@ class Server : public FrameServer {
 
  private:
   enum class State { INITIALISING, READY, FAILED };
+  // A stream's last positions (a ring of up to kStreamBackpointers), and per
+  // level the position of its newest ordinal that is a multiple of 2^level.
+  struct StreamRing {
+    uint64_t pos[kStreamBackpointers];
+    uint64_t level[kStreamLevels];
+    uint64_t ordinal = 0;  // positions handed out for the stream since the horizon
+    uint8_t n = 0, head = 0;  // head: where the next position goes
+  };
   struct LogState {
     std::string pool;
     std::string log;
@@ -155,6 +165,9 @@ class Server : public FrameServer {
     std::string message;
     std::chrono::steady_clock::time_point failed_at{};
     uint64_t requests = 0, positions = 0, stale = 0, retries = 0, recovery_failed = 0;
+    // streams known from this position on (the counter when the log last became READY)
+    uint64_t streams_from = 0;
+    std::unordered_map<uint64_t, StreamRing> streams;
   };
 
   struct PoolKeys {
@@ -168,6 +181,9 @@ class Server : public FrameServer {
   FrameResult on_hello(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out);
   FrameResult on_proof(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out);
   void handle_request(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out);
+  // the stream section of an OK answer to a stream request at `pos` (count positions)
+  void stream_answer(LogState& s, const uint8_t* ids, uint32_t nstreams, uint64_t pos,
+                     uint32_t count, ByteBuf& out);
   FrameResult refuse_hello(SeqrSession& s, uint8_t status, Refusal why, ByteBuf& out,
                            const char* detail);
   FrameResult refuse_proof(SeqrSession& s, uint8_t reason, Refusal why, ByteBuf& out);

@@ -229,7 +229,7 @@ def test_foreign_entries_are_skipped_and_newer_ones_stop_the_runtime(pair: Repli
     m["b"] = 2
     a.sync()
     assert a.stats.foreign == 2 and m.to_dict() == {"a": 1, "b": 2}
-    pair.log.append(entry.HEADER.pack(b"ZO", 2, 1, 0, 1, 1, 1, entry.stream_id("m")) + b"future")
+    pair.log.append(entry.HEADER.pack(b"ZO", entry.VERSION + 1, 1, 0, 1, 1, 1, entry.stream_id("m")) + b"future")
     with pytest.raises(RuntimeFailed) as e:
         a.sync()
     assert isinstance(e.value.__cause__, UnsupportedEntry)

@@ -159,7 +159,9 @@ def test_first_request_retry_then_install(server):
     assert logs == [
         {"pool": "pool", "log": "log", "state": "ready", "epoch": 3, "next": 54, "message": "",
          # per-log answers (the metrics' source): 3 RETRY, 3 OK with 12 positions
-         "requests": 6, "positions": 12, "stale": 0, "retries": 3, "recovery_failed": 0}
+         "requests": 6, "positions": 12, "stale": 0, "retries": 3, "recovery_failed": 0,
+         # streams (none asked for): known from the recovered counter on
+         "streams": 0, "streams_from": 42}
     ]
     st_ = server.stats()
     assert st_["positions"] == 12 and st_["retries"] == 3 and st_["recoveries_queued"] == 1

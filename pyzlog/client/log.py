@@ -8,7 +8,7 @@ from __future__ import annotations
 import builtins
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Self
 
@@ -218,6 +218,32 @@ class Log:
         pos = store(self.state, self.positions, [stored_form(self.state, data)], "append_slow", slow=True)[0]
         _SYNC_SECONDS.observe(time.monotonic() - t0)
         return pos
+
+    # --------------------------------------------------------------- streams
+    def append_streams(self, streams: builtins.list[int], entries: builtins.list[bytes],
+                       build: Callable[[bytes, int, int, Any], bytes]) -> builtins.list[int]:
+        """Append entries that belong to every stream of `streams` (64-bit
+        ids, at most 64), with one sequencer request for the lot: the
+        sequencer records their positions per stream and answers each
+        stream's previous positions, and build(entry, position, K,
+        [(stream, horizon, backpointers newest first)]) makes the bytes
+        stored at each position (client/streams.py). StreamsUnsupported if
+        the sequencer does not answer stream requests."""
+        from .streams import append_streams
+
+        return append_streams(self.state, self.positions, streams, entries, build)
+
+    def stream_tail(self, streams: builtins.list[int]) -> tuple[int, int, Any] | None:
+        """(tail, K, [(stream, horizon, backpointers newest first)]) as the
+        sequencer knows them now, or None when no sequencer answers."""
+        return self.positions.tail_streams(streams)
+
+    def read_positions(self, positions: builtins.list[int]) -> dict[int, bytes | int]:
+        """Entries at any set of positions, one read op per data object:
+        {position: bytes, or the negative code of a position not readable}."""
+        from .streams import read_positions
+
+        return read_positions(self.state, positions)
 
     # ----------------------------------------------------------------- async
     def append_async(self, data: bytes) -> Future[int]:

@@ -18,9 +18,10 @@ import logging
 import random
 import threading
 import time
+from typing import Any
 
 from . import metrics
-from ..core.errors import InvalidRequest, SequencerUnavailable, StaleEpoch, ZlogError
+from ..core.errors import InvalidRequest, SequencerUnavailable, StaleEpoch, StreamsUnsupported, ZlogError
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
 from ..core.sequencer import (BAD_REQUEST, OK, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
@@ -200,8 +201,55 @@ class Positions:
                 pass
         return next_position_hint(self.log)
 
-    def _from_sequencer(self, count: int) -> int | None:
-        """First of `count` new positions, or None to use slow tail finding."""
+    def take_streams(self, count: int, streams: list[int]) -> tuple[int, int, list[Any]]:
+        """First of `count` fresh positions that belong to `streams`, with
+        each stream's backpointers: (first, K, [(stream, horizon, positions
+        newest first, ordinal, [(level, position)])]) as the sequencer
+        answered (docs/seqr-protocol.md,
+        "Streams"). Without a sequencer the positions come from slow tail
+        finding with a new epoch (so that the next sequencer to serve the
+        log starts its streams above them), and no stream knows anything
+        below them: (first, 0, [(stream, first, [], 0, []) ...]). A sequencer that
+        does not know stream requests raises StreamsUnsupported."""
+        got = self._from_sequencer(count, streams)
+        if got is not None:
+            pos, k, bps = got
+            return int(pos), int(k), bps
+        _epoch, first = find_tail(self.log)
+        with self._slow_lock:
+            first = max(self._slow_next, first)
+            self._slow_next = first + count
+        metrics.SLOW_POSITIONS.inc(count)
+        return first, 0, [(s, first, [], 0, []) for s in streams]
+
+    def tail_streams(self, streams: list[int]) -> tuple[int, int, list[Any]] | None:
+        """(tail, K, [(stream, horizon, backpointers, ordinal, levels)]) from the sequencer,
+        or None when none answers (a reader then scans)."""
+        self.follow()
+        seqr = self.sequencer
+        if seqr is None or time.monotonic() < self._recheck_at:
+            return None
+        try:
+            for _ in range(1000):
+                status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, self.log.epoch, 0, streams)
+                if status == OK:
+                    return int(pos), int(k), bps
+                if status == STALE_EPOCH:
+                    self.log.refresh()
+                elif status == RETRY:
+                    time.sleep(0.01)
+                elif status == BAD_REQUEST:
+                    raise StreamsUnsupported(f"sequencer {seqr.address} does not answer stream requests "
+                                             f"(an older zlog-seqr)")
+                else:
+                    return None
+        except SequencerUnavailable:
+            return None
+        return None
+
+    def _from_sequencer(self, count: int, streams: list[int] | None = None) -> Any:
+        """First of `count` new positions, or None to use slow tail finding.
+        With `streams`: (first, K, backpointers) from a stream request."""
         self.follow()
         if self.sequencer is None or time.monotonic() < self._recheck_at:
             return None
@@ -213,7 +261,10 @@ class Positions:
             seqr = self.sequencer
             assert seqr is not None
             try:
-                status, seqr_epoch, pos, n = seqr.next(log.pool, log.name, log.epoch, count)
+                if streams is None:
+                    status, seqr_epoch, pos, n = seqr.next(log.pool, log.name, log.epoch, count)
+                else:
+                    status, seqr_epoch, pos, n, k, bps = seqr.streams(log.pool, log.name, log.epoch, count, streams)
             except SequencerUnavailable as e:
                 if not self._down:
                     logger.warning("%s; appending to %r by slow tail finding until it is back", e, log.name)
@@ -231,7 +282,7 @@ class Positions:
                         logger.warning("appends to %r use sequencer %s (it serves the log now)", log.name,
                                        seqr.address)
                     self._down = False
-                return int(pos)
+                return int(pos) if streams is None else (pos, k, bps)
             if status == STALE_EPOCH and time.monotonic() < retry_until:
                 if log.refresh().epoch >= seqr_epoch:
                     behind = 0
@@ -258,6 +309,9 @@ class Positions:
                 metrics.RATE_LIMITED.inc()
                 time.sleep(min(max(int(n), 1), 1000) / 1000 * random.uniform(1.0, 1.25))
                 continue
+            if status == BAD_REQUEST and streams is not None:
+                raise StreamsUnsupported(f"sequencer {seqr.address} refused a stream request for {log.name!r} "
+                                         f"(an older zlog-seqr, or more positions at once than it allows)")
             if status == BAD_REQUEST and count > 1:
                 # more positions at once than this connection may take (docs/seqr-protocol.md, limits)
                 logger.info("sequencer %s refused %d positions at once for %r; taking them by slow tail finding",

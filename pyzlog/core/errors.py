@@ -135,6 +135,11 @@ class SequencerUnavailable(ZlogError):
     """No sequencer answered (not running, unreachable, or timed out)."""
 
 
+class StreamsUnsupported(ZlogError):
+    """The sequencer does not answer stream requests (a zlog-seqr older than
+    streams): appends with backpointers cannot be made through it."""
+
+
 class SequencerRefused(SequencerUnavailable):
     """A sequencer answered but refused this client: no key or a wrong key for
     the pool, a pool it does not serve, TLS required; or the client refused

@@ -74,6 +74,7 @@ class Op(IntEnum):
     META_OPEN_STRIPE = lib.ZLOG_OP_META_OPEN_STRIPE
     META_TRIM = lib.ZLOG_OP_META_TRIM
     REPAIR = lib.ZLOG_OP_REPAIR
+    READ_SET = lib.ZLOG_OP_READ_SET
 
 
 #: the fields call_pos takes (a READ_RANGE has more, so no window comes back there)
@@ -103,7 +104,8 @@ def _b(s: str | bytes) -> bytes:
 def request(op: Op | int, **fields: Any) -> tuple[Any, list[Any]]:
     """A zlog_req for `op` from keyword fields (ops.h's names: epoch,
     position, last, max_entries, max_bytes, reason, data, expected,
-    next_epoch, start, width, seqr, entries=[(position, bytes)]), and the
+    next_epoch, start, width, seqr, entries=[(position, bytes)], positions=[...]
+    for read_set), and the
     buffers it points into (keep them until the submit returns)."""
     req = ffi.new("zlog_req *")
     req.expected_stripes = lib.ZLOG_ANY_STRIPES  # a CAS checks the stripe count only when asked to
@@ -119,6 +121,13 @@ def request(op: Op | int, **fields: Any) -> tuple[Any, list[Any]]:
                 buf = ffi.from_buffer(raw)
                 keep += [raw, buf]
                 req.seqr, req.seqr_len = buf, len(raw)
+        elif key == "positions":  # read_set: write_many's list of entries, with no data
+            n = len(value)
+            positions = ffi.new("uint64_t[]", value)
+            datas = ffi.new("char *[]", n)  # NULL, length 0
+            lens = ffi.new("uint32_t[]", n)
+            keep += [positions, datas, lens]
+            req.count, req.positions, req.datas, req.lens = n, positions, datas, lens
         elif key == "entries":
             bufs = [ffi.from_buffer(d) for _, d in value]
             positions = ffi.new("uint64_t[]", [p for p, _ in value])
@@ -196,7 +205,7 @@ def decode_reply(op: Op | int, raw: bytes, protocol: int = wire.PROTOCOL, first:
         has, top = ffi.new("uint8_t *"), ffi.new("uint64_t *")
         ret = lib.dp_decode_max(raw, len(raw), protocol, has, top)
         value = None if ret < 0 else (int(top[0]) if has[0] else None)
-    elif op == Op.READ_RANGE:
+    elif op == Op.READ_RANGE or op == Op.READ_SET:
         from .scan import RangeWindow
 
         try:
@@ -224,7 +233,7 @@ def _value(r: Any) -> Any:
     op = r.op
     if op == Op.READ or op == Op.META_GET or op == RAW or op == Op.VERSION:
         return ffi.unpack(r.data, r.len) if r.data != ffi.NULL else b""
-    if op == Op.READ_RANGE:
+    if op == Op.READ_RANGE or op == Op.READ_SET:
         from .scan import RangeWindow
 
         return RangeWindow(r.window)
@@ -585,7 +594,7 @@ class Connection:
                 if code:
                     return code, None
                 value = _value(r)
-                if op == Op.READ_RANGE:
+                if op == Op.READ_RANGE or op == Op.READ_SET:
                     r.window = ffi.NULL  # the RangeWindow owns it now
                 return 0, value
             finally:

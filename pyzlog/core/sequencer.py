@@ -9,7 +9,7 @@ refused this client) so callers can fall back to slow tail finding.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from .errors import InvalidRequest, SequencerRefused, SequencerUnavailable, ZlogError
@@ -30,6 +30,8 @@ RECOVERY_FAILED = _seqr.RECOVERY_FAILED
 NOT_AUTHORISED = _seqr.NOT_AUTHORISED
 #: over the connection's position budget: wait the answer's count in ms, then ask again
 RATE_LIMITED = _seqr.RATE_LIMITED
+#: most streams one stream request may name, and most backpointers kept per stream
+MAX_STREAMS_PER_REQUEST = 64
 
 #: what to do about a refused handshake, by status
 _HINTS = {
@@ -106,7 +108,8 @@ class SequencerClient:
                 raise SequencerUnavailable(f"sequencer {self.address}: {e}{hint}") from None
         raise AssertionError("unreachable")
 
-    def _request(self, op: str, pool: str, log: str, epoch: int, count: int) -> tuple[int, int, int, int]:
+    def _request(self, op: str, pool: str, log: str, epoch: int, count: int,
+                 streams: list[int] | None = None) -> tuple[Any, ...]:
         with self._lock, native_call():
             for attempt in range(2):
                 conn = self._conns.get(pool)
@@ -116,6 +119,8 @@ class SequencerClient:
                 try:
                     if op == "next":
                         return tuple(conn.next(pool, log, epoch, count))
+                    if op == "streams":
+                        return tuple(conn.streams(pool, log, epoch, count, streams))
                     return tuple(conn.tail(pool, log, epoch))
                 except (OSError, TimeoutError) as e:
                     self._drop_locked(pool)
@@ -134,6 +139,16 @@ class SequencerClient:
 
     def tail(self, pool: str, log: str, epoch: int) -> tuple[int, int, int, int]:
         return self._request("tail", pool, log, epoch, 0)
+
+    def streams(self, pool: str, log: str, epoch: int, count: int,
+                streams: list[int]) -> tuple[int, int, int, int, int, list[tuple[int, int, list[int]]]]:
+        """STREAM_NEXT (count >= 1: positions that belong to every stream
+        named) or STREAM_TAIL (count 0): (status, server epoch, first
+        position, count, K, [(stream, horizon, backpointers newest first)]);
+        see docs/seqr-protocol.md, "Streams"."""
+        if not 1 <= len(streams) <= MAX_STREAMS_PER_REQUEST:
+            raise InvalidRequest(f"a stream request names 1..{MAX_STREAMS_PER_REQUEST} streams, not {len(streams)}")
+        return self._request("streams", pool, log, epoch, count, streams)  # type: ignore[return-value]
 
     def _drop_locked(self, pool: str) -> None:
         conn = self._conns.pop(pool, None)

@@ -43,6 +43,8 @@ class LogState:
         self.encode, self.decode = codec_for({})
         #: entries are stored as given (no compression): nothing to encode
         self.plain = True
+        #: the OSDs' class answers read_set (client/streams.py; False once one did not)
+        self.read_set = True
         #: stripes this client opened, per view epoch, that its metadata may not show yet
         self._opened: dict[int, int] = {}
 

@@ -125,6 +125,8 @@ class ServerCollector(Collector):
         families = {k: CounterMetricFamily(f"zlog_seqr_log_{k}", help_, labels=["pool", "log"])
                     for k, help_ in _PER_LOG.items()}
         epoch = GaugeMetricFamily("zlog_seqr_log_epoch", "the epoch the log is served at", labels=["pool", "log"])
+        streams = GaugeMetricFamily("zlog_seqr_log_streams", "streams whose backpointers the server keeps for the log",
+                                    labels=["pool", "log"])
         sums: dict[tuple[str, str], dict[str, int]] = {}
         for info in sorted(logs, key=lambda i: (i["pool"], i["log"])):
             label = self._label(info["pool"], info["log"])
@@ -133,11 +135,13 @@ class ServerCollector(Collector):
                 acc[k] += int(info[k])
             if label != (OTHER, OTHER):
                 epoch.add_metric(list(label), info["epoch"])
+                streams.add_metric(list(label), info.get("streams", 0))
         for label, acc in sums.items():
             for k, fam in families.items():
                 fam.add_metric(list(label), acc[k])
         yield from families.values()
         yield epoch
+        yield streams
 
     def _latency(self) -> HistogramMetricFamily:
         lat = self.server.latency()

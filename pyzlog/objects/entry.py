@@ -2,16 +2,29 @@
 
     offset size  field
     0      2     magic b"ZO"
-    2      1     version (1)
+    2      1     version (1; 2 when a backpointer section follows)
     3      1     kind: CMD, TXN, RETIRE, NOOP
-    4      1     flags (bit 0: a backpointer section follows; none is written yet)
+    4      1     flags (bit 0: a backpointer section follows; set exactly in version 2)
     5      8     client id (u64): the proposing runtime
     13     8     seq (u64): the proposal's number within its client
     21     8     lwm (u64): every seq of this client below it is settled
     29     8     stream (u64): the object a CMD is for (0 for other kinds)
-    37     ...   kind-specific: CMD: the object's command;
+    37     ...   version 2: the backpointer section (streams, below), then
+    ...    ...   kind-specific: CMD: the object's command;
                  TXN: u16 count + count x u64 streams, then the commit record;
                  RETIRE: u16 count + count x u64 seqs retired
+
+The backpointer section (version 2; docs/objects.md, "Streams"): u8 K (the
+sequencer's most recent backpointers per stream), u8 nstreams, then per
+stream of the entry: u64 stream, u64 horizon, u8 n (<= K), u8 m, u8 width
+(4 or 8), n + m width-byte deltas (this entry's position minus a
+backpointer): n recent backpointers newest first, then m skip pointers
+newest first (entries further back: the stream's newest entry below this
+one whose ordinal is a multiple of 2^level, for levels 4, 5, ...; they let
+a reader find a long stream in a few rounds of reads). The stream's
+positions in [x, this position) are exactly the n recent ones, where x is
+the oldest of them when n == K, else the horizon: below the horizon the
+sequencer knew nothing (a reader scans).
 
 (client, seq) is the proposal id: a retried append stores the same bytes
 again, and replay applies the first copy only (sessions.Sessions). All
@@ -32,7 +45,8 @@ from pyzlog import InvalidRequest
 from .errors import BadEntry
 
 MAGIC: Final = b"ZO"
-VERSION: Final = 1
+VERSION: Final = 2  #: the newest version this build reads (and writes with backpointers)
+PLAIN_VERSION: Final = 1  #: entries without backpointers are written as version 1
 CMD, TXN, RETIRE, NOOP = 1, 2, 3, 4
 KINDS: Final = frozenset((CMD, TXN, RETIRE, NOOP))
 FLAG_BACKPOINTERS: Final = 1
@@ -56,7 +70,82 @@ def stream_id(name: str) -> int:
 
 
 def header(kind: int, client: int, seq: int, lwm: int, stream: int = 0) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, kind, 0, client, seq, lwm, stream)
+    return HEADER.pack(MAGIC, PLAIN_VERSION, kind, 0, client, seq, lwm, stream)
+
+
+_BP_HEAD = struct.Struct("<BB")
+_BP_STREAM = struct.Struct("<QQBBB")
+_U32_MAX = (1 << 32) - 1
+
+#: (stream, horizon, recent backpointers newest first, skip pointers newest first)
+Backpointers = list[tuple[int, int, list[int], list[int]]]
+
+
+def with_backpointers(plain: bytes, position: int, k: int, bps: Backpointers) -> bytes:
+    """The version-2 form of a version-1 entry stored at `position`."""
+    out = [HEADER.pack(MAGIC, VERSION, plain[3], FLAG_BACKPOINTERS, *HEADER.unpack_from(plain)[4:]),
+           _BP_HEAD.pack(k, len(bps))]
+    for stream, horizon, recent, far in bps:
+        deltas = [position - b for b in recent] + [position - b for b in far]
+        if len(recent) > 255 or len(far) > 255:
+            raise InvalidRequest("at most 255 backpointers of each kind per stream")
+        if deltas and min(deltas) <= 0:
+            raise InvalidRequest(f"a backpointer in {recent + far} not below position {position}")
+        width = 8 if deltas and max(deltas) > _U32_MAX else 4
+        out.append(_BP_STREAM.pack(stream, horizon, len(recent), len(far), width))
+        if deltas:
+            out.append(struct.pack(f"<{len(deltas)}{'I' if width == 4 else 'Q'}", *deltas))
+    out.append(plain[HEADER_SIZE:])
+    return b"".join(out)
+
+
+_DELTAS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def parse_backpointers(data: bytes, position: int) -> tuple[int, dict[int, tuple[int, list[int], list[int]]], int]:
+    """(K, {stream: (horizon, recent, skip pointers)}, offset of the
+    kind-specific part) of a version-2 entry stored at `position`."""
+    try:
+        k, n = data[HEADER_SIZE], data[HEADER_SIZE + 1]
+        off = HEADER_SIZE + 2
+        out: dict[int, tuple[int, list[int], list[int]]] = {}
+        for _ in range(n):
+            stream, horizon, nr, nf, width = _BP_STREAM.unpack_from(data, off)
+            off += 19
+            if width != 4 and width != 8 or nr > k:
+                raise BadEntry(f"position {position}: a backpointer section with width {width}, {nr} of {k}")
+            cnt = nr + nf
+            if cnt:
+                st = _DELTAS.get((cnt, width))
+                if st is None:
+                    st = _DELTAS[cnt, width] = struct.Struct(f"<{cnt}{'I' if width == 4 else 'Q'}")
+                deltas = st.unpack_from(data, off)
+                off += width * cnt
+                if min(deltas) == 0 or max(deltas) > position:
+                    raise BadEntry(f"position {position}: a backpointer not below the entry")
+                out[stream] = (horizon, [position - d for d in deltas[:nr]], [position - d for d in deltas[nr:]])
+            else:
+                out[stream] = (horizon, [], [])
+        return k, out, off
+    except (struct.error, IndexError) as e:
+        raise BadEntry(f"position {position}: a backpointer section does not parse: {e}") from None
+
+
+def body_offset(data: bytes) -> int:
+    """Where the kind-specific part of an entry starts (the replay loop's
+    hot path: plain indexing, no struct)."""
+    if not data[4] & FLAG_BACKPOINTERS:
+        return HEADER_SIZE
+    try:
+        n = data[HEADER_SIZE + 1]
+        off = HEADER_SIZE + 2
+        for _ in range(n):
+            off += 19 + data[off + 18] * (data[off + 16] + data[off + 17])
+    except IndexError:
+        raise BadEntry("a backpointer section runs past the entry's end") from None
+    if off > len(data):
+        raise BadEntry("a backpointer section runs past the entry's end")
+    return off
 
 
 def pack_u64s(values: list[int]) -> bytes:
@@ -99,7 +188,7 @@ def parse(data: bytes) -> Header | None:
 def check(version: int, kind: int) -> None:
     from .errors import UnsupportedEntry
 
-    if version != VERSION:
-        raise UnsupportedEntry(f"an entry of version {version}: this build reads version {VERSION}")
+    if version not in (PLAIN_VERSION, VERSION):
+        raise UnsupportedEntry(f"an entry of version {version}: this build reads versions 1 and {VERSION}")
     if kind not in KINDS:
         raise UnsupportedEntry(f"an entry of unknown kind {kind}")

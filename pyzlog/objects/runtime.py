@@ -42,11 +42,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pyzlog import ClusterUnavailable, InvalidRequest, Log, Timeout, ZlogError
 
 from . import codec, entry
-from .entry import CMD, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
+from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
 from .errors import (BadEntry, CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown, ResultUnavailable,
                      RuntimeClosed, RuntimeFailed, TransactionAborted, WrongType)
 from .machine import StateMachine
 from .sessions import Session, Sessions
+from .streams import WalkStats, walk
 from .machine import Transaction, TxnResult
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ PLAY_BACKOFF_MAX = 2.0
 #: the most entries one append_many takes
 SENDERS = 2
 MAX_BATCH = 256
+#: most streams (objects written) one entry may belong to with streams on
+MAX_STREAMS_PER_REQUEST = 64
 #: while own appends are in flight, how long the player waits for the next
 #: position to turn out to be one of them before reading it from the log
 #: (where it may still be unwritten, and the read would wait on it as a hole)
@@ -74,14 +77,15 @@ OWN_GRACE = 0.005
 
 
 class _Pending:
-    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire")
+    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire", "streams")
 
     def __init__(self, seq: int, data: bytes, future: Future[Any], deadline: float,
-                 retire: list[int] | None = None) -> None:
+                 retire: list[int] | None = None, streams: tuple[int, ...] = ()) -> None:
         self.seq, self.data, self.future, self.deadline = seq, data, future, deadline
         self.maybe_stored = False  # an attempt failed in a way that may have stored it
         self.attempts = 0
         self.retire = retire or []  # a RETIRE entry: the seqs it retires
+        self.streams = streams  # the streams the entry belongs to (with streams on)
 
 
 @dataclass
@@ -115,11 +119,16 @@ class Runtime:
     propose_timeout: seconds a proposal's append is retried before it is retired.
     keep_decisions: keep {position: committed} of every transaction decided
         here in `decisions` (for audits and tests: it grows with the log).
+    streams: append every entry with its streams' backpointers from the
+        sequencer, and play only the entries of the objects hosted here by
+        following them (docs/objects.md, "Streams"). Every runtime that
+        appends to the log must run with streams on, or a stream-only
+        reader misses its entries.
     """
 
     def __init__(self, log: Log, *, hole_wait: float = 2.0, client_id: int | None = None,
                  checkpoints: CheckpointStore | None = None, follow: float | None = None,
-                 propose_timeout: float = 120.0, keep_decisions: bool = False) -> None:
+                 propose_timeout: float = 120.0, keep_decisions: bool = False, streams: bool = False) -> None:
         if not isinstance(log, Log):
             raise InvalidRequest(f"Runtime needs a pyzlog.Log, not {type(log).__name__}")
         if client_id is not None and not (isinstance(client_id, int) and 0 < client_id < 1 << 64):
@@ -127,6 +136,8 @@ class Runtime:
         if hole_wait < 0 or propose_timeout <= 0 or (follow is not None and follow <= 0):
             raise InvalidRequest("hole_wait >= 0, propose_timeout > 0 and follow > 0 (or None)")
         self.log = log
+        self.streams = bool(streams)
+        self.walk_stats = WalkStats()
         self.hole_wait = hole_wait
         self.follow = follow
         self.propose_timeout = propose_timeout
@@ -298,23 +309,52 @@ class Runtime:
             raise NotHosted(f"{obj!r} is not hosted by this runtime")
         return self._call(CMD, obj.stream, payload, timeout)
 
-    def _call(self, kind: int, stream: int, body: bytes, timeout: float | None) -> Any:
+    def _call(self, kind: int, stream: int, body: bytes, timeout: float | None,
+              streams: tuple[int, ...] | None = None) -> Any:
         self._not_on_player("wait for a proposal")
-        p = self._new_pending(kind, stream, body)
+        p = self._new_pending(kind, stream, body, None, streams)
         p.attempts += 1
         with self._cv:
             self._in_flight += 1
         try:
-            pos = self.log.append(p.data)
+            if self.streams:
+                pos, stored = self._store([p])[0]
+            else:
+                pos, stored = self.log.append(p.data), p.data
         except BaseException as e:  # noqa: BLE001 - retried, or told, like any failed append
             self._landed(None)
             self._append_failed(p, e)
         else:
-            self._landed(pos, p.data, wake=False)
+            self._landed(pos, stored, wake=False)
             self._play_here(pos + 1)
         return p.future.result(timeout)
 
-    def _new_pending(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None) -> _Pending:
+    def _store(self, batch: list[_Pending]) -> list[tuple[int, bytes]]:
+        """Streams on: append the batch's entries, each with its streams'
+        backpointers (one sequencer request per set of streams); (position,
+        bytes stored) of each. Entries of no stream are appended plainly."""
+        out: list[tuple[int, bytes] | None] = [None] * len(batch)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(batch):
+            groups.setdefault(p.streams, []).append(i)
+        for streams, idx in groups.items():
+            datas = [batch[i].data for i in idx]
+            if not streams:
+                for i, pos in zip(idx, self.log.append_many(datas)):
+                    out[i] = (pos, batch[i].data)
+                continue
+            made: dict[int, bytes] = {}
+
+            def build(data: bytes, pos: int, k: int, bps: Any, made: dict[int, bytes] = made) -> bytes:
+                made[pos] = stored = entry.with_backpointers(data, pos, k, bps)
+                return stored
+
+            for i, pos in zip(idx, self.log.append_streams(list(streams), datas, build)):
+                out[i] = (pos, made[pos])
+        return out  # type: ignore[return-value]
+
+    def _new_pending(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None,
+                     streams: tuple[int, ...] | None = None) -> _Pending:
         if not self._started:
             self.start()
         if self._failed is not None or self._closing:
@@ -324,13 +364,16 @@ class Runtime:
             self._next_seq += 1
             self._unsettled.append(seq)
             lwm = self._lwm_locked()
-        data = HEADER.pack(MAGIC, entry.VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
-        p = _Pending(seq, data, Future(), time.monotonic() + self.propose_timeout, retire)
+        data = HEADER.pack(MAGIC, entry.PLAIN_VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
+        if streams is None:
+            streams = (stream,) if kind == CMD else ()
+        p = _Pending(seq, data, Future(), time.monotonic() + self.propose_timeout, retire, streams)
         self._pending[seq] = p
         return p
 
-    def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None) -> Future[Any]:
-        p = self._new_pending(kind, stream, body, retire)
+    def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None,
+                 streams: tuple[int, ...] | None = None) -> Future[Any]:
+        p = self._new_pending(kind, stream, body, retire, streams)
         p.attempts += 1
         self._queue.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
         if self._idle_senders:
@@ -350,6 +393,17 @@ class Runtime:
 
     def _submit(self, p: _Pending) -> None:
         p.attempts += 1
+        if self.streams:  # appended here, alone, with its backpointers
+            with self._cv:
+                self._in_flight += 1
+            try:
+                pos, stored = self._store([p])[0]
+            except BaseException as e:  # noqa: BLE001 - judged like a failed append
+                self._landed(None)
+                self._append_failed(p, e)
+                return
+            self._landed(pos, stored)
+            return
         with self._cv:
             self._in_flight += 1
         try:
@@ -386,7 +440,10 @@ class Runtime:
             with self._cv:
                 self._in_flight += len(batch)  # out of the queue, not yet stored
             try:
-                positions = self.log.append_many([p.data for p in batch])
+                if self.streams:
+                    placed = self._store(batch)
+                else:
+                    placed = list(zip(self.log.append_many([p.data for p in batch]), [p.data for p in batch]))
             except BaseException as e:  # noqa: BLE001 - each proposal is judged and retried alone
                 with self._cv:
                     self._in_flight -= len(batch)
@@ -402,9 +459,9 @@ class Runtime:
                 self._in_flight -= len(batch)
                 own, heap, applied = self._own, self._own_heap, self.applied
                 top = -1
-                for p, pos in zip(batch, positions):
+                for pos, stored in placed:
                     if pos >= applied:
-                        own[pos] = p.data
+                        own[pos] = stored
                         heapq.heappush(heap, pos)
                     if pos > top:
                         top = pos
@@ -494,7 +551,7 @@ class Runtime:
 
     def _retire(self, p: _Pending, cause: BaseException) -> None:
         try:
-            f = self._propose(RETIRE, 0, entry.pack_u64s([p.seq]), retire=[p.seq])
+            f = self._propose(RETIRE, 0, entry.pack_u64s([p.seq]), retire=[p.seq], streams=p.streams)
             f.result(self.propose_timeout + 60)
         except BaseException as e:  # noqa: BLE001 - told to the proposer
             self._pending.pop(p.seq, None)
@@ -602,7 +659,9 @@ class Runtime:
         raise TransactionAborted(f"the transaction aborted {retries + 1} times")
 
     def _commit(self, streams: list[int], body: bytes, timeout: float | None) -> Any:
-        return self._call(TXN, 0, entry.pack_u64s(streams) + body, timeout)
+        if self.streams and len(streams) > MAX_STREAMS_PER_REQUEST:
+            raise InvalidRequest(f"with streams on, a transaction writes at most {MAX_STREAMS_PER_REQUEST} objects")
+        return self._call(TXN, 0, entry.pack_u64s(streams) + body, timeout, tuple(streams))
 
     def noop(self, timeout: float | None = None) -> int:
         """Append an entry that changes nothing and wait until it is played
@@ -704,6 +763,9 @@ class Runtime:
                 if self._grace_left(at) > 0:
                     return  # to the wait: `at` may be ours, acknowledged any moment
             end = target if nxt is None else min(target, nxt)
+            if self.streams and self._objects:
+                self._play_streams(at, end)
+                continue
             for batch in self.log.stream_batches(at, end, known_tail=end, hole_wait=self.hole_wait):
                 positions = batch.column(0).to_pylist()
                 datas = batch.column(1).to_pylist()
@@ -718,6 +780,26 @@ class Runtime:
                                      kinds[i:i + CHUNK] if kinds is not None else None)
                 if self._closing:
                     return
+
+    def _play_streams(self, at: int, end: int) -> None:
+        """Play [at, end) reading only the hosted objects' entries
+        (streams.walk): what the backpointers cannot vouch for is scanned."""
+        with self._cv:
+            known = {p: d for p, d in self._own.items() if at <= p}
+        positions, datas, kinds, upto = walk(self.log, sorted(self._objects), at, end, known,
+                                             self.hole_wait, self.walk_stats)
+        self.stats.read += len(positions)
+        for i in range(0, len(positions), CHUNK):
+            self._apply_rows(positions[i:i + CHUNK], datas[i:i + CHUNK],
+                             kinds[i:i + CHUNK] if kinds is not None else None)
+        if upto > self.applied:
+            with self._lock:
+                if upto > self.applied:
+                    self.applied = upto
+            with self._cv:
+                self._cv.notify_all()
+        if upto < end:
+            raise ZlogError(f"the log's tail is at {upto}, below {end}: playing again later")
 
     def _apply_rows(self, positions: list[int], datas: list[bytes | None], kinds: list[str] | None) -> None:
         """Apply entries (in position order, from self.applied on) under the
@@ -744,9 +826,15 @@ class Runtime:
                         stats.foreign += 1
                         self.applied = pos + 1
                         continue
-                    _m, version, kind, _flags, client, seq, lwm, stream = unpack(data)
-                    if version != 1 or kind > 4 or kind < 1:
+                    _m, version, kind, flags, client, seq, lwm, stream = unpack(data)
+                    if version > 2 or version < 1 or kind > 4 or kind < 1:
                         entry.check(version, kind)
+                    if not flags & FLAG_BACKPOINTERS:
+                        off = HEADER_SIZE
+                    elif data[38] == 1 and len(data) > 57:  # one stream: the section's length at a glance
+                        off = 58 + data[57] * (data[55] + data[56])
+                    else:
+                        off = entry.body_offset(data)
                     s = sessions.get(client)
                     if s is None:
                         s = sessions[client] = Session(lwm)
@@ -762,14 +850,14 @@ class Runtime:
                             result = None
                         else:
                             try:
-                                result = obj.apply_payload(data, HEADER_SIZE, pos)
+                                result = obj.apply_payload(data, off, pos)
                                 obj.version = pos + 1
                             except Exception as e:  # noqa: BLE001 - the command's outcome, the same everywhere
                                 result, ok = e, False
                     elif kind == TXN:
-                        result = self._apply_txn(data, pos)
+                        result = self._apply_txn(data, pos, off)
                     elif kind == RETIRE:
-                        seqs, _ = entry.unpack_u64s(data, HEADER_SIZE)
+                        seqs, _ = entry.unpack_u64s(data, off)
                         result = [q for q in seqs if q in s.seen]
                         for q in seqs:
                             s.admit(q, lwm)
@@ -799,8 +887,8 @@ class Runtime:
             with self._cv:
                 self._cv.notify_all()
 
-    def _apply_txn(self, data: bytes, pos: int) -> TxnResult | None:
-        streams, off = entry.unpack_u64s(data, HEADER_SIZE)
+    def _apply_txn(self, data: bytes, pos: int, off: int = HEADER_SIZE) -> TxnResult | None:
+        streams, off = entry.unpack_u64s(data, off)
         objects = self._objects
         self._streams_seen.update(streams)
         if not any(s in objects for s in streams):

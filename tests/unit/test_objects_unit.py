@@ -82,7 +82,7 @@ def test_header_layout() -> None:
 
 def test_newer_entries_are_refused_not_skipped() -> None:
     with pytest.raises(UnsupportedEntry):
-        entry.parse(entry.HEADER.pack(b"ZO", 2, 1, 0, 1, 1, 0, 0))
+        entry.parse(entry.HEADER.pack(b"ZO", 3, 1, 0, 1, 1, 0, 0))
     with pytest.raises(UnsupportedEntry):
         entry.parse(entry.HEADER.pack(b"ZO", 1, 9, 0, 1, 1, 0, 0))
 
@@ -203,3 +203,46 @@ def test_counter_and_register() -> None:
     assert _apply(r, [b"\x31" + d(None) + d("a"), b"\x31" + d(None) + d("b"), b"\x30" + d([1])]) == [True, False,
                                                                                                     None]
     assert r.value == [1]
+
+
+def test_backpointer_sections_round_trip() -> None:
+    plain = entry.header(entry.TXN, 5, 6, 7) + entry.pack_u64s([11, 12]) + b"body"
+    pos = 10_000_000_000
+    bps = [(11, 0, [pos - 1, pos - 5], [3]), (12, pos - 2, [], [])]  # a delta over 2**32 takes 8-byte width
+    data = entry.with_backpointers(plain, pos, 16, bps)
+    h = entry.parse(data)
+    assert h is not None and h.flags & entry.FLAG_BACKPOINTERS and data[2] == entry.VERSION
+    assert (h.kind, h.client, h.seq, h.lwm) == (entry.TXN, 5, 6, 7)
+    k, sections, off = entry.parse_backpointers(data, pos)
+    assert k == 16 and sections == {11: (0, [pos - 1, pos - 5], [3]), 12: (pos - 2, [], [])}
+    assert off == entry.body_offset(data) and data[off:] == plain[entry.HEADER_SIZE:]
+    assert entry.body_offset(plain) == entry.HEADER_SIZE
+    with pytest.raises(BadEntry):
+        entry.parse_backpointers(data[:entry.HEADER_SIZE + 10], pos)
+    with pytest.raises(BadEntry):
+        entry.body_offset(data[:entry.HEADER_SIZE + 10])
+    with pytest.raises(BadEntry):  # a backpointer above the entry it is read at
+        entry.parse_backpointers(data, 2)
+    with pytest.raises(entry.InvalidRequest):
+        entry.with_backpointers(plain, 5, 16, [(1, 0, [5], [])])  # not below the entry
+
+
+def test_entry_backpointers_within_a_batch() -> None:
+    from pyzlog.client.streams import entry_backpointers
+
+    # the stream's entries so far are at 0, 10, 20, ... (ordinals 0..39); a batch of 8 at 1000..1007
+    old = [10 * i for i in range(40)]
+    levels = [(lv, old[(39 >> lv) << lv]) for lv in range(4, 7)]
+    answer = [(7, 0, old[::-1][:16], 40, levels)]
+    mine = old + list(range(1000, 1008))
+    for i in range(8):
+        (s, h, recent, far), = entry_backpointers(1000, i, 16, answer)
+        me = 40 + i
+        assert (s, h) == (7, 0) and recent == mine[:me][::-1][:16]
+        want = []
+        for lv in range(4, 7):
+            m = ((me - 1) >> lv) << lv
+            if m < me - 16 and (not want or mine[m] < want[-1]):
+                want.append(mine[m])
+        assert far == want
+    assert entry_backpointers(20, 3, 0, answer) == [(7, 23, [], [])]  # slow tail finding: nothing known

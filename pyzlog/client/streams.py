@@ -1,0 +1,223 @@
+"""Streams: appends whose positions the sequencer records per stream, with
+backpointers, and reads of a chosen set of positions (docs/seqr-protocol.md,
+"Streams"; docs/objects.md, "Streams").
+
+append_streams() takes positions for entries that belong to some streams
+with one STREAM_NEXT request, hands each entry's backpointers (the stream's
+previous positions) to `build` so that they are stored in the entry, and
+writes the entries like append_many (appending.store's rules: a refused
+position takes a new one, and new backpointers). read_positions() reads any
+set of positions with one read op per data object.
+"""
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import _seqr  # type: ignore[attr-defined]
+from ..core import wire
+from ..core.errors import EntryTooLarge, ZlogError
+from ..core.layout import place_of, stripe_of, view_of
+from ..core.native import Op
+from .appending import APPEND_DEADLINE_SECONDS, Outcome, _write, judge, stored_form, write_error
+from .stale import StaleWait
+
+if TYPE_CHECKING:
+    from ..core.state import LogState
+    from .positions import Positions
+
+FIRST_LEVEL = _seqr.STREAM_FIRST_LEVEL
+
+#: the most bytes a stream's backpointer section may take in an entry (and its head)
+_SECTION_MAX = 2 + 19 + 8 * (16 + 64)
+#: (stream, horizon, recent backpointers newest first, skip pointers newest
+#: first), one per stream of an entry
+Backpointers = list[tuple[int, int, list[int], list[int]]]
+#: build(data, position, K, backpointers) -> the bytes to store at position
+Build = Callable[[bytes, int, int, Backpointers], bytes]
+
+
+def entry_backpointers(first: int, index: int, k: int, answer: list) -> Backpointers:  # type: ignore[type-arg]
+    """The backpointers of the entry at first + index of a batch of
+    positions [first, ...) that all belong to the streams of `answer` (the
+    sequencer's answer for the batch: (stream, horizon, recent, ordinal,
+    [(level, position)])): its stream's K most recent positions, and skip
+    pointers to the stream's newest entry below it whose ordinal is a
+    multiple of 2^level, for the levels not in the recent list. K = 0
+    (positions from slow tail finding): nothing is known below the entry."""
+    pos = first + index
+    out: Backpointers = []
+    for s, h, back, ordinal, levels in answer:
+        if not k:
+            out.append((s, pos, [], []))
+            continue
+        inside = [pos - 1 - j for j in range(min(index, k))]
+        recent = inside if len(inside) >= k else inside + list(back[:k - len(inside)])
+        me = ordinal + index  # this entry's ordinal in the stream
+        far: list[int] = []
+        if me > len(recent):
+            known = dict(levels)
+            level = FIRST_LEVEL
+            while level < 64:
+                m = ((me - 1) >> level) << level  # the newest multiple of 2^level below me
+                if m >= me - len(recent):
+                    level += 1
+                    continue  # in the recent list
+                if m >= ordinal:
+                    p: int | None = first + (m - ordinal)
+                elif m == 0 and known:  # the stream's first entry: the sequencer's highest level names it
+                    p = known[max(known)]
+                else:
+                    p = known.get(level)
+                if p is not None and (not far or p < far[-1]):
+                    far.append(p)
+                if m == 0:
+                    break  # every higher level names ordinal 0 too
+                level += 1
+        out.append((s, h, recent, far))
+    return out
+
+
+def append_streams(state: LogState, positions: Positions, streams: list[int], entries: Sequence[bytes],
+                   build: Build) -> list[int]:
+    """Append `entries`, each of which belongs to every stream in `streams`,
+    storing build(entry, position, K, backpointers) at each position. Returns
+    the positions (increasing in entry order unless a write was refused, when
+    that entry is stored again at a new position with new backpointers).
+    StreamsUnsupported if the sequencer does not answer stream requests."""
+    for e in entries:  # refused before any position is taken (a taken one would be left a hole)
+        if len(e) + _SECTION_MAX * len(streams) > wire.MAX_ENTRY_BYTES:
+            raise EntryTooLarge(f"entry of {len(e)} bytes with the backpointers of {len(streams)} stream(s) is over "
+                                f"the limit of {wire.MAX_ENTRY_BYTES}")
+    todo = list(range(len(entries)))
+    placed = [-1] * len(entries)
+    deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
+    stale = StaleWait(state, "append_streams")
+    while todo:
+        if time.monotonic() > deadline:
+            raise ZlogError(f"append_streams to {state.name!r}: {len(todo)} of {len(entries)} entries not stored "
+                            f"in {APPEND_DEADLINE_SECONDS:.0f}s")
+        first, k, answer = positions.take_streams(len(todo), streams)
+        items = [(idx, stored_form(state, build(entries[idx], first + i, k, entry_backpointers(first, i, k, answer))))
+                 for i, idx in enumerate(todo)]
+        meta = state.meta
+        refused: list[int] = []
+        was_stale = False
+        for pos, item, ret in _write(state, meta, first, items):
+            outcome = judge(ret, state.name, pos, write_error(state, meta))
+            if outcome is Outcome.STORED:
+                placed[item[0]] = pos
+            else:
+                was_stale = was_stale or outcome is Outcome.STALE
+                refused.append(item[0])
+        if was_stale:
+            stale(meta.epoch)
+        todo = refused
+    return placed
+
+
+#: positions per read_set call (the class takes up to ZLOG_MAX_BATCH_ENTRIES)
+SET_CHUNK = 512
+_GAP_CODES = {"filled": -errno.ENOMSG, "lost": -errno.ENOMSG, "trimmed": -errno.EIDRM}
+
+
+def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes | int]:
+    """Each position's entry (decoded bytes) or the class's negative code
+    (-ENODATA: not written, -ENOMSG: filled, -EIDRM: trimmed, ...): one
+    read_set call per data object for all of its positions (one read op of a
+    call per position on a class too old for read_set)."""
+    out: dict[int, bytes | int] = {}
+    todo = list(positions)
+    for _attempt in range(5):
+        meta = state.meta
+        views = meta.views
+        newest = views[-1]
+        by_key: dict[tuple[int, int, int], list[int]] = {}
+        for p in todo:  # by (view, stripe, index): one place_of per object, not per position
+            v = newest if p >= newest.start else view_of(views, p)
+            key = (id(v), stripe_of(v, p), p % v.width)
+            got_list = by_key.get(key)
+            if got_list is None:
+                by_key[key] = [p]
+            else:
+                got_list.append(p)
+        groups = [(place_of(state.name, views, ps[0]), sorted(ps)) for ps in by_key.values()]
+        fallback: list[tuple[Any, list[int]]] = []
+        with state.conn._waiter() as q:
+            if state.read_set:
+                asked: dict[int, tuple[Any, list[int]]] = {}
+                for where, ps in groups:
+                    for i in range(0, len(ps), SET_CHUNK):
+                        chunk = ps[i:i + SET_CHUNK]
+                        asked[len(asked)] = (where, chunk)
+                        q.submit(state.data, where.oid, Op.READ_SET, len(asked) - 1, epoch=meta.epoch,
+                                 positions=chunk, format=where.format)
+                left = len(asked)
+                while left:
+                    results = q.wait(30.0)
+                    if not results:
+                        raise ZlogError(f"reads of {state.name!r} got no answer")
+                    for tag, code, value in results:
+                        left -= 1
+                        where, chunk = asked[tag]
+                        if code == 0:
+                            _from_window(state, value, chunk, out)
+                        elif code == -errno.ENOENT:  # the object was never made
+                            for p in chunk:
+                                out[p] = -errno.EIDRM if p < meta.trim_below else -errno.ENODATA
+                        elif code == -errno.ESTALE:
+                            for p in chunk:
+                                out[p] = code
+                        else:  # a class without read_set (EOPNOTSUPP), or a reply too large: one by one
+                            if code in (-errno.EOPNOTSUPP, -errno.EPROTONOSUPPORT):
+                                state.read_set = False
+                            fallback.append((where, chunk))
+            else:
+                fallback = groups
+            if fallback:
+                for where, ps in fallback:
+                    q.read_many(state.data, where.oid, meta.epoch, ps, ps, where.format)
+                got = 0
+                total = sum(len(ps) for _, ps in fallback)
+                while got < total:
+                    results = q.wait(30.0)
+                    if not results:
+                        raise ZlogError(f"reads of {total - got} positions of {state.name!r} got no answer")
+                    for tag, code, value in results:
+                        got += 1
+                        if code == -errno.ENOENT:
+                            code = -errno.EIDRM if tag < meta.trim_below else -errno.ENODATA
+                        out[tag] = code if code else state.decode(value)
+        todo = [p for p in todo if out.get(p) == -errno.ESTALE]
+        if not todo:
+            return out
+        StaleWait(state, "read")(meta.epoch)
+    return out
+
+
+def _from_window(state: Any, window: Any, chunk: list[int], out: dict[int, bytes | int]) -> None:
+    """What a read_set reply says of each position of `chunk`."""
+    listed: set[int] = set()
+    if window.count:
+        batch = window.record_batch()
+        ps = batch.column(0).to_pylist()
+        datas = batch.column(1).to_pylist()
+        kinds = None
+        if batch.column(1).null_count:
+            col = batch.column(2)
+            names = col.dictionary.to_pylist()
+            kinds = [names[i] for i in col.indices.to_pylist()]
+        plain = state.plain
+        for i, p in enumerate(ps):
+            d = datas[i]
+            if d is None:
+                out[p] = _GAP_CODES.get(kinds[i] if kinds else "", -errno.ENOMSG)
+            else:
+                out[p] = d if plain else state.decode(d)
+            listed.add(p)
+    trim = window.trim_below
+    for p in chunk:
+        if p not in listed:
+            out[p] = -errno.EIDRM if p < trim else -errno.ENODATA

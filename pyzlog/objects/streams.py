@@ -1,0 +1,213 @@
+"""Finding the entries of some streams without reading the whole log.
+
+The sequencer records, per stream, the positions it hands out for it, and
+answers each stream's last K of them (backpointers) with every new position
+and on request (STREAM_TAIL); every entry of a stream stores the
+backpointers it was given (entry.py). walk() starts from the sequencer's
+answer, reads the positions it names (one read op per data object), and
+follows the backpointers in the entries it reads, backwards, until it has
+every position of the streams down to `lo`, then hands the entries back in
+position order. Skip pointers (to the entries whose ordinal in the stream
+is a multiple of 16, 32, 64, ...) make that a few rounds of reads (about
+log2 of the stream's length), each one read op per data object.
+
+What may not be believed is checked, never trusted:
+- an entry a backpointer leads to must name the stream in its own
+  backpointer section, or it is not the stream's (a position whose first
+  writer failed and that was handed out again after a sequencer recovery,
+  a filled hole);
+- the sequencer knows a stream only from its horizon on (the position it
+  started serving the log at: after a restart or a failover it knows
+  nothing below it), and an entry's section says so too. An entry's K
+  recent backpointers vouch for every position of its stream down to the
+  oldest of them (or to the horizon, with fewer than K); skip pointers only
+  name entries further back, to read them sooner. Where no entry read
+  vouches for a range -- below a horizon, or behind K entries in a row that
+  cannot be read -- the walk scans the log (every entry of the range is
+  handed back, as a full replay would see it).
+"""
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, parse_backpointers
+
+if TYPE_CHECKING:
+    from pyzlog import Log
+
+
+@dataclass
+class WalkStats:
+    rounds: int = 0            # rounds of reads following backpointers
+    read: int = 0              # positions read by following backpointers
+    scanned: int = 0           # positions read by scanning (where backpointers could not tell)
+    scans: int = 0             # ranges scanned
+    not_ours: int = 0          # backpointers that led to another stream's entry, a gap or nothing
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # the ranges scanned
+
+
+def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes] | None = None,
+         hole_wait: float = 2.0, stats: WalkStats | None = None) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
+    """Entries of `streams` at positions in [lo, hi) as (positions, datas,
+    kinds, end), in position order. Entries from scanned ranges include
+    every entry there (and gaps as data None with their kind); `end` is how
+    far the result is complete (hi, or the sequencer's tail if lower).
+    `known`: bytes of positions already at hand (own appends).
+
+    Only the entries that lead further are parsed whole: those a skip
+    pointer or the sequencer named, and the oldest of each parsed entry's
+    recent backpointers (the next one down the chain). The others are only
+    checked to be the stream's. Should that leave a range no entry vouches
+    for, every entry found is parsed before anything is scanned."""
+    st = stats if stats is not None else WalkStats()
+    answer = log.stream_tail(streams)
+    if answer is None:  # no sequencer: scan it all
+        return _scan(log, lo, hi, hole_wait, st, {}, hi)
+    tail, k, per_stream = answer
+    hi = min(hi, tail)
+    if hi <= lo:
+        return [], [], None, max(lo, hi)
+    # per stream, intervals [a, b) in which every position of it is known
+    covered: dict[int, list[tuple[int, int]]] = {s: [] for s in streams}
+    todo: set[int] = set()
+    lead: set[int] = set()  # positions to parse whole when read
+    for s, horizon, back, _ordinal, levels in per_stream:
+        covered[s].append((back[-1] if k and len(back) >= k else horizon, tail))
+        todo.update(b for b in back if b >= lo)
+        lead.update(b for b in back if b >= lo)
+        lead.update(p for _l, p in levels if p >= lo)
+        todo.update(p for _l, p in levels if p >= lo)
+    found: dict[int, bytes] = {}
+    light: list[int] = []  # found, checked, not parsed
+    seen: set[int] = set()
+    known = known or {}
+    wanted = set(streams)
+    single = streams[0].to_bytes(8, "little") if len(streams) == 1 else None
+    holes: list[int] = []
+    thorough = False
+    while True:
+        while todo:
+            st.rounds += 1
+            batch = sorted(todo)
+            todo = set()
+            seen.update(batch)
+            fetch = [p for p in batch if p not in known]
+            got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
+            st.read += len(fetch)
+            for p in batch:
+                data = known.get(p)
+                if data is None:
+                    data = got.get(p, -errno.ENODATA)
+                if isinstance(data, int):
+                    if data in (-errno.ENODATA, -errno.ENOENT) and p < hi:
+                        holes.append(p)  # handed out, not written yet: read below with the hole rules
+                    else:
+                        st.not_ours += 1
+                    continue
+                if (single is not None and not thorough and p not in lead and len(data) > 47
+                        and data[:2] == MAGIC and data[4] & FLAG_BACKPOINTERS and data[38] == 1):
+                    if data[39:47] == single:
+                        if p < hi:
+                            found[p] = data
+                        light.append(p)
+                    else:
+                        st.not_ours += 1
+                    continue
+                if not _follow(data, p, wanted, lo, hi, found, covered, seen, todo, lead):
+                    st.not_ours += 1
+        gaps = [g for s in streams for g in _gaps(covered[s], lo, hi)]
+        if not gaps or thorough or not light:
+            break
+        thorough = True  # parse what was only checked, then look again
+        for p in light:
+            _follow(found.get(p) or known[p], p, wanted, lo, hi, found, covered, seen, todo, lead)
+    for p in holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
+        for batch in log.read_batches(p, p + 1, hole_wait=hole_wait):
+            datas = batch.column(1).to_pylist()
+            if datas and datas[0] is not None and _backpointers(datas[0], p, wanted)[1]:
+                found[p] = datas[0]
+    if gaps:  # where some stream is not known: scan from the lowest such position to the highest
+        return _scan(log, min(a for a, _ in gaps), max(b for _, b in gaps), hole_wait, st, found, hi)
+    ps = sorted(found)
+    return ps, [found[p] for p in ps], None, hi
+
+
+def _follow(data: bytes, p: int, wanted: set[int], lo: int, hi: int, found: dict[int, bytes],
+            covered: dict[int, list[tuple[int, int]]], seen: set[int], todo: set[int], lead: set[int]) -> bool:
+    """Parse the entry at p whole: record it if it is of a wanted stream,
+    the range its recent backpointers vouch for, and where to read next."""
+    kk, mine = _backpointers(data, p, wanted)
+    if not mine:
+        return False
+    if p < hi:
+        found[p] = data
+    for s, (horizon, back, far) in mine.items():
+        full = kk and len(back) >= kk
+        covered[s].append((back[-1] if full else horizon, p + 1))
+        if back and back[-1] >= lo:
+            lead.add(back[-1])  # the next one down the chain
+        for b in back:
+            if b >= lo and b not in seen:
+                todo.add(b)
+        for b in far:
+            if b >= lo and b not in seen:
+                todo.add(b)
+                lead.add(b)
+    return True
+
+
+def _gaps(intervals: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of [lo, hi) no interval covers."""
+    out: list[tuple[int, int]] = []
+    at = lo
+    for a, b in sorted(intervals):
+        if a > at:
+            out.append((at, min(a, hi)))
+        at = max(at, b)
+        if at >= hi:
+            break
+    if at < hi:
+        out.append((at, hi))
+    return [(a, b) for a, b in out if a < b]
+
+
+def _backpointers(data: bytes, position: int, wanted: set[int]) -> tuple[int, dict[int, tuple[int, list[int], list[int]]]]:
+    """K and the backpointer sections of `data` for the streams in `wanted`
+    ({} if the entry is not of this layer, has no section, or names none of them)."""
+    if len(data) < HEADER_SIZE or data[:2] != MAGIC or not data[4] & FLAG_BACKPOINTERS:
+        return 0, {}
+    k, sections, _off = parse_backpointers(data, position)
+    return k, {s: v for s, v in sections.items() if s in wanted}
+
+
+def _scan(log: Log, lo: int, upto: int, hole_wait: float, st: WalkStats, found: dict[int, bytes],
+          hi: int) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
+    """Every entry of [lo, upto) read in order, merged with `found` outside it."""
+    st.scans += 1
+    st.ranges.append((lo, upto))
+    positions: list[int] = [p for p in sorted(found) if p < lo]
+    datas: list[bytes | None] = [found[p] for p in positions]
+    kinds: list[str] = ["data"] * len(positions)
+    n = len(positions)
+    for batch in log.read_batches(lo, upto, hole_wait=hole_wait):
+        ps = batch.column(0).to_pylist()
+        positions.extend(ps)
+        datas.extend(batch.column(1).to_pylist())
+        if batch.column(1).null_count:
+            col = batch.column(2)
+            names = col.dictionary.to_pylist()
+            kinds.extend(names[i] for i in col.indices.to_pylist())
+        else:
+            kinds.extend(["data"] * len(ps))
+    st.scanned += len(positions) - n
+    end = positions[-1] + 1 if len(positions) > n else lo
+    if end < upto:  # the scan stopped at the tail
+        return positions, datas, kinds, end
+    for p in sorted(found):
+        if p >= upto:
+            positions.append(p)
+            datas.append(found[p])
+            kinds.append("data")
+    return positions, datas, kinds, hi

@@ -1,0 +1,195 @@
+"""The sequencer's streams (STREAM_NEXT / STREAM_TAIL, docs/seqr-protocol.md
+"Streams"), against the C++ server in-process: no Ceph cluster needed, logs
+installed with Server.install() as the recovery daemon does. Every
+connection authenticates, as in production."""
+from __future__ import annotations
+
+import random
+import struct
+import threading
+
+import pytest
+
+from pyzlog import _seqr
+from pyzlog._seqr import BAD_REQUEST, OK, RETRY, STALE_EPOCH, Client, Server
+from seqr_wire import RESP
+
+HOST = "127.0.0.1"
+KEY = b"k" * 32
+K = _seqr.STREAM_BACKPOINTERS
+
+
+def bp3(streams: list) -> list:  # type: ignore[type-arg]
+    """(stream, horizon, recent backpointers) of each stream of an answer."""
+    return [(s, h, b) for s, h, b, _o, _l in streams]
+
+
+@pytest.fixture
+def server():
+    srv = Server(HOST, 0)
+    srv.set_pool("pool", [(1, KEY)])
+    srv.start()
+    srv.install("pool", "log", 1, 0)
+    yield srv
+    srv.stop()
+
+
+def connect(port: int) -> Client:
+    return Client(HOST, port, 5.0, {"pool": "pool", "keys": [(1, KEY)]})
+
+
+def test_backpointers_name_each_streams_previous_positions(server) -> None:  # type: ignore[no-untyped-def]
+    c = connect(server.port)
+    st, epoch, pos, n, k, streams = c.streams("pool", "log", 1, 1, [7])
+    assert (st, epoch, pos, n, k) == (OK, 1, 0, 1, K) and bp3(streams) == [(7, 0, [])]
+    assert c.next("pool", "log", 1, 2) == (OK, 1, 1, 2)  # plain positions belong to no stream
+    st, _, pos, n, _, streams = c.streams("pool", "log", 1, 3, [7, 9])
+    assert (pos, n) == (3, 3) and bp3(streams) == [(7, 0, [0]), (9, 0, [])]
+    # a batch of count positions: the stream's newest are its last ones
+    st, _, pos, _, _, streams = c.streams("pool", "log", 1, 1, [9, 7])
+    assert pos == 6 and bp3(streams) == [(9, 0, [5, 4, 3]), (7, 0, [5, 4, 3, 0])]
+    # STREAM_TAIL takes nothing and answers the same lists
+    st, _, pos, n, _, streams = c.streams("pool", "log", 1, 0, [7, 8])
+    assert (st, pos, n) == (OK, 7, 0) and bp3(streams) == [(7, 0, [6, 5, 4, 3, 0]), (8, 0, [])]
+    assert c.tail("pool", "log", 1) == (OK, 1, 7, 0)
+    assert server.logs()[0]["streams"] == 2 and server.logs()[0]["streams_from"] == 0
+
+
+def test_at_most_k_newest_first(server) -> None:  # type: ignore[no-untyped-def]
+    c = connect(server.port)
+    for _ in range(3 * K):
+        c.streams("pool", "log", 1, 1, [1])
+    _, _, pos, _, _, [(_s, _h, back, _o, _l)] = c.streams("pool", "log", 1, 0, [1])
+    assert pos == 3 * K and back == list(range(3 * K - 1, 2 * K - 1, -1))
+    _, _, pos, _, _, [(_s, _h, back, _o, _l)] = c.streams("pool", "log", 1, 5 * K, [1])
+    assert back == list(range(3 * K - 1, 2 * K - 1, -1))
+    _, _, _, _, _, [(_s, _h, back, _o, _l)] = c.streams("pool", "log", 1, 0, [1])
+    assert back == list(range(8 * K - 1, 7 * K - 1, -1))
+
+
+def test_concurrent_appenders_to_several_streams(server) -> None:  # type: ignore[no-untyped-def]
+    """Every answer's backpointers are exactly the stream's previous
+    positions (last K), whatever the interleaving of clients."""
+    got: list[tuple[int, int, list[int], list[int]]] = []  # (pos, count, streams, ...)
+    answers: list[tuple[int, int, list[tuple[int, int, list[int]]]]] = []
+    lock = threading.Lock()
+
+    def worker(seed: int) -> None:
+        rnd = random.Random(seed)
+        c = connect(server.port)
+        for _ in range(300):
+            streams = rnd.sample(range(1, 9), rnd.randint(1, 3))
+            count = rnd.randint(1, 4)
+            st, _, pos, n, _, bps = c.streams("pool", "log", 1, count, streams)
+            assert st == OK and n == count
+            with lock:
+                answers.append((pos, count, bps))
+        c.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    answers.sort()
+    history: dict[int, list[int]] = {}
+    for pos, count, bps in answers:
+        for s, horizon, back, ordinal, levels in bps:
+            mine = history.get(s, [])
+            assert horizon == 0 and ordinal == len(mine)
+            assert back == mine[::-1][:K]
+            # skip pointers: the stream's newest entry whose ordinal is a multiple of 2^level
+            for level, p in levels:
+                assert p == mine[((ordinal - 1) >> level) << level]
+        for s, _h, _b, _o, _l in bps:
+            history.setdefault(s, []).extend(range(pos, pos + count))
+
+
+def test_a_new_epoch_forgets_streams_never_answers_wrongly(server) -> None:  # type: ignore[no-untyped-def]
+    c = connect(server.port)
+    for _ in range(5):
+        c.streams("pool", "log", 1, 1, [3])
+    # a recovery (another daemon, a restart): the counter comes from the objects
+    server.install("pool", "log", 2, 40)
+    st, epoch, pos, _, _, streams = c.streams("pool", "log", 1, 1, [3])
+    assert st == STALE_EPOCH and streams == []
+    st, epoch, pos, _, _, streams = c.streams("pool", "log", 2, 1, [3])
+    assert (st, epoch, pos) == (OK, 2, 40) and bp3(streams) == [(3, 40, [])]  # unknown below 40
+    _, _, _, _, _, streams = c.streams("pool", "log", 2, 0, [3])
+    assert bp3(streams) == [(3, 40, [40])]
+    # the same epoch again (a repeated install) keeps what it knows
+    server.install("pool", "log", 2, 30)
+    assert bp3(c.streams("pool", "log", 2, 0, [3])[5]) == [(3, 40, [40])]
+    # forgotten, then recovered: unknown below the new counter
+    server.forget("pool", "log")
+    assert c.streams("pool", "log", 2, 1, [3])[0] == RETRY
+    server.install("pool", "log", 3, 50)
+    assert bp3(c.streams("pool", "log", 3, 1, [3])[5]) == [(3, 50, [])]
+
+
+def _raw_request(op: int, count: int, tail: bytes, pool: bytes = b"pool", log: bytes = b"log") -> bytes:
+    body = struct.pack("<BQQIH", op, 9, 1, count, len(pool)) + pool + struct.pack("<H", len(log)) + log + tail
+    return struct.pack("<I", len(body)) + body
+
+
+@pytest.mark.parametrize("op,count,tail", [
+    (3, 1, b""),                                            # no stream count
+    (3, 1, struct.pack("<H", 0)),                           # no stream
+    (3, 1, struct.pack("<HQ", 2, 5)),                       # one id short
+    (3, 1, struct.pack("<HQQ", 1, 5, 6)),                   # trailing bytes
+    (3, 1, struct.pack("<HQQ", 2, 5, 5)),                   # a stream twice
+    (3, 0, struct.pack("<HQ", 1, 5)),                       # STREAM_NEXT of nothing
+    (4, 1, struct.pack("<HQ", 1, 5)),                       # STREAM_TAIL that takes
+    (3, 1, struct.pack("<H", 65) + b"\1" * 8 * 65),         # more streams than allowed
+    (1, 1, struct.pack("<HQ", 1, 5)),                       # a plain NEXT with a stream section
+])
+def test_malformed_stream_requests_are_bad_requests(server, op: int, count: int, tail: bytes) -> None:  # type: ignore[no-untyped-def]
+    c = connect(server.port)
+    c.send_raw(_raw_request(op, count, tail))
+    buf = b""
+    while len(buf) < RESP.size:
+        buf += c.recv_raw(4096, 2.0)
+    length, status, rid, epoch, pos, n = RESP.unpack_from(buf)
+    assert (length, status, rid, pos, n) == (29, BAD_REQUEST, 9, 0, 0)
+    assert len(buf) == RESP.size
+    # the connection goes on, and nothing was handed out
+    assert c.tail("pool", "log", 1) == (OK, 1, 0, 0)
+    assert server.logs()[0]["streams"] == 0
+
+
+def test_client_checks_arguments(server) -> None:  # type: ignore[no-untyped-def]
+    c = connect(server.port)
+    with pytest.raises(ValueError):
+        c.streams("pool", "log", 1, 1, [])
+    with pytest.raises(ValueError):
+        c.streams("pool", "log", 1, 1, list(range(1, 66)))
+    assert c.tail("pool", "log", 1) == (OK, 1, 0, 0)
+
+
+def test_stream_request_before_the_handshake_is_refused(server) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    s = socket.create_connection((HOST, server.port))
+    s.sendall(_raw_request(3, 1, struct.pack("<HQ", 1, 5)))
+    buf = b""
+    while len(buf) < RESP.size:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        buf += chunk
+    s.close()
+    assert RESP.unpack_from(buf)[1] == _seqr.AUTH_REQUIRED
+    assert server.logs()[0]["streams"] == 0
+
+
+def test_skip_pointers_reach_back_by_powers_of_two(server) -> None:  # type: ignore[no-untyped-def]
+    c = connect(server.port)
+    positions = []
+    for i in range(300):
+        c.next("pool", "log", 1, 1)  # another stream's entry between each of ours
+        positions.append(c.streams("pool", "log", 1, 1, [5])[2])
+    _, _, _, _, _, [(_s, _h, back, ordinal, levels)] = c.streams("pool", "log", 1, 0, [5])
+    assert ordinal == 300 and back == positions[::-1][:K]
+    first = _seqr.STREAM_FIRST_LEVEL
+    assert [lv for lv, _p in levels] == list(range(first, 10))  # 2^8 < 299 < 2^9: level 9 names ordinal 0
+    assert dict(levels) == {lv: positions[(299 >> lv) << lv] for lv in range(first, 10)}
