@@ -148,7 +148,7 @@ class SequencerClient:
         see docs/seqr-protocol.md, "Streams"."""
         if not 1 <= len(streams) <= MAX_STREAMS_PER_REQUEST:
             raise InvalidRequest(f"a stream request names 1..{MAX_STREAMS_PER_REQUEST} streams, not {len(streams)}")
-        return self._request("streams", pool, log, epoch, count, streams)  # type: ignore[return-value]
+        return self._request("streams", pool, log, epoch, count, streams)
 
     def _drop_locked(self, pool: str) -> None:
         conn = self._conns.pop(pool, None)

@@ -97,10 +97,10 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
             got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
             st.read += len(fetch)
             for p in batch:
-                data = known.get(p)
+                data: bytes | int | None = known.get(p)
                 if data is None:
                     data = got.get(p, -errno.ENODATA)
-                if isinstance(data, int):
+                if data is None or isinstance(data, int):
                     if data in (-errno.ENODATA, -errno.ENOENT) and p < hi:
                         holes.append(p)  # handed out, not written yet: read below with the hole rules
                     else:
