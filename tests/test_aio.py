@@ -59,9 +59,9 @@ def test_the_queue_notify_fd_is_readable_while_results_wait(rados_cluster, ceph,
         return bool(select.select([fd], [], [], timeout)[0])
 
     assert not readable()
-    epoch, oid = log.state.locate(0)
-    q.submit(log.state.data, oid, Op.READ, 1, epoch=epoch, position=0)
-    q.submit(log.state.data, oid, Op.READ, 2, epoch=epoch, position=1)
+    epoch, place = log.state.locate(0)  # (epoch, Place) since the storage issue
+    q.submit(log.state.data, place.oid, Op.READ, 1, epoch=epoch, position=0, format=place.format)
+    q.submit(log.state.data, place.oid, Op.READ, 2, epoch=epoch, position=1, format=place.format)
     assert readable(30)
     q.drain(30)  # both replies in: one wait of max 1 leaves one ready
     assert [t for t, _, _ in q.wait(0)] == [1] and readable()
