@@ -206,8 +206,17 @@ class Workload:
 
     def end(self) -> None:
         self.stop.set()
+        streamer = next(t for t in self.threads if t.name == "soak-streamer")
         for t in self.threads:
-            t.join(150)
+            if t is not streamer:
+                t.join(150)
+        # a following stream sees the stop flag only with its next record: give it one
+        if streamer.is_alive() and self.logs:
+            try:
+                self.logs[0].append(b"soak: end")
+            except ZlogError:
+                pass
+        streamer.join(30)
         for lg in self.logs:
             try:
                 lg.close()
