@@ -349,13 +349,23 @@ def run_soak(cluster: Any, conf: str, pool: str, seconds: float, sample_interval
         for d in daemons:
             d.end()
     stepped_down = sum(p.read_text(errors="replace").count("stepped down") for p in logdir.glob("*.log"))
+    # the following stream must keep up: appends went on while it delivered nothing
+    stalled = run_ = 0
+    for a, b in zip(samples, samples[1:]):
+        acked = sum(b["counts"].get(k, 0) - a["counts"].get(k, 0) for k in ("sync", "async", "batch"))
+        run_ = run_ + 1 if acked > 0 and b["counts"].get("streamed", 0) == a["counts"].get("streamed", 0) else 0
+        stalled = max(stalled, run_)
+    if stalled >= 3 and stalled * sample_interval >= 120:  # a failover's hole wait is seconds, not minutes
+        failures.append(f"the following stream delivered nothing for {stalled} sample intervals while appends "
+                        f"went on (stopped at {samples[-1]['counts'].get('streamed', 0):,} records)")
     result: dict[str, Any] = {
         "log": name, "seconds": round(time.monotonic() - t0, 1), "planned_seconds": seconds,
         "sample_interval_s": sample_interval, "failover_every_s": failover_every, "lease_s": lease,
         "rate_per_s": rate, "entry_bytes": size, "kept_entries": keep,
         "counts": dict(w.counts), "errors": dict(w.errors), "error_samples": w.error_samples,
         "anomalies": w.anomalies[:20], "anomaly_count": len(w.anomalies),
-        "failovers": failovers, "step_downs_logged": stepped_down, "failures": failures,
+        "failovers": failovers, "step_downs_logged": stepped_down, "stream_stalled_intervals": stalled,
+        "failures": failures,
         "daemon_logs": str(logdir), "samples": samples, "verdict": verdict(samples, warmup),
     }
     return result
