@@ -168,6 +168,15 @@ static int cluster_done_with(dp_cluster *c) {
 }
 
 static void cluster_free(dp_cluster *c) {
+  /* the pools' structs live as long as the cluster: a queue (which keeps the
+   * cluster) may still be handed a pool of a closed connection, and must find
+   * it there to be refused (found by AddressSanitizer: dp_submit read a pool
+   * that dp_cluster_close had freed) */
+  while (c->pools) {
+    dp_pool *p = c->pools;
+    c->pools = p->next;
+    free(p);
+  }
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->idle);
   free(c);
@@ -226,16 +235,14 @@ uint64_t dp_cluster_close(dp_cluster *c, double timeout_s) {
   c->closing = 1;
   WAIT_UNTIL(&c->idle, &c->mu, c->in_flight == 0, timeout_s);
   const uint64_t left = c->in_flight;
-  dp_pool *pools = c->pools;
-  c->pools = NULL;
+  dp_pool *pools = c->pools; /* no pool is added once closing: walked unlocked */
   pthread_mutex_unlock(&c->mu);
-  while (pools) {
-    dp_pool *p = pools;
-    pools = p->next;
-    /* an op still in flight may use its I/O context: leave those to exit */
+  for (dp_pool *p = pools; p; p = p->next) {
+    /* an op still in flight may use its I/O context: leave those to exit.
+     * The struct itself goes with the cluster (cluster_free). */
     if (left == 0) {
       rados_ioctx_destroy(p->io);
-      free(p);
+      p->io = NULL;
     }
   }
   /* Stops librados' threads: no callback runs after this returns. */

@@ -59,7 +59,7 @@ def test_the_queue_notify_fd_is_readable_while_results_wait(rados_cluster, ceph,
         return bool(select.select([fd], [], [], timeout)[0])
 
     assert not readable()
-    epoch, place = log.state.locate(0)
+    epoch, place = log.state.locate(0)  # (epoch, Place) since the storage issue
     q.submit(log.state.data, place.oid, Op.READ, 1, epoch=epoch, position=0, format=place.format)
     q.submit(log.state.data, place.oid, Op.READ, 2, epoch=epoch, position=1, format=place.format)
     assert readable(30)

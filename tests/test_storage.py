@@ -267,3 +267,31 @@ def test_bench_storage(ceph, tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert tr["drop"] == pytest.approx((ps["filled"] - ps["trimmed"]) / ps["log_share"])
     assert tr["target_met"] == (tr["drop"] >= 0.40)
     assert set(ok(run(ceph, "ls")).split()) == before  # the bench removed its log
+
+
+def test_a_stream_crosses_many_stripes_without_spinning(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """Issue 24's soak: a stream (following or not) stopped for good near a
+    stripe's end: the scan's read-ahead looped for ever when an object's next
+    position was past the range's end while the next position was not."""
+    import threading
+
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=4, slots=1024)  # a stripe: 4096 positions
+    for _ in range(0, 5000, 16):
+        lg.append_many([b"x" * 256] * 16)
+    recs = list(Log.open(rados_cluster, ceph.pool, log_name).stream(0))
+    assert [r.position for r in recs] == list(range(5008))
+    got: list[int] = []
+    done = threading.Event()
+
+    def follow() -> None:
+        for rec in Log.open(rados_cluster, ceph.pool, log_name).stream(4000, follow=True, hole_wait=1.0):
+            got.append(rec.position)
+            if rec.position == 9007:
+                done.set()
+                return
+
+    threading.Thread(target=follow, daemon=True).start()
+    for _ in range(0, 4000, 16):
+        lg.append_many([b"y" * 256] * 16)
+    assert done.wait(120), f"the following stream stopped at {got[-1] if got else None}"
+    assert got == list(range(4000, 9008))

@@ -791,6 +791,35 @@ def bench_failover(env: Env, kills: int, pauses: int, lease: float, many_logs: i
         many_logs)
 
 
+@bench.command(name="soak", context_settings=CONTEXT)
+@click.option("--minutes", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="how long to run")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="how long to run, in seconds (instead of --minutes; for short runs)")
+@click.option("--sample-interval", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="seconds between samples of RSS, fds and threads")
+@click.option("--failover-every", type=click.FloatRange(min=0), default=180.0, show_default=True,
+              help="seconds between sequencer failovers (SIGSTOP past the lease; every third kill -9); 0: none")
+@click.option("--warmup", type=click.FloatRange(min=0), default=300.0, show_default=True,
+              help="seconds of a process's life not judged for growth")
+@click.option("--rate", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="appends a second, over the sync, async and batch appenders")
+@click.option("--size", type=click.IntRange(1, 1 << 20), default=256, show_default=True, help="entry size in bytes")
+@click.option("--keep", type=click.IntRange(1, 10_000_000), default=20000, show_default=True,
+              help="entries kept below the tail; older ones are trimmed")
+@click.option("--out", default=None, metavar="FILE", help="[default: results/soak.json]")
+@pass_env
+def bench_soak(env: Env, minutes: float, seconds: float | None, sample_interval: float, failover_every: float,
+               warmup: float, rate: float, size: int, keep: int, out: str | None) -> None:
+    """Hours of appends, streams and reads with sequencer failovers; RSS, fds and threads sampled for growth."""
+    from ..bench.soak import bench_soak as run
+    from ..core.cluster import resolve_conf
+
+    run(env.cluster, resolve_conf(env.conf), env.pool, seconds if seconds is not None else minutes * 60,
+        out or os.path.join("results", "soak.json"), sample_interval=sample_interval,
+        failover_every=failover_every, warmup=warmup, rate=rate, size=size, keep=keep)
+
+
 # --------------------------------------------------------------------- main
 def _error(message: str, code: int) -> NoReturn:
     lines = [ln.strip() for ln in str(message).strip().splitlines() if ln.strip()]

@@ -319,7 +319,9 @@ class ViewScan:
         segs = self._segments[obj]
         while len(segs) < self.ahead:
             nxt = segs[-1].last + 1 if segs else self.position
-            if nxt >= self.end:
+            # the object's next position, not nxt: below the end while that one is not,
+            # _issue asks for nothing and this loop spun for ever (found by zlog bench soak)
+            if self._first_of(obj, nxt) >= self.end:
                 return
             self._issue(obj, nxt)
 

@@ -19,10 +19,22 @@ the secrets every --secret-refresh seconds and on SIGHUP. It also stands by
 for its pools' logs (failover.py; not with --no-standby): it takes over the
 logs of a daemon that died, and steps down from logs taken from it.
 --insecure drops the proof (and without --pool serves every pool).
+
+A rotated cephx key (issue 24): librados reads the keyring only when it
+connects, so on SIGHUP the daemon also looks at its keyring file. If the file
+changed, it connects once with the new keyring to check it (a bad one is
+logged and the daemon goes on with the key it has), then stops cleanly (its
+port closes and its registry record goes, so a standby takes its logs at
+once) and executes itself again with the same arguments and pid, which
+connects with the new key and serves again. Nothing stored is touched: a log
+it served is taken by a standby or recovered (a new epoch sealed, the tail
+found) by the restarted daemon when a client asks.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -354,9 +366,23 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
         raise click.ClickException(str(e)) from None
     # before the port opens: a SIGTERM as soon as it accepts still shuts down cleanly
     done = threading.Event()
+    hup, term = threading.Event(), threading.Event()
+
+    def on_term(*_: object) -> None:
+        term.set()
+        done.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    signal.signal(signal.SIGHUP, lambda *_: daemon.reload_secrets())
+        signal.signal(sig, on_term)
+
+    def on_hup(*_: object) -> None:
+        daemon.reload_secrets()
+        hup.set()
+        done.set()
+
+    signal.signal(signal.SIGHUP, on_hup)
+    key_file = keyring_path(cluster, keyring)
+    key_seen = file_digest(key_file)
     try:
         daemon.start()
     except MetricsListenError as e:
@@ -368,10 +394,65 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
     except (ZlogError, rados.Error) as e:
         cluster.shutdown()
         raise click.ClickException(f"cannot serve pools {', '.join(pools)}: {e}") from None
-    done.wait()
+    restart = False
+    while True:
+        done.wait()
+        done.clear()
+        if term.is_set() or not hup.is_set():
+            break
+        hup.clear()
+        now = file_digest(key_file)
+        if now == key_seen:
+            continue
+        key_seen = now
+        if keyring_works(conf, key_file, client):
+            log.warning("keyring %s changed: restarting to connect with the new key", key_file)
+            restart = True
+            break
     log.info("shutting down")
     daemon.stop()
     cluster.shutdown()
+    if restart:
+        sys.stderr.flush()
+        # the same pid and arguments: a supervisor sees no exit
+        os.execv(sys.executable, [sys.executable, "-m", "pyzlog.daemon.service", *sys.argv[1:]])
+
+
+def keyring_path(cluster: rados.Rados, given: str | None) -> str | None:
+    """The keyring file the connection read: --keyring, or the first of
+    ceph.conf's `keyring` list that exists."""
+    if given:
+        return given
+    try:
+        value = cluster.conf_get("keyring") or ""
+    except rados.Error:
+        return None
+    for path in (p.strip() for p in value.split(",")):
+        if path and os.path.isfile(path):
+            return path
+    return None
+
+
+def file_digest(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def keyring_works(conf: str | None, path: str | None, client: str) -> bool:
+    """Does `path` hold a key the monitors accept for `client`? Logged if not."""
+    if not path:
+        return False
+    try:
+        connect(conf, keyring=path, client=client, connect_timeout=10).shutdown()
+        return True
+    except ZlogError as e:
+        log.error("keyring %s changed but does not work (%s): going on with the key in use", path, e)
+        return False
 
 
 if __name__ == "__main__":
