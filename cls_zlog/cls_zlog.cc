@@ -326,6 +326,25 @@ int do_max_position(cls_method_context_t hctx, bufferlist* in, bufferlist* out, 
   return rep.to(out);
 }
 
+// A protocol-2 range reply (read_range, read_set): fixed records, then
+// every listed entry's data in one block.
+static int encode_range2(const zlog_range_head& head, Listed& got, bufferlist* out) {
+  Reply rep;
+  zw_u8(&rep.w, ZLOG_STRUCT_V);
+  zw_u8(&rep.w, ZLOG_COMPAT_V);
+  zw_u32(&rep.w, static_cast<uint32_t>(ZLOG_RANGE_HEAD_BYTES + got.entries.size() * ZLOG_RANGE_REC2_BYTES +
+                                       got.data.length()));
+  zlog_range_head_encode(&rep.w, &head);
+  for (auto& [pos, e] : got.entries) {
+    zlog_range_entry rec{pos, e.epoch, e.len, e.state, 0};
+    zlog_range_rec_encode(&rep.w, &rec);
+  }
+  int r = rep.to(out);
+  if (r < 0) return r;
+  out->claim_append(got.data);
+  return 0;
+}
+
 // read_range: epoch, first, last (inclusive), max_entries, max_bytes -> the
 // range reply of ops.h. Every position in [first, next) held by this object
 // and >= trim_below that is not listed is unwritten; the caller resumes at
@@ -348,18 +367,7 @@ int do_read_range(cls_method_context_t hctx, bufferlist* in, bufferlist* out, in
                        static_cast<uint32_t>(got.entries.size())};
   Reply rep;
   if (proto == ZLOG_PROTO_CURRENT) {  // fixed records, then the data in one block
-    size_t records = got.entries.size() * ZLOG_RANGE_REC2_BYTES;
-    zw_u8(&rep.w, ZLOG_STRUCT_V);
-    zw_u8(&rep.w, ZLOG_COMPAT_V);
-    zw_u32(&rep.w, static_cast<uint32_t>(ZLOG_RANGE_HEAD_BYTES + records + got.data.length()));
-    zlog_range_head_encode(&rep.w, &head);
-    for (auto& [pos, e] : got.entries) {
-      zlog_range_entry rec{pos, e.epoch, e.len, e.state, 0};
-      zlog_range_rec_encode(&rep.w, &rec);
-    }
-    if ((r = rep.to(out)) < 0) return r;
-    out->claim_append(got.data);
-    return 0;
+    return encode_range2(head, got, out);
   }
   // protocol 1: each entry's record followed by its data; a lost fill's data
   // is its one byte, as round 2 stored it
@@ -431,19 +439,7 @@ int do_read_set(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int 
   const Header& h = st->h;
   zlog_range_head head{h.trim_below, static_cast<uint8_t>(h.has_max ? 1 : 0), h.max_pos, 0,
                        static_cast<uint32_t>(got.entries.size())};
-  Reply rep;
-  zw_u8(&rep.w, ZLOG_STRUCT_V);
-  zw_u8(&rep.w, ZLOG_COMPAT_V);
-  zw_u32(&rep.w, static_cast<uint32_t>(ZLOG_RANGE_HEAD_BYTES + got.entries.size() * ZLOG_RANGE_REC2_BYTES +
-                                       got.data.length()));
-  zlog_range_head_encode(&rep.w, &head);
-  for (auto& [pos, e] : got.entries) {
-    zlog_range_entry rec{pos, e.epoch, e.len, e.state, 0};
-    zlog_range_rec_encode(&rep.w, &rec);
-  }
-  if ((r = rep.to(out)) < 0) return r;
-  out->claim_append(got.data);
-  return 0;
+  return encode_range2(head, got, out);
 }
 
 // stat: (nothing) -> zlog_stat. No epoch check: it only reports, and tools

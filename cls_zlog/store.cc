@@ -227,6 +227,25 @@ int OmapStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
   return 0;
 }
 
+// repair's part common to both formats: the seal, trim point and view end
+// from the log's metadata (`want`), the max position from the highest entry
+// (`any`, `top`) raised to the trim point as trim_to leaves it.
+static void rebuild_header(const Header& want, bool any, uint64_t top, Header* h) {
+  h->sealed_epoch = want.sealed_epoch;
+  h->trim_below = want.trim_below;
+  h->has_end = want.has_end;
+  h->view_end = want.view_end;
+  h->has_max = any;
+  h->max_pos = top;
+  if (h->trim_below > 0 && (!h->has_end || h->view_end > 0)) {
+    const uint64_t t = h->has_end ? std::min(h->trim_below - 1, h->view_end - 1) : h->trim_below - 1;
+    if (!h->has_max || t > h->max_pos) {
+      h->has_max = true;
+      h->max_pos = t;
+    }
+  }
+}
+
 // Rebuilds a lost header: the highest position from the entries (every one
 // must parse), the rest from what the log's metadata says (`want`).
 int OmapStore::repair(const Header& want) {
@@ -262,19 +281,7 @@ int OmapStore::repair(const Header& want) {
   if (!any && bl.length() == 0) return -ENOENT;  // holds nothing: the initial state, nothing to repair
   if (want.has_end && any && top >= want.view_end) return -EINVAL;
   h = Header{};
-  h.sealed_epoch = want.sealed_epoch;
-  h.trim_below = want.trim_below;
-  h.has_end = want.has_end;
-  h.view_end = want.view_end;
-  h.has_max = any;
-  h.max_pos = top;
-  if (h.trim_below > 0 && (!h.has_end || h.view_end > 0)) {  // as trim_to leaves it
-    const uint64_t t = h.has_end ? std::min(h.trim_below - 1, h.view_end - 1) : h.trim_below - 1;
-    if (!h.has_max || t > h.max_pos) {
-      h.has_max = true;
-      h.max_pos = t;
-    }
-  }
+  rebuild_header(want, any, top, &h);
   exists = true;
   cls_log(0, "zlog: repair: header rebuilt (sealed epoch %" PRIu64 ", max %s%" PRIu64 ")", h.sealed_epoch,
           h.has_max ? "" : "none ", h.max_pos);
@@ -768,19 +775,7 @@ int DataStore::repair(const Header& want) {
   }
   if (want.has_end && any && top >= want.view_end) return -EINVAL;
   h.data_end = data_end;
-  h.sealed_epoch = want.sealed_epoch;
-  h.trim_below = want.trim_below;
-  h.has_end = want.has_end;
-  h.view_end = want.view_end;
-  h.has_max = any;
-  h.max_pos = top;
-  if (h.trim_below > 0 && (!h.has_end || h.view_end > 0)) {  // as trim_to leaves it
-    const uint64_t t = h.has_end ? std::min(h.trim_below - 1, h.view_end - 1) : h.trim_below - 1;
-    if (!h.has_max || t > h.max_pos) {
-      h.has_max = true;
-      h.max_pos = t;
-    }
-  }
+  rebuild_header(want, any, top, &h);
   cls_log(0, "zlog: repair: data-format header rebuilt (%" PRIu64 " entries, sealed epoch %" PRIu64 ")", h.entries,
           h.sealed_epoch);
   return save();
