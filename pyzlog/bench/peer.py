@@ -34,15 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import ZlogError
-from .bench import (Run, _batch_passes, _Bench, _case_runner, _fmt, _progress, _rados_done, _setup_line,
+from .bench import (ASYNC_SAMPLE, Run, run_append_async, _batch_passes, _Bench, _case_runner, _fmt, _progress, _rados_done, _setup_line,
                     _stream_passes, _Ticker, die_with_parent, machine_info, run_async, run_sync, summarize_runs,
                     write_json)
 from .cpu import CpuMeter
 
 #: the target of issue 23: OSD CPU per coalesced append <= this x the raw batch write
 OSD_TARGET_RATIO = 2.0
-#: append_async: one call in this many is timed to completion (the others run bare)
-ASYNC_SAMPLE = 64
 #: entries per XRANGE call; zlog's range reads also ask for 1024 entries per object call
 XRANGE_COUNT = 1024
 #: entries a raw object takes before the next one is used (4 MiB of 1 KB
@@ -143,34 +141,6 @@ def _entries(run: Run, per_op: int) -> Run:
     entries: (entries, elapsed, latency per operation)."""
     ops, elapsed, lats = run
     return ops * per_op, elapsed, lats
-
-
-def _async_appends(log: Any, data: bytes, duration: float, tick: _Ticker) -> Run:
-    """append_async in a bare loop (what an application's loop costs), then
-    flush(); one call in ASYNC_SAMPLE is timed to its completion."""
-    lats: list[float] = []
-    sampled = []
-    append = log.append_async
-    n = 0
-    t0 = time.perf_counter()
-    end = t0 + duration
-    now = t0
-    while now < end:
-        for _ in range(ASYNC_SAMPLE - 1):
-            append(data)
-        ts = time.perf_counter()
-        fut = append(data)
-        fut.add_done_callback(lambda _f, ts=ts: lats.append(time.perf_counter() - ts))
-        sampled.append(fut)
-        n += ASYNC_SAMPLE
-        now = time.perf_counter()
-        tick(now)
-    log.flush()
-    elapsed = time.perf_counter() - t0
-    for fut in sampled:
-        fut.result()  # a failed append raises here, not as throughput
-    tick.finish()
-    return n, elapsed, lats
 
 
 def _xrange_passes(client: Any, key: str, count: int, duration: float, tick: _Ticker,
@@ -378,7 +348,7 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
             # appends it is the baseline of
             plan = [
                 _Case("zlog_append_async", f"zlog append_async, depth {depth}", "zlog", depth, "append_async",
-                      lambda d, t: _async_appends(alog, data, d, t)),
+                      lambda d, t: run_append_async(alog, data, d, t)),
                 _Case("redis_xadd_pipelined", f"Redis XADD, pipelined ({depth})", "redis", depth,
                       "XADD pipeline", lambda d, t: _entries(run_sync(xadd_pipelined, d, t), depth),
                       f"pipeline of {depth}"),
@@ -386,7 +356,7 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                       lambda d, t: _entries(run_sync(lambda i: log.append_many(entries_many), d, t), batch),
                       f"call of {batch}"),
                 _Case("zlog_append_async_omap", f"zlog append_async, depth {depth}, omap format", "zlog", depth,
-                      "append_async", lambda d, t: _async_appends(oalog, data, d, t)),
+                      "append_async", lambda d, t: run_append_async(oalog, data, d, t)),
                 _Case("zlog_append_many_omap", f"zlog append_many of {batch}, omap format", "zlog", batch,
                       "append_many",
                       lambda d, t: _entries(run_sync(lambda i: olog.append_many(entries_many), d, t), batch),

@@ -10,27 +10,87 @@ reader.Record objects for stream().
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from typing import Any
-
 import errno
 import logging
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator
+from functools import partial
+from operator import length_hint
+from typing import Any, NamedTuple
 
-from ..core.scan import KIND_NAMES, STOP_CORRUPT, STOP_END, STOP_MISSING, ViewScan, batch_of
-from . import metrics
 from ..core import wire
 from ..core.errors import CorruptEntry, StaleEpoch, ZlogError
-from ..core.native import Op, Queue
 from ..core.layout import first_in_stride, stripe_end, stripe_of, stripe_places, view_end, view_of
+from ..core.native import Op, Queue
+from ..core.scan import KIND_NAMES, STOP_CORRUPT, STOP_END, STOP_MISSING, ViewScan, batch_of
+from ..core.state import LogState
 from ..core.tailfind import highest_position
+from . import metrics
 from .ops import fill_hole
 from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind
 from .stale import StaleWait
-from ..core.state import LogState
 
 #: entries asked of one object per read_range call
 PER_CALL = 1024
+
+
+# What BatchStream._steps yields where it would block; its driver does it.
+class Rows(NamedTuple):
+    """Hand `batch` to the reader; resume when the next one is wanted."""
+    batch: Any
+
+
+class Sleep(NamedTuple):
+    seconds: float
+
+
+class Step(NamedTuple):
+    """A scan step on the stream's queue: it waits for replies (the asyncio
+    driver retries it each time one lands, never blocking the loop)."""
+    fn: Callable[[], Any]
+    args: tuple[Any, ...] = ()
+
+
+class Call(NamedTuple):
+    """A call that blocks on its own (metadata, a fill, a stale epoch's
+    wait): the asyncio driver runs it on the loop's executor."""
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], *args: Any) -> Call:
+        return cls(fn, args)
+
+
+Effect = Rows | Sleep | Step | Call
+
+
+class Walk:
+    """A BatchStream._steps() generator as an iterator of its effects; a
+    driver hands each Step's or Call's outcome back with reply() or fail()
+    before it asks for the next effect."""
+
+    def __init__(self, steps: Generator[Effect, Any, None]) -> None:
+        self._steps = steps
+        self._reply: Any = None
+        self._error: Exception | None = None
+
+    def __iter__(self) -> Walk:
+        return self
+
+    def __next__(self) -> Effect:
+        reply, error, self._reply, self._error = self._reply, self._error, None, None
+        return self._steps.throw(error) if error is not None else self._steps.send(reply)
+
+    def reply(self, value: Any) -> None:
+        self._reply = value
+
+    def fail(self, error: Exception) -> None:
+        self._error = error
+
+    def close(self) -> None:
+        self._steps.close()
 
 logger = logging.getLogger("pyzlog")
 
@@ -91,30 +151,28 @@ class BatchStream:
                         signed=self.signed, format=view.format, trim_below=meta.trim_below)
         return scan, view, vend, meta.views
 
-    def _max_position(self, scan: ViewScan, view: wire.View, position: int) -> int | None:
-        """The highest position written in `view` as far as the gap rules
-        need it: the scan's objects', and for a data-format view whose
-        scanned stripe shows nothing at or past `position`, the later open
-        stripes' (a hole at the end of a stripe lies below the tail once the
-        next stripe holds something)."""
-        scan.refresh_max()
-        top = scan.max_position()
-        if not view.bounded or (top is not None and top >= position):
-            return top
-        meta = self.log.refresh()
-        if meta.views[-1].epoch != view.epoch:
-            return top  # closed since: its end (vend) decides on the next walk
-        stripe = stripe_of(view, position)
-        for later in range(self.log.open_stripes(meta.views[-1]) - 1, stripe, -1):
-            try:
-                found = highest_position(self.log, stripe_places(self.log.name, view, later), meta.epoch)
-            except StaleEpoch:
-                return top
-            if found is not None:
-                return found if top is None else max(top, found)
-        return top
-
     def _walk(self) -> Iterator[Any]:
+        """The walk of _steps() with its effects done here, blocking."""
+        walk = Walk(self._steps())
+        try:
+            for effect in walk:
+                if isinstance(effect, Rows):
+                    yield effect.batch
+                elif isinstance(effect, Sleep):
+                    time.sleep(effect.seconds)
+                elif isinstance(effect, (Step, Call)):  # alike here: call it
+                    try:
+                        walk.reply(effect.fn(*effect.args))
+                    except Exception as e:  # noqa: BLE001 - thrown into the walk, which decides
+                        walk.fail(e)
+        finally:
+            walk.close()
+
+    def _steps(self) -> Generator[Effect, Any, None]:
+        """The walk itself, with no I/O of its own (sans-I/O): it yields an
+        Effect wherever it would block and is sent the result (or thrown the
+        error). _walk drives it blocking, aio_stream on an event loop: one
+        walk, two drivers."""
         stale = StaleWait(self.log, "stream_batches")
         idle_since: float | None = None
         scan: ViewScan | None = None
@@ -128,9 +186,9 @@ class BatchStream:
                     scan = None
                     continue
             try:
-                built = scan.next_batch()
+                built = yield Step(scan.next_batch)
             except StaleEpoch:
-                stale(scan.epoch)
+                yield Call.of(stale, scan.epoch)
                 self.position = scan.position
                 scan = None
                 continue
@@ -144,24 +202,24 @@ class BatchStream:
                                     f"entry: {e}") from e
                 self.position = scan.position
                 idle_since = None
-                yield rows
+                yield Rows(rows)
             self.position = scan.position
             if built.stop == STOP_END:
                 scan = None  # the view (or the range) is done: the next view, or the end
                 continue
             if built.stop == STOP_CORRUPT:
-                err = self._corrupt_entry(scan, view, built.stop_object)
+                err = yield Call.of(self._corrupt_entry, scan, view, built.stop_object)
                 if err is None:
                     continue  # another partition's position
-                if err.whole and self.on_corrupt != "fail" and self.holes.since(
-                        scan.position, vend, lambda: self._max_position(scan, view, err.position)) is None:
-                    if not self.follow:  # no later position known: it may never have held an entry
-                        self._fail(scan, err)
-                    time.sleep(MAX_POLL_SECONDS)  # as at the tail: later entries (or a repair) tell
-                    scan.forget_from(err.position)
-                    self.log.refresh()
-                    continue
-                yield self._skip_corrupt(scan, err)
+                if err.whole and self.on_corrupt != "fail":
+                    if (yield from self._since(scan, view, vend, err.position)) is None:
+                        if not self.follow:  # no later position known: it may never have held an entry
+                            self._fail(scan, err)
+                        yield Sleep(MAX_POLL_SECONDS)  # as at the tail: later entries (or a repair) tell
+                        scan.forget_from(err.position)
+                        yield Call.of(self.log.refresh)
+                        continue
+                yield Rows(self._skip_corrupt(scan, err))
                 continue
             if built.stop != STOP_MISSING:
                 continue
@@ -170,26 +228,54 @@ class BatchStream:
                 scan.skip()  # another partition's position: its reader's gap rules decide
                 self.position = scan.position
                 continue
-            since = self.holes.since(pos, vend, lambda: self._max_position(scan, view, pos))
+            since = yield from self._since(scan, view, vend, pos)
             if since is None:  # the tail
                 if not self.follow:
                     return
                 now = time.monotonic()
                 idle_since = idle_since or now
-                time.sleep(min(0.002 * 2 ** min((now - idle_since) * 10, 7), MAX_POLL_SECONDS))
+                yield Sleep(min(0.002 * 2 ** min((now - idle_since) * 10, 7), MAX_POLL_SECONDS))
                 scan.forget_from(pos)
-                self.log.refresh()
+                yield Call.of(self.log.refresh)
                 continue
             pause = self.holes.wait_for(since)
             if pause:
-                time.sleep(pause)
+                yield Sleep(pause)
                 scan.forget_from(pos)
-            elif fill_hole(self.log, pos):
-                yield self._rows(batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed))
+            elif (yield Call.of(fill_hole, self.log, pos)):
+                yield Rows(self._rows(batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed)))
                 scan.skip()
                 self.position = scan.position
             else:
                 scan.forget_from(pos)  # someone else got there first: read what it is now
+
+    def _since(self, scan: ViewScan, view: wire.View, vend: int | None,
+               position: int) -> Generator[Effect, Any, float | None]:
+        """HoleClock.since for `position`, with the highest position stored
+        asked only if the gap rule needs it: the scan's objects' (a Step),
+        and for a data-format view whose scanned stripe shows nothing at or
+        past `position`, the later open stripes' (a Call: a hole at the end
+        of a stripe lies below the tail once the next stripe holds something)."""
+        top: int | None = None
+        if self.holes.needs_highest(position, vend):
+            top = yield Step(scan.top)
+            if view.bounded and (top is None or top < position):
+                top = yield Call.of(self._later_top, view, position, top)
+        return self.holes.since(position, vend, lambda: top)
+
+    def _later_top(self, view: wire.View, position: int, top: int | None) -> int | None:
+        meta = self.log.refresh()
+        if meta.views[-1].epoch != view.epoch:
+            return top  # closed since: its end (vend) decides on the next walk
+        stripe = stripe_of(view, position)
+        for later in range(self.log.open_stripes(meta.views[-1]) - 1, stripe, -1):
+            try:
+                found = highest_position(self.log, stripe_places(self.log.name, view, later), meta.epoch)
+            except StaleEpoch:
+                return top
+            if found is not None:
+                return found if top is None else max(top, found)
+        return top
 
     def _corrupt_entry(self, scan: ViewScan, view: wire.View, obj: int) -> CorruptEntry | None:
         """The error for the damaged position the scan stopped at (None for
@@ -248,57 +334,134 @@ class BatchStream:
 
 
 
+class RecordBatch:
+    """The records of the batch being handed out, made in bulk (no Python
+    call per entry), and handed out from a list iterator that keeps its
+    place: what stream() and aio's stream() share. Records are counted
+    (entries and stored bytes, metrics.count_later) exactly as handed out,
+    but in bulk: when the next batch comes, and before the counts are read.
+    Entries are decoded as they are handed out, so one that cannot be
+    decoded raises again on every call and is never skipped."""
+
+    def __init__(self, codec: Callable[[bytes], bytes] | None) -> None:
+        self.decode = codec
+        self._kinds = [RecordKind(k) for k in KIND_NAMES]
+        self._record = partial(tuple.__new__, Record)  # a Record made in C, not by its Python __new__
+        self._batch: list[Record] = []
+        #: the batch's records not handed out yet
+        self.pending: Iterator[Record] = iter(self._batch)
+        self.retry: Record | None = None  # one that could not be decoded: handed out first next time
+        self._counted = 0
+        self._lock = threading.Lock()  # a scrape may count while the reader's thread does
+        metrics.count_later(self)
+
+    def load(self, b: Any) -> None:
+        """Make Arrow batch `b` (scan.batch_schema, data as stored) the one handed out."""
+        self.count()
+        n = b.num_rows
+        positions = b.column(0)
+        first, last = (positions[0].as_py(), positions[n - 1].as_py()) if n else (0, -2)
+        # a batch's positions rise; n of them from first to first + n - 1 are all of them
+        pos: Any = range(first, last + 1) if last - first == n - 1 else positions.to_pylist()
+        kinds = map(self._kinds.__getitem__, b.column(2).indices.to_pylist())
+        batch = list(map(self._record, zip(pos, kinds, b.column(1).to_pylist(), b.column(3).to_pylist())))
+        with self._lock:
+            self._batch, self.pending, self._counted = batch, iter(batch), 0
+
+    def count(self) -> None:
+        """Count the records handed out since the last count."""
+        with self._lock:
+            done = len(self._batch) - length_hint(self.pending) - (self.retry is not None)
+            if done > self._counted:
+                data = [r.data for r in self._batch[self._counted:done] if r.data is not None]
+                self._counted = done
+                if data:
+                    metrics.read_many(len(data), sum(map(len, data)))
+
+    def __del__(self) -> None:
+        try:
+            self.count()  # what an abandoned stream handed out
+        except Exception:  # noqa: BLE001 - at interpreter exit metrics may be gone
+            pass
+
+    def decoded(self, rec: Record) -> Record:
+        """`rec` with its data decoded by the log's codec; on failure it is
+        kept to be handed out first next time, and ZlogError is raised."""
+        if rec.data is None or self.decode is None:
+            return rec
+        try:
+            return rec._replace(data=self.decode(rec.data))
+        except Exception as e:  # noqa: BLE001 - raised again if asked again: never skipped
+            self.retry = rec
+            raise ZlogError(f"position {rec.position}: cannot decode entry: {e}") from e
+
+    def next(self) -> Record | None:
+        """The next record handed out (decoded), or None when the batch is done."""
+        rec, self.retry = self.retry, None
+        if rec is None:
+            rec = next(self.pending, None)
+            if rec is None:
+                return None
+        return self.decoded(rec)
+
+
 class Records:
-    """Log.stream() on the native path: BatchStream's batches (data as
-    stored) as Records, each decoded and counted as it is handed out, as
-    reader.Stream does. Like reader.Stream it outlives an error: the call
-    after one goes on from the first position not yet handed out (an entry
-    that cannot be decoded raises again on every call)."""
+    """Log.stream(): BatchStream's batches as Records (RecordBatch). The
+    records of a batch are handed out from a list iterator, so iterating
+    costs no Python call per entry; the iterator keeps its place, so
+    breaking out of a loop, an error, or close() loses nothing. Like the
+    batch stream it outlives an error: the call after one goes on from the
+    first position not yet handed out."""
 
     def __init__(self, batches: BatchStream) -> None:
         """`batches` made with decode=False: Records decodes each entry itself."""
         self._batches = batches
-        self._decode = batches.codec
+        self._current = RecordBatch(batches.codec)
         self._walk: Iterator[Any] | None = None
-        self._kinds = [RecordKind(k) for k in KIND_NAMES]
-        self._records: list[Record] = []
-        self._i = 0
+        self._gen = self._records()
 
     def __iter__(self) -> Iterator[Record]:
-        return self
+        return self._gen  # a for loop runs the generator directly: no __next__ call per entry
 
     def __next__(self) -> Record:
-        while self._i >= len(self._records):
+        return next(self._gen)
+
+    def _records(self) -> Generator[Record, None, None]:
+        cur = self._current
+        while True:
+            if cur.decode is None:
+                yield from cur.pending  # in C, one record after another
+            else:
+                while True:
+                    try:
+                        rec = cur.next()
+                    except ZlogError:  # undecodable: the next call meets it again
+                        self._gen = self._records()
+                        raise
+                    if rec is None:
+                        break
+                    yield rec
             if self._walk is None:
                 self._walk = iter(self._batches)  # resumes at the batch stream's position
             try:
                 b = next(self._walk)
+            except StopIteration:
+                self._walk = None
+                self._gen = self._records()  # iterating again looks past the end again (follow, or new entries)
+                return
             except BaseException:
                 self._walk = None  # the walk is over (its reads are closed): a new one next time
+                self._gen = self._records()
                 raise
-            self._records = self._make(b)
-            self._i = 0
-        i = self._i
-        rec = self._records[i]
-        if rec.data is not None:
-            metrics.read(len(rec.data))  # counted as handed out, as stored
-            if self._decode is not None:
-                try:
-                    rec = rec._replace(data=self._decode(rec.data))
-                except Exception as e:  # noqa: BLE001 - raised again if asked again: never skipped
-                    raise ZlogError(f"position {rec.position}: cannot decode entry: {e}") from e
-        self._i = i + 1
-        return rec
-
-    def _make(self, b: Any) -> list[Record]:
-        """A batch's records, made in bulk: the per-entry cost of stream()."""
-        kinds = self._kinds
-        return list(map(Record, b.column(0).to_pylist(), [kinds[k] for k in b.column(2).indices.to_pylist()],
-                        b.column(1).to_pylist(), b.column(3).to_pylist()))
+            cur.load(b)
 
     def close(self) -> None:
         """Stop reading now (an abandoned stream's reads are also closed when
-        it is garbage collected)."""
+        it is garbage collected); iterating again goes on from the first
+        record not handed out."""
+        self._gen.close()
+        self._gen = self._records()
+        self._current.count()
         if self._walk is not None:
             close = getattr(self._walk, "close", None)
             self._walk = None

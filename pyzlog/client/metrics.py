@@ -34,12 +34,13 @@ class Tally:
     a cell only it writes (no lost updates), and `value` adds the cells up.
     A finished thread's cell stays, so counts never go back."""
 
-    __slots__ = ("_local", "_cells", "_lock")
+    __slots__ = ("_local", "_cells", "_lock", "_before_value")
 
-    def __init__(self) -> None:
+    def __init__(self, before_value: Any = None) -> None:
         self._local = threading.local()
         self._cells: list[list[int]] = []
         self._lock = threading.Lock()
+        self._before_value = before_value  # brings counts kept elsewhere in (count_later)
 
     def inc(self, n: int = 1) -> None:
         try:
@@ -52,6 +53,8 @@ class Tally:
 
     @property
     def value(self) -> int:
+        if self._before_value is not None:
+            self._before_value()
         with self._lock:
             return sum(c[0] for c in self._cells)
 
@@ -73,15 +76,31 @@ class Histogram:
         self._cells: list[list[float]] = []
         self._lock = threading.Lock()
 
-    def observe(self, value: float) -> None:
+    def _cell(self) -> list[float]:
+        """The calling thread's cell: a count per bucket, then the sum."""
         try:
-            cell = self._local.cell
+            return self._local.cell  # type: ignore[no-any-return]
         except AttributeError:
             cell = self._local.cell = [0] * (len(self.bounds) + 1) + [0.0]
             with self._lock:
                 self._cells.append(cell)
+            return cell
+
+    def observe(self, value: float) -> None:
+        cell = self._cell()
         cell[bisect.bisect_left(self.bounds, value)] += 1  # the first bucket whose bound is >= value
         cell[-1] += value
+
+    def observe_since(self, starts: list[float], now: float) -> None:
+        """observe(now - t) for each t in `starts`, in one call."""
+        cell = self._cell()
+        where, bounds = bisect.bisect_left, self.bounds
+        total = 0.0
+        for t in starts:
+            v = now - t
+            cell[where(bounds, v)] += 1
+            total += v
+        cell[-1] += total
 
     def snapshot(self) -> tuple[list[tuple[str, float]], float]:
         """(cumulative buckets as prometheus-client takes them, sum)."""
@@ -105,10 +124,25 @@ APPEND_SECONDS = {"sync": Histogram(), "async": Histogram()}
 APPENDS = Tally()
 #: bytes of entries handed to append, as stored (after compression)
 BYTES_OUT = Tally()
+_LATER: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def count_later(counter: Any) -> None:
+    """`counter.count()` adds its reads to READS and BYTES_IN when it is
+    asked to and before either is read: a stream hands records out with no
+    count per entry, and counts them (exactly) in bulk."""
+    _LATER.add(counter)
+
+
+def _count_pending() -> None:
+    for c in list(_LATER):
+        c.count()
+
+
 #: entries read (read, read_async, stream records with data)
-READS = Tally()
+READS = Tally(_count_pending)
 #: bytes of entries read, as stored
-BYTES_IN = Tally()
+BYTES_IN = Tally(_count_pending)
 #: a write refused because the log's epoch moved on: the entry takes a new position
 RETRIES_STALE = Tally()
 #: a write refused because its position was written, filled or trimmed first

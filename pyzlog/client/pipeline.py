@@ -103,6 +103,20 @@ class _Future(Future[Any]):
         if not self._settle_unwatched(result, None):
             super().set_result(result)
 
+    @staticmethod
+    def settle_all(done: list[tuple[Future[Any], Any]]) -> None:
+        """set_result for each (future, result), taking the lock that
+        _settle_unwatched takes once for all of them, not once each."""
+        watched = []
+        with _make_condition:
+            for fut, result in done:
+                if type(fut) is _Future and fut._cond is None and fut._state not in _DONE:
+                    fut._result, fut._state = result, _futures.FINISHED
+                else:
+                    watched.append((fut, result))
+        for fut, result in watched:
+            fut.set_result(result)
+
     def set_exception(self, exception: BaseException | None) -> None:
         if not self._settle_unwatched(None, exception):
             super().set_exception(exception)
@@ -140,19 +154,20 @@ class AsyncPipeline:
         ones settled per log in one go, the rest one by one."""
         pop = self.items.pop
         stored: dict[LogAsync, list[tuple[Future[int], int]]] = {}
-        now, latency = time.monotonic(), metrics.APPEND_SECONDS["async"].observe
+        sent_at: list[float] = []
         for tag, code, position in zip(tags, codes, positions):
             item = pop(tag, None)
             if item is None:
                 continue
             if code == 0:
-                latency(now - item[3])
+                sent_at.append(item[3])
                 done = stored.get(item[0])
                 if done is None:
                     done = stored[item[0]] = []
                 done.append((item[1], position))
             else:
                 item[0].outcome(item, code, position)
+        metrics.APPEND_SECONDS["async"].observe_since(sent_at, time.monotonic())
         for owner, done in stored.items():
             owner.stored(done)
 
@@ -334,10 +349,8 @@ class LogAsync:
                 self._room.notify(len(done))
             if not self._in_flight:
                 self._idle.set()
-        top = -1
-        for fut, position in done:
-            fut.set_result(position)
-            top = position if position > top else top
+        _Future.settle_all(done)
+        top = max(position for _, position in done)
         ahead = self._open_ahead
         if ahead is not None and top >= ahead:
             self._open_ahead = None  # once: _tell sets it again for the next stripe

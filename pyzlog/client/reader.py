@@ -70,6 +70,11 @@ class HoleClock:
                 keep = max(bisect.bisect_right(self._bounds, passed) - 1, 0)
                 del self._bounds[:keep], self._times[:keep]
 
+    def needs_highest(self, position: int, view_end: int | None) -> bool:
+        """Whether since() calls its `highest` for these arguments (a stream
+        that must ask the cluster for it asks only then)."""
+        return view_end is None and not (self.known_tail is not None and position < self.known_tail)
+
     def since(self, position: int, view_end: int | None, highest: Callable[[], int | None]) -> float | None:
         """When `position` was first known to lie below the tail, or None if
         it is at the tail. `view_end`: where its view ends, if a later view

@@ -458,6 +458,11 @@ class ViewScan:
         replies so far (refresh_max() makes it current)."""
         return self._max_position
 
+    def top(self) -> int | None:
+        """max_position() made current: refresh_max(), then max_position()."""
+        self.refresh_max()
+        return self._max_position
+
     def refresh_max(self) -> None:
         """At least one reply from every object of the view since the last
         forget_from: "is a later position written" is a question about the
