@@ -146,6 +146,29 @@ def test_a_hole_at_the_end_of_a_stripe_is_a_hole_not_the_tail(rados_cluster, cep
                                                       (8, RecordKind.DATA), (9, RecordKind.DATA)]
 
 
+def test_an_asyncio_stream_sees_a_hole_at_the_end_of_a_stripe_too(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """The asyncio stream walks the same steps (BatchStream._steps): it once
+    had a copy of its own that never asked the next stripe, and took the
+    hole for the tail."""
+    import asyncio
+
+    from pyzlog.aio import AsyncLog
+
+    lg = small(rados_cluster, ceph, log_name, width=1, slots=8)
+    for p in list(range(7)) + [8, 9]:
+        lg.write(p, b"%d" % p)
+
+    async def read() -> list[Any]:
+        alog = AsyncLog(Log.open(rados_cluster, ceph.pool, log_name))
+        try:
+            return [(r.position, r.kind) async for r in alog.stream(0, hole_wait=0.3)]
+        finally:
+            await alog.close()
+
+    got = asyncio.run(asyncio.wait_for(read(), 60))
+    assert got[6:] == [(6, RecordKind.DATA), (7, RecordKind.LOST), (8, RecordKind.DATA), (9, RecordKind.DATA)]
+
+
 def test_reconfiguration_keeps_the_format_and_closes_the_old_stripes(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
     lg = small(rados_cluster, ceph, log_name, width=2)
     lg.append_many([b"a%d" % i for i in range(150)])
