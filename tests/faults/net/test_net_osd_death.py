@@ -108,7 +108,8 @@ def test_net_osd_host_death(net: NetCluster, net_rados, fault_report, tmp_path: 
     timings = {k: round(ev[e] - ev["destroyed"], 1) for k, e in
                (("marked down", "marked down"), ("marked out", "marked out"),
                 ("replacement up", "replacement up"), ("backfilled", "backfilled"))}
-    rep = fault_report(f"OSD host destroyed for good (BlueStore, container and store removed), marked out "
+    rep = fault_report(f"network: OSD host dies for good (BlueStore; off the network, container and store "
+                       f"removed), marked out "
                        f"by the mon after {DOWN_OUT_INTERVAL} s, replacement host backfilled",
                        t.h, final, dead_osd=dead_id, replacement_osd=new_id, replacement_host=host,
                        pgs=len(clean), pgs_undersized_while_degraded=undersized, pgs_on_replacement=on_new,
@@ -118,6 +119,7 @@ def test_net_osd_host_death(net: NetCluster, net_rados, fault_report, tmp_path: 
                        timings=timings, **t.extra())
 
     assert on_new == len(clean), "with 3 hosts again every PG has a copy on the replacement"
+    assert t.acked_between(ev["marked out"], ev["replacement up"]) > 0, "appends should go on degraded"
     assert rep.ok, rep.summary()
     assert slow_after == 0, "appends took positions by slow tail finding after the backfill"
     # every acknowledged append was read back at its position by the followers: each one
