@@ -38,9 +38,9 @@ BED = {"bluestore": True, "down_out_interval": DOWN_OUT_INTERVAL}
 #: the bed comes up first (3 BlueStore mkfs); backfill on a loaded machine is slow
 pytestmark = pytest.mark.timeout(1500)
 
-#: health checks about OSDs and PGs (the bed runs no mgr, so the PG ones
-#: cannot appear; others, e.g. MON_DISK_LOW on a full disk, are not this test's)
 def _osd_health(checks: dict[str, Any]) -> list[str]:
+    """The health checks about OSDs and PGs (the bed runs no mgr, so PG ones
+    cannot appear yet; others, e.g. MON_DISK_LOW on a full disk, are not this test's)."""
     return sorted(c for c in checks if c.startswith(("OSD_", "PG_")))
 
 
