@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """pyzlog's multi-host Ceph test bed in Docker.
 
-    cluster.py up     [--name N] [--dir D] [--bluestore] [--subnet CIDR]
+    cluster.py up     [--name N] [--dir D] [--bluestore] [--subnet CIDR] [--down-out-interval S]
     cluster.py status [--name N] [--dir D]
     cluster.py stop   [--name N] [--dir D]
     cluster.py build  [--name N]          the images only
@@ -17,6 +17,13 @@ default; docs/seqr-protocol.md). The host reaches the
 containers at their bridge addresses; `up` prints the ceph.conf to use from
 the host. `stop` removes exactly the containers and the network labelled
 with the cluster's name.
+
+An OSD host can be destroyed for good (`Cluster.destroy_osd_host`: its
+container and store removed) and a replacement brought in
+(`Cluster.add_osd_host`: a new hostname, address and OSD id). With
+--down-out-interval S the mon marks a down OSD out by itself after S
+seconds, and backfill starts; `Cluster.pg_states` asks each PG's primary
+for its state (the bed runs no mgr).
 
 The images are built here, with no registry: a base from `debootstrap
 --variant=minbase bookworm` against this machine's own Debian mirror (the URI
@@ -274,8 +281,9 @@ def _wheel_deps() -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
-    # zlog-seqr imports prometheus-client; every import of pyzlog loads the cffi data plane
-    for dist in ("click", "zstandard", "prometheus-client", "cffi", "pycparser"):
+    # zlog-seqr imports prometheus-client; every import of pyzlog loads the cffi data plane;
+    # streams hand out Arrow record batches (a container's follower needs pyarrow)
+    for dist in ("click", "zstandard", "prometheus-client", "cffi", "pycparser", "pyarrow"):
         try:
             out.append(f"{dist}=={version(dist)}")
         except PackageNotFoundError as e:
@@ -456,7 +464,19 @@ class Cluster:
 
     @property
     def osd_hosts(self) -> list[str]:
-        return [f"osd{i}" for i in range(int(self.state().get("osds", OSDS)))]
+        """The OSD hosts the cluster has now (a destroyed one leaves, a
+        replacement joins)."""
+        return list(self.osd_ids())
+
+    def osd_ids(self) -> dict[str, int]:
+        """Each OSD host's OSD id."""
+        st = self.state()
+        return {h: int(i) for h, i in st.get("osd_ids", {}).items()}
+
+    def _save(self, st: dict[str, Any]) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(st, indent=2))
+        os.replace(tmp, self.state_file)
 
     @property
     def sequencers(self) -> list[str]:
@@ -480,7 +500,12 @@ class Cluster:
 
     # ------------------------------------------------------------ up
     def up(self, bluestore: bool = False, subnet: str | None = None, say: Say = _say,
-           owner_pid: int | None = None, images: Images | None = None) -> dict[str, Any]:
+           owner_pid: int | None = None, images: Images | None = None,
+           down_out_interval: int = 0) -> dict[str, Any]:
+        """Start the cluster. `down_out_interval` > 0: the mon marks an OSD
+        out by itself that long after it went down, and backfill starts
+        (0, the default: never, so the network faults' short outages move no
+        data)."""
         t0 = time.monotonic()
         st = self.state()
         if st and set(self.containers()) >= set(self.container(h) for h in st.get("hosts", {})):
@@ -501,10 +526,10 @@ class Cluster:
         hosts.update({f"seqr{i}": str(net[30 + i]) for i in range(SEQRS)})
         fsid = str(uuid.uuid4())
         st = {"name": self.name, "network": self.network, "subnet": str(net), "gateway": str(net[1]),
-              "fsid": fsid, "hosts": hosts, "osds": OSDS, "seqrs": [f"seqr{i}" for i in range(SEQRS)],
-              "pool": POOL, "bluestore": bluestore, "image": images.node, "conf": self.conf,
-              "dir": str(self.dir)}
-        self.state_file.write_text(json.dumps(st, indent=2))
+              "fsid": fsid, "hosts": hosts, "osd_ids": {}, "seqrs": [f"seqr{i}" for i in range(SEQRS)],
+              "pool": POOL, "bluestore": bluestore, "down_out_interval": down_out_interval,
+              "image": images.node, "conf": self.conf, "dir": str(self.dir)}
+        self._save(st)
         if owner_pid is not None:
             self._start_watcher(owner_pid)
         try:
@@ -533,14 +558,9 @@ class Cluster:
         self._run_container("mon", images.node, ["mon"], {"FSID": fsid, "MON_IP": hosts["mon"]})
         self._wait(lambda: self._try(lambda: self.ceph("mon", "stat", timeout=20)), 60, "the mon")
         for i in range(OSDS):
-            osd_uuid = str(uuid.uuid4())
-            key = cephx_key()
-            (etc / f"ceph.osd.{i}.keyring").write_text(f"[osd.{i}]\n\tkey = {key}\n")
-            got = docker("exec", "-i", self.container("mon"), "ceph", "osd", "new", osd_uuid, "-i", "-",
-                         input=json.dumps({"cephx_secret": key}).encode()).strip()
-            if got != str(i):
+            got = self._create_osd(f"osd{i}", images.node)
+            if got != i:
                 raise DockerError(f"expected osd.{i}, the mon made osd.{got}")
-            self._run_container(f"osd{i}", images.node, ["osd"], {"OSD_ID": str(i), "OSD_UUID": osd_uuid})
         say(f"started {OSDS} OSD hosts ({'bluestore' if bluestore else 'memstore'})")
         self.ceph("osd", "pool", "create", POOL, str(PG_NUM), str(PG_NUM))
         self.ceph("osd", "pool", "application", "enable", POOL, "zlog")
@@ -553,6 +573,87 @@ class Cluster:
             host, port = addr.rsplit(":", 1)
             self._wait(lambda host=host, port=int(port): _listening(host, port),  # type: ignore[misc]
                        60, f"the sequencer at {addr}")
+
+    def _create_osd(self, host: str, image: str) -> int:
+        """A new OSD on a new host: a new id from the mon (`ceph osd new`
+        with a fresh uuid and cephx key), its keyring, and the host's
+        container, whose first start runs `ceph-osd --mkfs` (node.sh). CRUSH
+        places it under a host bucket named after the container's hostname."""
+        osd_uuid = str(uuid.uuid4())
+        key = cephx_key()
+        got = docker("exec", "-i", self.container("mon"), "ceph", "osd", "new", osd_uuid, "-i", "-",
+                     input=json.dumps({"cephx_secret": key}).encode()).strip()
+        osd_id = int(got)
+        (self.dir / "etc" / f"ceph.osd.{osd_id}.keyring").write_text(f"[osd.{osd_id}]\n\tkey = {key}\n")
+        st = self.state()
+        st["osd_ids"][host] = osd_id
+        self._save(st)
+        self._run_container(host, image, ["osd"], {"OSD_ID": str(osd_id), "OSD_UUID": osd_uuid})
+        return osd_id
+
+    # ------------------------------------------------- OSD host death
+    def destroy_osd_host(self, host: str) -> int:
+        """An OSD host dies for good, silently, as a host that loses power:
+        it leaves the network first (so its dying OSD sends no reset or
+        goodbye that would get it marked down at once), then its container
+        and its store (the container's own filesystem) are removed. Peers
+        report it down after the heartbeat grace; with a down_out_interval
+        the mon then marks it out. Returns its OSD id, which stays in the
+        OSD map (down, then out) until purged."""
+        st = self.state()
+        osd_id = st["osd_ids"].pop(host)
+        docker("network", "disconnect", "--force", self.network, self.container(host))
+        docker("rm", "-f", "-v", self.container(host), timeout=120)
+        st["hosts"].pop(host)
+        st.setdefault("destroyed", {})[host] = osd_id
+        self._save(st)
+        return int(osd_id)
+
+    def add_osd_host(self, say: Say = _say) -> tuple[str, int]:
+        """A replacement OSD host: the next free osdK hostname and address,
+        a new OSD id. Returns (host, id) once the OSD is up; backfill to it
+        starts then (see pg_states)."""
+        st = self.state()
+        used = {int(h.removeprefix("osd")) for h in (*st["osd_ids"], *st.get("destroyed", {}))}
+        k = max(used) + 1
+        if 20 + k >= 30:  # the sequencers' addresses start at .30
+            raise DockerError(f"no address left for osd{k}")
+        host = f"osd{k}"
+        st["hosts"][host] = str(ipaddress.IPv4Network(st["subnet"])[20 + k])
+        self._save(st)
+        osd_id = self._create_osd(host, st["image"])
+        say(f"started {host} (osd.{osd_id}) at {st['hosts'][host]}")
+        self._wait(lambda: self.osd_state(osd_id) == (True, True), 300, f"osd.{osd_id} up and in")
+        return host, osd_id
+
+    def osd_state(self, osd_id: int) -> tuple[bool, bool] | None:
+        """(up, in) of an OSD in the mon's map; None if it is not there or the
+        mon did not answer."""
+        try:
+            dump = json.loads(self.ceph("osd", "dump", "-f", "json", timeout=20))
+        except (DockerError, ValueError):
+            return None
+        for o in dump.get("osds", []):
+            if o["osd"] == osd_id:
+                return o["up"] == 1, o["in"] == 1
+        return None
+
+    def pg_states(self, timeout: float = 120) -> dict[str, dict[str, Any]]:
+        """Every PG of the pool: {"state", "up", "acting"} as its primary OSD
+        reports it (`pg query`). The bed runs no mgr, so `ceph pg dump` and
+        `ceph -s` know no PG states; the primaries do. A PG whose primary
+        did not answer within 10 s is {"state": "no answer", ...}."""
+        out = docker("exec", "-i", self.container("mon"), "python3", "-c", _PG_STATES_PY, POOL,
+                     timeout=timeout)
+        states: dict[str, dict[str, Any]] = json.loads(out)
+        return states
+
+    def clean(self, states: dict[str, dict[str, Any]], replicas: int = 3) -> bool:
+        """Every PG active+clean on `replicas` OSDs, all of them live hosts'."""
+        live = set(self.osd_ids().values())
+        return bool(states) and all(
+            p["state"] == "active+clean" and len(p["acting"]) == replicas and set(p["acting"]) <= live
+            for p in states.values())
 
     def _running(self, st: dict[str, Any]) -> bool:
         out = docker("ps", "--filter", f"label={LABEL}={self.name}", "--format", "{{.Names}}")
@@ -645,7 +746,9 @@ osd memory target = 939524096
 osd heartbeat grace = 8
 osd heartbeat interval = 2
 osd max markdown count = 1000
-mon osd down out interval = 0
+mon osd down out interval = {st.get('down_out_interval', 0)}
+# the default 0.75 keeps 1 OSD of 3 from being marked out (2/3 < 0.75)
+mon osd min in ratio = 0
 [client]
 keyring = {keyring}
 [mon]
@@ -745,6 +848,30 @@ log file = /var/log/ceph/$cluster-$name.log
                 "containers": dict(line.split(" ", 1) for line in out.splitlines() if line)}
 
 
+#: run by python3 in the mon container: each PG of the pool (argv[1]) as its
+#: primary reports it, as JSON
+_PG_STATES_PY = """
+import json, sys, rados
+# pg_command ignores its timeout argument; the client's op timeouts bound it
+r = rados.Rados(conffile="/etc/ceph/ceph.conf", conf={"rados_osd_op_timeout": "10", "rados_mon_op_timeout": "30"})
+r.connect(timeout=30)
+pool = sys.argv[1]
+ret, out, err = r.mon_command(json.dumps({"prefix": "osd dump", "format": "json"}), b"")
+p = next(p for p in json.loads(out)["pools"] if p["pool_name"] == pool)
+states = {}
+for i in range(p["pg_num"]):
+    pgid = "%d.%x" % (p["pool"], i)
+    try:
+        ret, out, err = r.pg_command(pgid, json.dumps({"prefix": "query", "pgid": pgid}), b"")
+        q = json.loads(out) if ret == 0 else {"state": "no answer: %d %s" % (ret, err)}
+    except Exception as e:
+        q = {"state": "no answer: %s" % e}
+    states[pgid] = {"state": q.get("state", "?"), "up": q.get("up", []), "acting": q.get("acting", [])}
+r.shutdown()
+print(json.dumps(states))
+"""
+
+
 def _listening(host: str, port: int) -> bool:
     try:
         socket.create_connection((host, port), timeout=0.5).close()
@@ -777,6 +904,8 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("up", parents=[common], help="build the images if needed and start the cluster")
     u.add_argument("--bluestore", action="store_true", help="file-backed OSDs (survive a restart)")
     u.add_argument("--subnet", default=None, help=f"network subnet (default: the first free {SUBNET_PREFIX}.K.0/24)")
+    u.add_argument("--down-out-interval", type=int, default=0,
+                   help="seconds after which the mon marks a down OSD out (default 0: never)")
     u.add_argument("--owner-pid", type=int, default=None,
                    help="remove the cluster once this process is gone (tests)")
     sub.add_parser("status", parents=[common], help="the cluster's containers and addresses")
@@ -802,7 +931,8 @@ def main(argv: list[str] | None = None) -> int:
             tags = build_images()
             print(f"images ready in {time.monotonic() - t0:.2f}s: {tags.base} {tags.ceph} {tags.node}")
         elif args.cmd == "up":
-            st = c.up(bluestore=args.bluestore, subnet=args.subnet, owner_pid=args.owner_pid)
+            st = c.up(bluestore=args.bluestore, subnet=args.subnet, owner_pid=args.owner_pid,
+                      down_out_interval=args.down_out_interval)
             print(f"\nceph.conf for this host: {c.conf}\n")
             print(Path(c.conf).read_text())
             print("hosts: " + ", ".join(f"{h} {ip}" for h, ip in st["hosts"].items()))

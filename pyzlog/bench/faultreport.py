@@ -102,6 +102,14 @@ def markdown(table: list[dict[str, Any]]) -> str:
         fs = ("—" if t.get("final_positions") is None else f"{t['final_positions']} ({t['final_gaps']})")
         lines.append(f"| {t['fault']} | {t['result']} | {_cell(t.get('ops'))} | {_cell(t.get('acknowledged'))} "
                      f"| {fu} | {fs} | {anomalies} | {_cell(t.get('duration'))} |")
+    # a row's `timings` (event -> seconds after the fault), e.g. an OSD marked down, out, backfilled
+    timed = [t for t in table if t.get("timings")]
+    if timed:
+        lines.append("")
+        lines.append("Timings, in seconds after the fault began:")
+        lines.append("")
+        for t in timed:
+            lines.append(f"- {t['fault']}: " + ", ".join(f"{k} {v}" for k, v in t["timings"].items()))
     return "\n".join(lines)
 
 

@@ -146,6 +146,9 @@ class Workload:
                 if rec.kind == RecordKind.DATA and rec.data == self._sentinel:
                     self.reader_done.set()
                     return
+        except BaseException as e:  # a thread's death is otherwise silent: stop() reports it
+            self.reader_errors.append(f"the reader died: {type(e).__name__}: {e}")
+            raise
         finally:
             lg.close()
 
@@ -191,6 +194,8 @@ class Workload:
                 lg.close()
             self._reader.join(max(30.0, deadline - time.monotonic()))
             assert not self._reader.is_alive(), "the reader did not reach the end of the log"
+            # a reader that ended without reaching the sentinel died (a dead thread is not alive)
+            assert self.reader_done.is_set(), f"the reader stopped early: {self.reader_errors[-1:]}"
 
     def counts(self) -> dict[str, int]:
         ops = self.h.ops

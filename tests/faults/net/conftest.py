@@ -24,7 +24,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="module")
-def net_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster]:
+def net_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster]:
+    """The module's cluster; a module's BED dict is passed to Cluster.up
+    (e.g. {"bluestore": True, "down_out_interval": 10}), memstore otherwise."""
     if os.environ.get("ZLOG_DOCKER_TESTS", "1") == "0":
         pytest.skip("ZLOG_DOCKER_TESTS=0: the Docker network fault tests are left out")
     try:
@@ -35,7 +37,7 @@ def net_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetCluster
     d = tmp_path_factory.mktemp("docker-cluster")
     c = dcluster.Cluster(f"zt{os.getpid()}-{uuid.uuid4().hex[:4]}", d)
     try:
-        c.up(owner_pid=os.getpid(), images=images, say=print)  # removed even if this run is killed
+        c.up(owner_pid=os.getpid(), images=images, say=print, **getattr(request.module, "BED", {}))  # removed even if this run is killed
         yield NetCluster(c, d)
     finally:
         c.stop(say=print)

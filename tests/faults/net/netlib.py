@@ -56,11 +56,17 @@ class NetCluster:
         self.conf: str = cluster.conf
         self.pool: str = st["pool"]
         self.subnet = ipaddress.IPv4Network(st["subnet"])
-        self.hosts: dict[str, str] = st["hosts"]
         self.sequencers: list[str] = cluster.sequencers
         self.capped: set[str] = set()
 
     # -------------------------------------------------------------- helpers
+    @property
+    def hosts(self) -> dict[str, str]:
+        """Every host of the cluster now, and its address (an OSD host
+        destroyed for good leaves, its replacement joins)."""
+        hosts: dict[str, str] = self.c.state()["hosts"]
+        return hosts
+
     def ip(self, host: str) -> str:
         return str(self.hosts[host])
 
