@@ -86,25 +86,40 @@ def store(log: LogState, positions: Positions, entries: list[bytes], what: str,
     with `slow` by slow tail finding only). Returns each entry's position:
     increasing in entry order, except that an entry refused at its first
     position is stored later, at a new one."""
-    todo = list(enumerate(entries))
-    placed = [-1] * len(entries)
+    def take(todo: list[int]) -> tuple[int, list[tuple[int, bytes]]]:
+        first = positions.take_slow(len(todo)) if slow else positions.take(len(todo))
+        return first, [(i, entries[i]) for i in todo]
+
+    return store_rounds(log, what, len(entries), take)
+
+
+def store_rounds(log: LogState, what: str, count: int,
+                 take: Callable[[list[int]], tuple[int, list[tuple[int, bytes]]]]) -> list[int]:
+    """The rounds of every sync append of `count` entries: take(todo) takes
+    positions for the entries still to store (their indices) and returns
+    (first, [(index, stored bytes), ...]) to write at first, first + 1, ...;
+    the refused ones go round again at new positions (after StaleWait if
+    the epoch was refused), until APPEND_DEADLINE_SECONDS. Returns each
+    entry's position."""
+    todo = list(range(count))
+    placed = [-1] * count
     deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
     stale = StaleWait(log, what)
     while todo:
         if time.monotonic() > deadline:
-            raise ZlogError(f"{what} to {log.name!r}: {len(todo)} of {len(entries)} entries not stored in "
+            raise ZlogError(f"{what} to {log.name!r}: {len(todo)} of {count} entries not stored in "
                             f"{APPEND_DEADLINE_SECONDS:.0f}s")
-        first = positions.take_slow(len(todo)) if slow else positions.take(len(todo))
+        first, items = take(todo)
         meta = log.meta
-        refused: list[tuple[int, bytes]] = []
+        refused: list[int] = []
         was_stale = False
-        for pos, item, ret in _write(log, meta, first, todo):
+        for pos, item, ret in _write(log, meta, first, items):
             outcome = judge(ret, log.name, pos, write_error(log, meta))
             if outcome is Outcome.STORED:
                 placed[item[0]] = pos
             else:
                 was_stale = was_stale or outcome is Outcome.STALE
-                refused.append(item)
+                refused.append(item[0])
         if was_stale:
             stale(meta.epoch)
         todo = refused

@@ -12,7 +12,6 @@ set of positions with one read op per data object.
 from __future__ import annotations
 
 import errno
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from ..core import wire
 from ..core.errors import EntryTooLarge, ZlogError
 from ..core.layout import place_of, stripe_of, view_of
 from ..core.native import Op
-from .appending import APPEND_DEADLINE_SECONDS, Outcome, _write, judge, stored_form, write_error
+from .appending import store_rounds, stored_form
 from .stale import StaleWait
 
 if TYPE_CHECKING:
@@ -91,31 +90,13 @@ def append_streams(state: LogState, positions: Positions, streams: list[int], en
         if len(e) + _SECTION_MAX * len(streams) > wire.MAX_ENTRY_BYTES:
             raise EntryTooLarge(f"entry of {len(e)} bytes with the backpointers of {len(streams)} stream(s) is over "
                                 f"the limit of {wire.MAX_ENTRY_BYTES}")
-    todo = list(range(len(entries)))
-    placed = [-1] * len(entries)
-    deadline = time.monotonic() + APPEND_DEADLINE_SECONDS
-    stale = StaleWait(state, "append_streams")
-    while todo:
-        if time.monotonic() > deadline:
-            raise ZlogError(f"append_streams to {state.name!r}: {len(todo)} of {len(entries)} entries not stored "
-                            f"in {APPEND_DEADLINE_SECONDS:.0f}s")
+    def take(todo: list[int]) -> tuple[int, list[tuple[int, bytes]]]:
         first, k, answer = positions.take_streams(len(todo), streams)
-        items = [(idx, stored_form(state, build(entries[idx], first + i, k, entry_backpointers(first, i, k, answer))))
-                 for i, idx in enumerate(todo)]
-        meta = state.meta
-        refused: list[int] = []
-        was_stale = False
-        for pos, item, ret in _write(state, meta, first, items):
-            outcome = judge(ret, state.name, pos, write_error(state, meta))
-            if outcome is Outcome.STORED:
-                placed[item[0]] = pos
-            else:
-                was_stale = was_stale or outcome is Outcome.STALE
-                refused.append(item[0])
-        if was_stale:
-            stale(meta.epoch)
-        todo = refused
-    return placed
+        return first, [(idx, stored_form(state, build(entries[idx], first + i, k,
+                                                      entry_backpointers(first, i, k, answer))))
+                       for i, idx in enumerate(todo)]
+
+    return store_rounds(state, "append_streams", len(entries), take)
 
 
 #: positions per read_set call (the class takes up to ZLOG_MAX_BATCH_ENTRIES)
