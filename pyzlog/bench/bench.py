@@ -301,15 +301,40 @@ def die_with_parent() -> list[str]:
     return [exe, "--pdeathsig", "TERM"] if exe else []
 
 
-class SeqrProcess:
+class ServerProcess:
+    """A server a bench starts on a free loopback port: its output kept in a
+    temporary file, stopped by its pid."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self._log = tempfile.TemporaryFile()
+
+    def output(self) -> str:
+        """The last line it wrote."""
+        self._log.seek(0)
+        lines = self._log.read().decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else ""
+
+    def stop(self) -> None:
+        """SIGTERM by pid (SIGKILL after 10 s); safe to call twice."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()
+
+
+class SeqrProcess(ServerProcess):
     """A zlog-seqr subprocess on a free loopback port, serving `pool` (clients
     authenticated, as by default); stopped by its pid."""
 
     def __init__(self, conf: str, keyring: str | None, client: str, pool: str) -> None:
+        super().__init__()
         self.conf, self.keyring, self.client, self.pool = conf, keyring, client, pool
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self._log = tempfile.TemporaryFile()
 
     @property
     def address(self) -> str:
@@ -339,20 +364,6 @@ class SeqrProcess:
         self.stop()
         raise ZlogError(f"zlog-seqr did not listen within {timeout:.0f}s")
 
-    def output(self) -> str:
-        self._log.seek(0)
-        lines = self._log.read().decode(errors="replace").strip().splitlines()
-        return lines[-1] if lines else ""
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self._log.close()
 
 
 class _Bench:

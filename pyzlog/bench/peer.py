@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import ZlogError
-from .bench import (ASYNC_SAMPLE, Run, run_append_async, _batch_passes, _Bench, _case_runner, _fmt, _progress, _rados_done, _setup_line,
+from .bench import (ASYNC_SAMPLE, Run, ServerProcess, run_append_async, _batch_passes, _Bench, _case_runner, _fmt, _progress, _rados_done, _setup_line,
                     _stream_passes, _Ticker, die_with_parent, machine_info, run_async, run_sync, summarize_runs,
                     write_json)
 from .cpu import CpuMeter
@@ -59,14 +59,12 @@ COMPARED = {
 
 
 # ------------------------------------------------------------ redis-server
-class RedisServer:
+class RedisServer(ServerProcess):
     """A redis-server of our own on a free loopback port, persistence off."""
 
     def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
+        super().__init__()
         self._dir = tempfile.TemporaryDirectory(prefix="zlog-bench-redis-")
-        self._log = tempfile.TemporaryFile()
 
     @property
     def pid(self) -> int | None:
@@ -105,21 +103,8 @@ class RedisServer:
         code = self.proc.returncode if self.proc is not None else None
         raise ZlogError(f"redis-server exited with {code}: {self.output()}")
 
-    def output(self) -> str:
-        self._log.seek(0)
-        lines = self._log.read().decode(errors="replace").strip().splitlines()
-        return lines[-1] if lines else ""
-
     def stop(self) -> None:
-        """SIGTERM by pid (SIGKILL after 10 s); safe to call twice."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        self._log.close()
+        super().stop()
         self._dir.cleanup()
 
 
