@@ -270,7 +270,7 @@ int dp_pool_open(dp_cluster *c, const char *pool, const char *ns, dp_pool **out)
   pthread_mutex_unlock(&c->mu);
   if (closing) {
     free(p);
-    return -ESHUTDOWN;
+    return -ENOTCONN; /* not ESHUTDOWN: that is the OSDs' EBLOCKLISTED */
   }
   int r = rados_ioctx_create(c->rados, pool, &p->io);
   if (r < 0) {
@@ -519,7 +519,7 @@ static int op_send(dp_op *op) {
   if (c->closing) {
     pthread_mutex_unlock(&c->mu);
     op_free(op);
-    return -ESHUTDOWN;
+    return -ENOTCONN; /* not ESHUTDOWN: that is the OSDs' EBLOCKLISTED */
   }
   ++c->in_flight; /* before sending: close() waits for it */
   pthread_mutex_unlock(&c->mu);
@@ -750,7 +750,7 @@ int dp_call(dp_cluster *c, dp_pool *p, const char *oid, int op, const zlog_req *
   pthread_mutex_lock(&c->mu);
   if (c->closing) {
     pthread_mutex_unlock(&c->mu);
-    return out->code = -ESHUTDOWN;
+    return out->code = -ENOTCONN;
   }
   ++c->in_flight; /* close() waits for it */
   pthread_mutex_unlock(&c->mu);

@@ -193,7 +193,8 @@ int dp_queue_notify_fd(dp_queue *q);
 
 /* --------------------------------------------------------------- submits
  * Each returns 0, or -errno when nothing was sent (no result follows then);
- * -ESHUTDOWN once the cluster is closing. */
+ * -ENOTCONN once the cluster is closing (-ESHUTDOWN is only ever the OSDs'
+ * EBLOCKLISTED: this client was blocklisted). */
 /* Any cls_zlog op, its fields in req (ops.h). */
 int dp_submit(dp_queue *q, dp_pool *p, const char *oid, int op, const zlog_req *req, uint64_t tag);
 /* For the C++ append pipeline: like dp_submit, but completing with cb(arg,

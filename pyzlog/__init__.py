@@ -15,7 +15,7 @@ except ImportError as e:
         "cmake and g++)") from e
 
 from .core.cluster import connect
-from .core.errors import (ClassNotLoaded, CommitRefused, ClusterUnavailable, Corrupt, CorruptEntry, EntryTooLarge, EpochChanged, Filled,
+from .core.errors import (Blocklisted, ClassNotLoaded, CommitRefused, ClusterUnavailable, Corrupt, CorruptEntry, EntryTooLarge, EpochChanged, Filled,
                           InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,
                           PoolNotFound, PositionError, ProtocolMismatch, ReadOnly, SequencerRefused,
                           SequencerUnavailable, StaleEpoch, Timeout, Trimmed, ZlogError)
@@ -28,7 +28,7 @@ from .core.seqr_auth import Credentials, TLSSettings
 __all__ = [
     "connect", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",
     "SequencerRefused", "Credentials", "TLSSettings",
-    "ZlogError", "ClusterUnavailable", "PermissionDenied", "PoolNotFound", "LogNotFound",
+    "ZlogError", "ClusterUnavailable", "PermissionDenied", "Blocklisted", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt", "CorruptEntry",
     "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer",

@@ -2,9 +2,14 @@
 
 - A client whose key is deleted, or whose caps no longer cover the pool, is
   refused with PermissionDenied when it connects or opens a log, within its
-  timeout: never a hang, never a ClusterUnavailable. (A connection made
-  before the revocation keeps the tickets it holds until they expire: that is
-  Ceph's, see docs/deploy.md "Revoking and rotating keys".)
+  timeout: never a hang, never a ClusterUnavailable.
+- A connection made before the revocation keeps the tickets it holds (that is
+  Ceph's, see docs/deploy.md "Revoking and rotating keys"): `zlog revoke`
+  deletes the key and blocklists every open connection of the entity, and
+  every call of a Log already open on one (sync, async through the C++
+  pipeline, batches, reads, streams, a following stream) raises Blocklisted
+  (a PermissionDenied) within its timeout; nothing acknowledged before is lost.
+  A zlog-seqr daemon revoked so stops serving and exits, saying why.
 - A zlog-seqr daemon whose key is rotated (the old key deleted, a new one
   written to its keyring file) picks the new key up on SIGHUP: it checks the
   new keyring, stops cleanly and executes itself again (same pid), and serves
@@ -13,11 +18,14 @@
 """
 from __future__ import annotations
 
+import errno
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +35,7 @@ import pytest
 from seqr_proc import SeqrProcess
 
 import pyzlog
-from pyzlog import Log, PermissionDenied
+from pyzlog import Blocklisted, Log, PermissionDenied
 
 
 def ceph_cmd(conf: str, *args: str) -> str:
@@ -174,3 +182,125 @@ def test_a_bad_new_keyring_keeps_the_daemon_serving(user, seqr_as, rados_cluster
     assert d.proc.poll() is None and d.log_path.read_text(errors="replace").count("serving on") == 1
     assert lg.append(b"b") == 1 and lg.positions.sequencer_usable()
     lg.close()
+
+
+def zlog(conf: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(Path(sys.executable).parent / "zlog"), "--conf", conf, *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def refused_in_time(call: Callable[[], object], deadline: float = 60.0, what: str = "") -> BaseException:
+    """What `call` raised, run on a thread given `deadline` seconds: it must
+    raise, not return, and not hang."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(("returned", call()))
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(deadline)
+    assert out, f"still running after {deadline:.0f}s: a hang"
+    assert isinstance(out[0], BaseException), f"{out[0]!r}: a revoked client was served ({what})"
+    return out[0]
+
+
+def test_revoke_cuts_off_a_client_already_connected(user, rados_cluster, ceph, log_name, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    name, keyring = user()
+    seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log", pool=ceph.pool).start()  # an admin daemon
+    try:
+        Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address).close()
+        c = pyzlog.connect(ceph.conf, client=name, keyring=str(keyring), connect_timeout=5, op_timeout=5)
+        lg = Log.open(c, ceph.pool, log_name, sequencer=seqr.address)
+        acked = {lg.append(b"sync-%d" % i): b"sync-%d" % i for i in range(10)}
+        futures = [(lg.append_async(b"async-%d" % i), b"async-%d" % i) for i in range(50)]
+        acked.update((f.result(60), v) for f, v in futures)
+        acked.update(zip(lg.append_many([b"many-%d" % i for i in range(8)]), [b"many-%d" % i for i in range(8)]))
+        assert lg.positions.sequencer_usable()  # the positions came from the sequencer: the pipeline wrote
+        # a following stream, open across the revocation
+        seen: list[object] = []
+        follower = threading.Thread(target=lambda: seen.append(refused_in_time(
+            lambda: [seen.append(r.position) for r in lg.stream(0, follow=True, hole_wait=1)], 120)), daemon=True)
+        follower.start()
+        t0 = time.monotonic()
+        while len(seen) < len(acked) and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        assert sorted(p for p in seen if isinstance(p, int)) == sorted(acked)
+
+        r = zlog(ceph.conf, "--pool", ceph.pool, "revoke", name)
+        assert r.returncode == 0, r.stderr
+        assert f"{name}: key deleted;" in r.stdout
+        blocked = re.findall(r"^  (\S+/\d+)$", r.stdout, re.M)
+        # every librados instance of this process that has a session (python-rados, the data plane, ...)
+        assert len(blocked) >= 2, r.stdout
+
+        calls: dict[str, Callable[[], object]] = {
+            "append": lambda: lg.append(b"after"),
+            "append_async": lambda: lg.append_async(b"after-async").result(60),
+            "append_many": lambda: lg.append_many([b"a", b"b"]),
+            "read": lambda: lg.read(0),
+            "stream": lambda: list(lg.stream(0, max(acked))),
+            "tail": lambda: lg.tail(),
+            "open": lambda: Log.open(c, ceph.pool, log_name),
+        }
+        for what, call in calls.items():
+            e = refused_in_time(call, what=what)
+            assert isinstance(e, Blocklisted) and isinstance(e, PermissionDenied), f"{what}: {e!r}"
+            assert e.errno == errno.ESHUTDOWN == pyzlog.core.errors.EBLOCKLISTED, f"{what}: {e!r}"
+        follower.join(150)
+        assert isinstance(seen[-1], Blocklisted), f"the following stream ended with {seen[-1]!r}"
+        with pytest.raises(PermissionDenied):  # and it cannot come back with its old key
+            pyzlog.connect(ceph.conf, client=name, keyring=str(keyring), connect_timeout=5)
+        # the blocklisted instances keep their monitor sessions: revoking again renews their entries
+        again = zlog(ceph.conf, "--pool", ceph.pool, "revoke", name)
+        assert again.returncode == 0 and f"{name}: had no key;" in again.stdout, again.stderr
+        assert sorted(re.findall(r"^  (\S+/\d+)$", again.stdout, re.M)) == sorted(blocked)
+        # closing what a revoked client holds does not hang either
+        refused_in_time(lambda: (lg.close(), c.shutdown(), 1 / 0), what="close")
+    finally:
+        seqr.stop()
+
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    assert {p: reader.read(p) for p in acked} == acked, "an acknowledged entry is lost"
+    reader.close()
+
+
+def test_revoke_refuses_what_it_must_not_do(ceph) -> None:  # type: ignore[no-untyped-def]
+    for entity, says in (("osd.0", "takes a client entity"), ("client.admin", "runs as"),
+                         (f"client.nobody{uuid.uuid4().hex[:6]}", "nothing to revoke")):
+        r = zlog(ceph.conf, "revoke", entity)
+        assert r.returncode == 1 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_revoked_daemon_stops_serving(user, rados_cluster, ceph, log_name, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    name, keyring = user()
+    log_path = tmp_path / "seqr.log"
+    d = SeqrProcess(ceph.conf, log_path=log_path, pool=ceph.pool,
+                    args=("--pool", ceph.pool, "--no-standby", "--client", name, "--keyring", str(keyring),
+                          "--secret-refresh", "1")).start()
+    try:
+        assert d.proc is not None
+        lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=d.address)
+        acked = {lg.append(b"before-%d" % i): b"before-%d" % i for i in range(10)}
+        assert lg.positions.sequencer_usable()
+        r = zlog(ceph.conf, "--pool", ceph.pool, "revoke", name)
+        assert r.returncode == 0 and "blocklisted" in r.stdout, r.stderr
+        try:  # it finds out within --secret-refresh with no client asking, and exits
+            d.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("a revoked daemon is still serving:\n" + log_path.read_text()[-2000:]) from None
+        text = log_path.read_text(errors="replace")
+        assert d.proc.returncode == 1 and "cut off from the cluster" in text and "blocklisted" in text, text[-2000:]
+        assert not _listening(d.port)
+        # its clients go on without it (slow tail finding), and nothing acknowledged is lost
+        for i in range(10):
+            acked[lg.append(b"after-%d" % i)] = b"after-%d" % i
+        lg.close()
+    finally:
+        d.stop()
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    assert {p: reader.read(p) for p in acked} == acked
+    reader.close()

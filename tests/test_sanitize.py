@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from vstartmod import ROOT
+from vstartmod import ROOT, vstart
 
 HERE = Path(__file__).resolve().parent
 SUPP = HERE / "sanitize"
@@ -121,6 +121,65 @@ def test_native_tests_run_clean_under_asan_and_ubsan(ceph, tmp_path: Path) -> No
         warnings.warn("LeakSanitizer's tracer crashed at the inner run's exit: its leak check is inconclusive")
     else:
         assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+
+
+#: the object class's tests (the hypothesis model included), run against an OSD that loads the sanitized class
+CLS_TESTS = ["tests/test_cls_zlog.py", "tests/test_cls_data.py", "tests/test_cls_malformed.py",
+             "tests/test_cls_corrupt.py", "tests/test_cls_model.py"]
+CLS_FRAME = re.compile(r"libcls_zlog\.so|/cls_zlog/[\w.]+:\d+")
+
+
+def class_findings(logs: Path) -> list[str]:
+    """The OSD's reports that fail: any UBSan runtime error (only the class is
+    instrumented) and any ASan error with a frame in the class (ceph-osd is not
+    instrumented; its own memory errors are not ours to judge)."""
+    bad: list[str] = []
+    for f in sorted(logs.iterdir()):
+        text = f.read_text(errors="replace")
+        for m in re.finditer(r"runtime error: [^\n]*", text):
+            bad.append(f"{f.name}: {m.group(0)}\n{text[max(0, m.start() - 300):m.start() + 2000]}")
+        for m in re.finditer(r"ERROR: AddressSanitizer: [^\n]*", text):
+            report = text[m.start():m.start() + 6000]
+            if CLS_FRAME.search(report):
+                bad.append(f"{f.name}: {m.group(0)}\n{report[:3000]}")
+    return bad
+
+
+def test_object_class_runs_clean_under_asan_and_ubsan_in_the_osd(tmp_path: Path) -> None:
+    """The sanitized libcls_zlog.so loaded by a real ceph-osd that preloads
+    libasan (vstart --sanitize-osds), and the class tests run against it."""
+    site = sanitized_site()
+    c = vstart.Cluster(tmp_path / "cluster")
+    try:
+        st = c.start(osds=1, cls_lib=site / "pyzlog" / "cls" / "libcls_zlog.so", sanitize_osds=True,
+                     owner_pid=os.getpid())
+        pid = c.daemons()["osd.0"]
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "libasan" in maps and "libcls_zlog" in maps, "the OSD does not run the sanitized class"
+        env = {**os.environ, "ZLOG_TEST_CONF": st["conf"], "ZLOG_TEST_POOL": st["pool"]}
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                            f"--basetemp={tmp_path / 'inner'}", *CLS_TESTS],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+        alive = c.daemons().get("osd.0") == pid  # an error halts the OSD (halt_on_error)
+    finally:
+        c.stop()
+    bad = class_findings(c.sanitizer_reports)
+    assert not bad, f"{len(bad)} sanitizer finding(s) in the object class; the first:\n" + bad[0][:6000]
+    assert alive, "the OSD died under the class tests:\n" + vstart._tail(c.log_dir / "osd.0.log", 40)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+
+
+def test_class_findings_are_recognised(tmp_path: Path) -> None:
+    """An ASan error in the class or any UBSan runtime error fails; an ASan
+    error wholly inside ceph-osd does not."""
+    (tmp_path / "asan.1").write_text("==1==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x1\n"
+                                     "    #0 0x1 in memcpy\n    #1 0x2 in OSD::foo (/usr/bin/ceph-osd+0x1)\n")
+    assert class_findings(tmp_path) == []
+    (tmp_path / "asan.2").write_text("==2==ERROR: AddressSanitizer: heap-buffer-overflow on address 0x1\n"
+                                     "    #1 0x2 in zlog::put /x/cls_zlog/data.cc:120\n")
+    (tmp_path / "ubsan.3").write_text("/x/cls_zlog/data.cc:10:5: runtime error: shift exponent 64\n")
+    got = class_findings(tmp_path)
+    assert len(got) == 2 and "heap-buffer-overflow" in got[0] and "runtime error" in got[1]
 
 
 def tracer_crashed(logs: Path) -> bool:

@@ -2,6 +2,7 @@
 """A real single-machine Ceph dev cluster for pyzlog, from Debian's Ceph packages.
 
     vstart.py start  [--dir D] [--osds N] [--bluestore] [--pool P] [--cls-lib PATH] [--no-mgr]
+                     [--sanitize-osds]
     vstart.py status [--dir D]
     vstart.py stop   [--dir D]
     vstart.py osd-stop ID [--signal KILL] / osd-start ID   (for fault tests)
@@ -49,9 +50,9 @@ def _tail(path: Path, n: int = 15) -> str:
         return f"({e})"
 
 
-def _run(cmd: list[str], timeout: float = 60, check: bool = True) -> str:
+def _run(cmd: list[str], timeout: float = 60, check: bool = True, env: dict[str, str] | None = None) -> str:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
     except subprocess.TimeoutExpired as e:
         raise ClusterError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}") from e
     if check and p.returncode != 0:
@@ -105,12 +106,30 @@ def _owned_pid(pidfile: Path, conf: Path) -> int | None:
     return pid
 
 
+def sanitizer_env(reports: Path) -> dict[str, str]:
+    """The environment of an OSD that loads a class built with ASan + UBSan
+    (ZLOG_SANITIZE=1): ceph-osd is not sanitized (and links no tcmalloc on
+    Debian), so libasan is preloaded; each process writes its reports to
+    REPORTS/asan.PID and REPORTS/ubsan.PID. Leaks are not looked for: Ceph
+    keeps memory to exit, and the class allocates nothing that outlives a call."""
+    lib = subprocess.run(["g++", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(lib):
+        raise ClusterError("g++ does not know libasan.so: install g++ with its sanitizer runtimes")
+    reports.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "LD_PRELOAD": lib,
+            "ASAN_OPTIONS": f"detect_leaks=0:halt_on_error=1:log_path={reports}/asan",
+            "UBSAN_OPTIONS": f"print_stacktrace=1:halt_on_error=1:log_path={reports}/ubsan"}
+
+
 class Cluster:
     def __init__(self, directory: Path) -> None:
         self.dir = directory.resolve()
         self.conf = self.dir / "ceph.conf"
         self.run_dir = self.dir / "run"
         self.log_dir = self.dir / "log"
+        #: OSDs run with libasan preloaded (a sanitized class): kept in cluster.json for restarts
+        self.sanitize_osds = bool((self.state() or {}).get("sanitize_osds"))
+        self.sanitizer_reports = self.log_dir / "sanitize"
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict | None:
@@ -136,10 +155,12 @@ class Cluster:
     # ------------------------------------------------------------------ start
     def start(self, osds: int = 1, bluestore: bool = False, pool: str = "zlog",
               cls_lib: Path | None = None, mgr: bool = True, pg_num: int = 16,
-              owner_pid: int | None = None) -> dict:
+              owner_pid: int | None = None, sanitize_osds: bool = False) -> dict:
         """Start the cluster. With `owner_pid`, a watcher process stops it when
         that process is gone, even if it was killed before it could clean up
-        (a test run killed by a timeout, say)."""
+        (a test run killed by a timeout, say). With `sanitize_osds`, the OSDs
+        preload libasan, to load a `cls_lib` built with the sanitizers
+        (sanitizer_env; their reports go to log/sanitize)."""
         st = self.state()
         if st and self.daemons():
             if len(self.daemons()) >= 1 + st["osds"]:
@@ -149,6 +170,7 @@ class Cluster:
             shutil.rmtree(self.dir)
         for d in (self.dir, self.run_dir, self.log_dir, self.dir / "classes"):
             d.mkdir(parents=True, exist_ok=True)
+        self.sanitize_osds = sanitize_osds
 
         lib = (cls_lib or _find_cls_lib()).resolve()
         if not lib.exists():
@@ -192,7 +214,7 @@ class Cluster:
         self.ceph("osd", "pool", "create", pool, str(pg_num), str(pg_num))
         self.ceph("osd", "pool", "application", "enable", pool, "zlog")
         st = {"conf": str(self.conf), "keyring": str(keyring), "pool": pool, "osds": osds,
-              "bluestore": bluestore, "mon_port": port, "fsid": fsid}
+              "bluestore": bluestore, "mon_port": port, "fsid": fsid, "sanitize_osds": sanitize_osds}
         (self.dir / STATE_FILE).write_text(json.dumps(st, indent=2))
         if owner_pid is not None:
             self._start_watcher(owner_pid)
@@ -294,9 +316,10 @@ mgr tick period = 1
         # only in the OSD's log, with exit status 250): retry briefly. A start
         # that fails leaves no process behind.
         deadline = time.monotonic() + 20
+        env = sanitizer_env(self.sanitizer_reports) if self.sanitize_osds else None
         while True:
             try:
-                _run(["ceph-osd", "-c", str(self.conf), "-i", str(i)], timeout=60)
+                _run(["ceph-osd", "-c", str(self.conf), "-i", str(i)], timeout=60, env=env)
                 return
             except ClusterError as e:
                 if time.monotonic() > deadline:
@@ -371,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bluestore", action="store_true", help="file-backed OSDs (survive kill -9)")
     s.add_argument("--pool", default="zlog")
     s.add_argument("--cls-lib", type=Path, default=None, help="libcls_zlog.so to load")
+    s.add_argument("--sanitize-osds", action="store_true",
+                   help="preload libasan into the OSDs, to load a --cls-lib built with ZLOG_SANITIZE=1 "
+                        "(reports in DIR/log/sanitize)")
     s.add_argument("--no-mgr", dest="mgr", action="store_false",
                    help="run no ceph-mgr (then `ceph df` shows no usage and pool quotas are not enforced)")
     sub.add_parser("status", help="show the daemons and config")
@@ -387,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "start":
             t0 = time.monotonic()
-            st = c.start(args.osds, args.bluestore, args.pool, args.cls_lib, args.mgr)
+            st = c.start(args.osds, args.bluestore, args.pool, args.cls_lib, args.mgr,
+                         sanitize_osds=args.sanitize_osds)
             print(f"cluster up in {time.monotonic() - t0:.1f}s: {len(c.daemons())} daemons")
             print(f"  ceph.conf: {st['conf']}\n  pool:      {st['pool']}")
             print(f"  use it:    export CEPH_CONF={st['conf']}")

@@ -576,6 +576,34 @@ def reconfigure(env: Env, name: str, width: int) -> None:
     click.echo(f"new view: epoch {v.epoch}, from position {v.start}, width {v.width}")
 
 
+@cli.command(context_settings=CONTEXT)
+@click.argument("entity")
+@click.option("--expire", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="how long the blocklist entries last [default: one week, longer than any ticket "
+                   "the revoked instances hold]")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@pass_env
+def revoke(env: Env, entity: str, expire: float | None, as_json: bool) -> None:
+    """Cut ENTITY (client.NAME) off the cluster: delete its cephx key and
+    blocklist every connection it has open, so clients already connected
+    fail too (pyzlog raises Blocklisted) instead of going on with the
+    tickets they hold. Needs an admin client. See docs/deploy.md."""
+    from .revoke import DEFAULT_EXPIRE_SECONDS, revoke as cut_off
+
+    r = cut_off(env.cluster, entity, DEFAULT_EXPIRE_SECONDS if expire is None else expire, me=env.client)
+    if as_json:
+        click.echo(json.dumps(r.as_dict(), indent=2))
+        return
+    key = "key deleted" if r.key_removed else "had no key"
+    click.echo(f"{entity}: {key}; {len(r.addresses)} open connection(s) blocklisted for {r.expire_seconds:g}s"
+               + (f" (osdmap epoch {r.osdmap_epoch})" if r.addresses else ""))
+    for addr in r.addresses:
+        click.echo(f"  {addr}")
+    if r.lagging_osds:
+        click.echo(f"warning: OSDs {', '.join(map(str, r.lagging_osds))} had not got osdmap epoch "
+                   f"{r.osdmap_epoch} yet; they refuse the instances once they do", err=True)
+
+
 @cli.group(name="seqr-secret", context_settings=CONTEXT)
 def seqr_secret() -> None:
     """The pool's sequencer secret: clients prove with it that they may take

@@ -294,6 +294,10 @@ class LogAsync:
             lock.release()
             self._begin()
         fut: Future[int] = _Future() if future is None else future
+        refused = self.log.conn.blocklisted
+        if refused is not None:  # final (zlog revoke): the C++ path must not take a position for it
+            self._finish(fut, error=refused)
+            return fut
         now = time.monotonic()
         self._send((self, fut, stored, now), now)
         return fut

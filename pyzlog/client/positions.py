@@ -183,6 +183,7 @@ class Positions:
     def tail(self) -> int:
         """The next position an append would get (the sequencer's counter, or
         without a sequencer the position after the highest one stored)."""
+        self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
         if seqr is not None and time.monotonic() >= self._recheck_at:
@@ -225,6 +226,7 @@ class Positions:
     def tail_streams(self, streams: list[int]) -> tuple[int, int, list[Any]] | None:
         """(tail, K, [(stream, horizon, backpointers, ordinal, levels)]) from the sequencer,
         or None when none answers (a reader then scans)."""
+        self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
         if seqr is None or time.monotonic() < self._recheck_at:
@@ -247,9 +249,17 @@ class Positions:
             return None
         return None
 
+    def _refuse_if_blocklisted(self) -> None:
+        """Blocklisted is final (zlog revoke): a revoked client takes no
+        position and learns no tail from a sequencer either, though the
+        sequencer itself would answer it."""
+        if self.log.conn.blocklisted is not None:
+            raise self.log.conn.blocklisted
+
     def _from_sequencer(self, count: int, streams: list[int] | None = None) -> Any:
         """First of `count` new positions, or None to use slow tail finding.
         With `streams`: (first, K, backpointers) from a stream request."""
+        self._refuse_if_blocklisted()
         self.follow()
         if self.sequencer is None or time.monotonic() < self._recheck_at:
             return None

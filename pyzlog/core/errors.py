@@ -34,6 +34,22 @@ class PermissionDenied(ZlogError):
     """cephx refused the client (wrong key, client name or caps)."""
 
 
+class Blocklisted(PermissionDenied):
+    """The cluster blocklisted this client's connection (`zlog revoke`, or
+    `ceph osd blocklist add`): every OSD refuses its requests with
+    EBLOCKLISTED (ESHUTDOWN, 108, on Linux). Nothing is retried: the
+    connection never works again, a new one needs a valid key."""
+
+
+#: the OSDs' answer to a blocklisted client (Ceph's EBLOCKLISTED is ESHUTDOWN on Linux)
+EBLOCKLISTED = _errno.ESHUTDOWN
+
+
+def is_blocklisted(e: BaseException) -> bool:
+    """Was `e` the cluster refusing this client as blocklisted (pyzlog's error, or python-rados')?"""
+    return isinstance(e, Blocklisted) or abs(getattr(e, "errno", 0) or 0) == EBLOCKLISTED
+
+
 class PoolNotFound(ZlogError):
     """The RADOS pool does not exist."""
 
@@ -176,8 +192,10 @@ _ERRORS: dict[int, tuple[type[ZlogError], str]] = {
     _errno.EBADMSG: (ProtocolMismatch, "malformed reply from the object class"),
     _errno.EIO: (Corrupt, "stored data is damaged (see zlog check --deep)"),
     _errno.ETIMEDOUT: (Timeout, "the cluster did not answer in time"),
-    _errno.ESHUTDOWN: (ClusterUnavailable, "the connection to the cluster is closed"),
-    _errno.ENOTCONN: (ClusterUnavailable, "not connected to the cluster"),
+    # the data plane's own closed connection is ENOTCONN: ESHUTDOWN comes only from the OSDs
+    EBLOCKLISTED: (Blocklisted, "this client is blocklisted by the cluster (its key was revoked, e.g. by "
+                                "`zlog revoke`): the connection cannot be used again; connect anew with a valid key"),
+    _errno.ENOTCONN: (ClusterUnavailable, "the connection to the cluster is closed"),
     _errno.EDQUOT: (PoolFull, "the pool is at its quota"),
     _errno.ENOSPC: (PoolFull, "the pool or the cluster is full"),
     _errno.EACCES: (PermissionDenied, "permission denied by cephx"),

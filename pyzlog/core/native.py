@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import wire
 from .cluster import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, connection_settings, on_shutdown
-from .errors import (ClusterUnavailable, InvalidRequest, PermissionDenied, PoolNotFound, Timeout, ZlogError,
+from .errors import (EBLOCKLISTED, Blocklisted, ClusterUnavailable, InvalidRequest, PermissionDenied, PoolNotFound, Timeout, ZlogError,
                      error_for)
 
 if TYPE_CHECKING:
@@ -263,7 +263,7 @@ class _Gate:
     def enter(self) -> None:
         with self._lock:
             if self._closed:
-                raise ClusterUnavailable("the process is exiting: no new RADOS calls", errno=errno.ESHUTDOWN)
+                raise ClusterUnavailable("the process is exiting: no new RADOS calls", errno=errno.ENOTCONN)
             self._calls += 1
 
     def leave(self) -> None:
@@ -471,6 +471,8 @@ class Connection:
         self._pools: dict[tuple[str, str], Pool] = {}
         self._lock = threading.Lock()
         self.closed = False
+        #: set once an OSD refused this connection as blocklisted (zlog revoke): final
+        self.blocklisted: Blocklisted | None = None
         # sync calls: queues lent to one caller at a time
         self._idle_queues: list[Queue] = []
         # async calls: one completion queue and the thread that drains it
@@ -504,7 +506,7 @@ class Connection:
         with self._lock:
             if key not in self._pools:
                 if self.closed:
-                    raise ClusterUnavailable("the data plane connection is closed", errno=errno.ESHUTDOWN)
+                    raise ClusterUnavailable("the data plane connection is closed", errno=errno.ENOTCONN)
                 out = ffi.new("dp_pool **")
                 ret = lib.dp_pool_open(self.handle, name.encode(), namespace.encode(), out)
                 if ret == -errno.ENOENT:
@@ -523,6 +525,10 @@ class Connection:
         """The typed error for a failed call's code (errors.error_for), with
         the cephx caps a refused call lacks named by harmless probes."""
         name = oid.decode() if isinstance(oid, bytes) else oid
+        if abs(code) == EBLOCKLISTED:
+            err = error_for(code, what)
+            self.blocklisted = err if isinstance(err, Blocklisted) else None
+            return err
         if abs(code) in (errno.EPERM, errno.EACCES) and pool is not None and name is not None:
             from .access import denial
 
@@ -652,7 +658,7 @@ class Connection:
             with self._lock:
                 if self._async is None:
                     if self.closed:
-                        raise ClusterUnavailable("the data plane connection is closed", errno=errno.ESHUTDOWN)
+                        raise ClusterUnavailable("the data plane connection is closed", errno=errno.ENOTCONN)
                     q = Queue(self)
                     lib.dp_queue_hold(q.handle, 1)
                     self._async = q

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .cluster import open_ioctx
-from .errors import PermissionDenied, ZlogError
+from .errors import EBLOCKLISTED, PermissionDenied, ZlogError, error_for, is_blocklisted
 
 if TYPE_CHECKING:
     import rados
@@ -107,6 +107,8 @@ def _read(io: rados.Ioctx, pool: str) -> tuple[PoolSecret, int]:
     except rados.Error as e:
         if _is_denied(e):
             raise _denied(pool, "reading") from None
+        if is_blocklisted(e):
+            raise error_for(-EBLOCKLISTED, f"reading the sequencer secret of pool {pool!r}") from None
         raise ZlogError(f"cannot read the sequencer secret of pool {pool!r}: {e}") from None
     return PoolSecret.decode(raw, pool), version
 

@@ -39,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import click
@@ -46,7 +47,8 @@ import rados
 
 from .. import _seqr  # type: ignore[attr-defined]  # the C++ extension
 from ..core.cluster import connect
-from ..core.errors import InvalidRequest, ZlogError
+from ..core.cluster import open_ioctx
+from ..core.errors import InvalidRequest, ZlogError, is_blocklisted
 from .failover import Watch, check_address_free
 from ..core.registry import DEFAULT_GROUP, DEFAULT_LEASE_SECONDS, answers
 from .metrics import DEFAULT_MAX_LOGS, Exporter, parse_listen
@@ -109,6 +111,10 @@ class SequencerDaemon:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: set when the cluster refused this daemon as blocklisted (zlog revoke): it serves no more
+        self.cut_off: ZlogError | rados.Error | None = None
+        #: called once then (the command line's main loop wakes and exits)
+        self.on_cut_off: Callable[[], None] = lambda: None
 
     @property
     def port(self) -> int:
@@ -148,15 +154,39 @@ class SequencerDaemon:
         self._reload.set()
 
     def _refresh_secrets(self) -> None:
+        """Every --secret-refresh seconds (and on SIGHUP): re-read the secrets,
+        or without authentication look at an object of each pool; either way
+        a daemon the cluster blocklisted finds out within that period, even
+        with no client asking it for a recovery."""
         while not self._stop.is_set():
             self._reload.wait(self._secret_refresh)
             self._reload.clear()
             if self._stop.is_set():
                 return
             try:
-                self.load_secrets()
+                if self._auth:
+                    self.load_secrets()
+                else:
+                    for pool in self._pools:
+                        _probe(self.cluster, pool)
             except (ZlogError, rados.Error) as e:  # keep serving with the secrets it has
+                if is_blocklisted(e):
+                    self._cut_off(e)
+                    return
                 log.warning("cannot re-read the sequencer secrets: %s", e)
+
+    def _cut_off(self, e: ZlogError | rados.Error) -> None:
+        """The cluster blocklisted this daemon (its key revoked: zlog revoke).
+        It can seal nothing and record nothing, so it must not hand out
+        positions either: its port closes at once, and the daemon exits."""
+        with self._lock:
+            if self.cut_off is not None:
+                return
+            self.cut_off = e
+        log.error("cut off from the cluster (%s): this daemon's key was revoked or it was blocklisted; "
+                  "it stops serving, as it cannot back the positions it hands out", e)
+        self.server.stop()
+        self.on_cut_off()
 
     def start(self) -> None:
         # before listening: a client must never meet a server without its pools' keys
@@ -188,9 +218,8 @@ class SequencerDaemon:
             raise
         self._thread = threading.Thread(target=self._serve_recoveries, name="recovery-queue", daemon=True)
         self._thread.start()
-        if self._auth:
-            self._secret_thread = threading.Thread(target=self._refresh_secrets, name="secrets", daemon=True)
-            self._secret_thread.start()
+        self._secret_thread = threading.Thread(target=self._refresh_secrets, name="secrets", daemon=True)
+        self._secret_thread.start()
         served = (f"pools {', '.join(self._pools)}" if self._pools else "every pool")
         log.info("serving on %s:%d as %s: %s, %s%s%s", self.server.host, self.port, self.address, served,
                  "clients authenticated" if self._auth else "NO AUTHENTICATION (--insecure)",
@@ -243,6 +272,8 @@ class SequencerDaemon:
         except ZlogError as e:
             log.warning("log %s/%s: recovery failed: %s", pool, name, e)
             self.server.fail(pool, name, str(e))
+            if is_blocklisted(e):
+                self._cut_off(e)
         except Exception as e:
             log.exception("log %s/%s: recovery crashed", pool, name)
             self.server.fail(pool, name, f"internal error: {e}")
@@ -381,6 +412,7 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
         done.set()
 
     signal.signal(signal.SIGHUP, on_hup)
+    daemon.on_cut_off = done.set
     key_file = keyring_path(cluster, keyring)
     key_seen = file_digest(key_file)
     try:
@@ -398,7 +430,7 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
     while True:
         done.wait()
         done.clear()
-        if term.is_set() or not hup.is_set():
+        if term.is_set() or daemon.cut_off is not None or not hup.is_set():
             break
         hup.clear()
         now = file_digest(key_file)
@@ -412,10 +444,23 @@ def main(host: str, port: int, conf: str | None, keyring: str | None, client: st
     log.info("shutting down")
     daemon.stop()
     cluster.shutdown()
+    if daemon.cut_off is not None:
+        raise click.ClickException(f"cut off from the cluster: {daemon.cut_off}")
     if restart:
         sys.stderr.flush()
         # the same pid and arguments: a supervisor sees no exit
         os.execv(sys.executable, [sys.executable, "-m", "pyzlog.daemon.service", *sys.argv[1:]])
+
+
+def _probe(cluster: rados.Rados, pool: str) -> None:
+    """One request to an OSD of `pool` (a stat of an object that need not exist)."""
+    io = open_ioctx(cluster, pool)
+    try:
+        io.stat("zlog.seqr.probe")
+    except rados.ObjectNotFound:
+        pass
+    finally:
+        io.close()
 
 
 def keyring_path(cluster: rados.Rados, given: str | None) -> str | None:

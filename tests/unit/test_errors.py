@@ -13,7 +13,7 @@ TABLE = [
     (errno.EINVAL, pyzlog.InvalidRequest), (errno.EFBIG, pyzlog.EntryTooLarge),
     (errno.EOPNOTSUPP, pyzlog.ClassNotLoaded), (errno.EPROTONOSUPPORT, pyzlog.ProtocolMismatch),
     (errno.EBADMSG, pyzlog.ProtocolMismatch), (errno.EIO, pyzlog.Corrupt),
-    (errno.ETIMEDOUT, pyzlog.Timeout), (errno.ESHUTDOWN, pyzlog.ClusterUnavailable),
+    (errno.ETIMEDOUT, pyzlog.Timeout), (errno.ESHUTDOWN, pyzlog.Blocklisted),
     (errno.ENOTCONN, pyzlog.ClusterUnavailable), (errno.EDQUOT, pyzlog.PoolFull), (errno.ENOSPC, pyzlog.PoolFull),
     (errno.EACCES, pyzlog.PermissionDenied), (errno.EPERM, pyzlog.PermissionDenied),
     (errno.ENOENT, pyzlog.ZlogError), (errno.EXDEV, pyzlog.ZlogError),
