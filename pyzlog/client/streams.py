@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import errno
 import time
+from itertools import pairwise
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]
 from ..core import wire
 from ..core.errors import EntryTooLarge, ZlogError
-from ..core.layout import place_of, stripe_of, view_of
+from ..core.layout import place_of, stripe_of, stripe_span, view_of
 from ..core.native import Op
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, _write, judge, stored_form, write_error
 from .stale import StaleWait
@@ -120,7 +121,6 @@ def append_streams(state: LogState, positions: Positions, streams: list[int], en
 
 #: positions per read_set call (the class takes up to ZLOG_MAX_BATCH_ENTRIES)
 SET_CHUNK = 512
-_GAP_CODES = {"filled": -errno.ENOMSG, "lost": -errno.ENOMSG, "trimmed": -errno.EIDRM}
 
 
 def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes | int]:
@@ -129,22 +129,13 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
     read_set call per data object for all of its positions (one read op of a
     call per position on a class too old for read_set)."""
     out: dict[int, bytes | int] = {}
-    todo = list(positions)
+    todo = sorted(positions)
     for _attempt in range(5):
         meta = state.meta
         views = meta.views
-        newest = views[-1]
-        by_key: dict[tuple[int, int, int], list[int]] = {}
-        for p in todo:  # by (view, stripe, index): one place_of per object, not per position
-            v = newest if p >= newest.start else view_of(views, p)
-            key = (id(v), stripe_of(v, p), p % v.width)
-            got_list = by_key.get(key)
-            if got_list is None:
-                by_key[key] = [p]
-            else:
-                got_list.append(p)
-        groups = [(place_of(state.name, views, ps[0]), sorted(ps)) for ps in by_key.values()]
+        groups = _by_object(state.name, views, todo)
         fallback: list[tuple[Any, list[int]]] = []
+        stale = False
         with state.conn._waiter() as q:
             if state.read_set:
                 asked: dict[int, tuple[Any, list[int]]] = {}
@@ -168,6 +159,7 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
                             for p in chunk:
                                 out[p] = -errno.EIDRM if p < meta.trim_below else -errno.ENODATA
                         elif code == -errno.ESTALE:
+                            stale = True
                             for p in chunk:
                                 out[p] = code
                         else:  # a class without read_set (EOPNOTSUPP), or a reply too large: one by one
@@ -189,7 +181,11 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
                         got += 1
                         if code == -errno.ENOENT:
                             code = -errno.EIDRM if tag < meta.trim_below else -errno.ENODATA
+                        elif code == -errno.ESTALE:
+                            stale = True
                         out[tag] = code if code else state.decode(value)
+        if not stale:
+            return out
         todo = [p for p in todo if out.get(p) == -errno.ESTALE]
         if not todo:
             return out
@@ -197,27 +193,52 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
     return out
 
 
+def _by_object(name: str, views: tuple[wire.View, ...], todo: list[int]) -> list[tuple[Any, list[int]]]:
+    """`todo` (sorted) as (place, its positions, sorted) per data object."""
+    newest = views[-1]
+    span = stripe_span(newest)
+    if todo and todo[0] >= newest.start and (not span or (todo[0] - newest.start) // span
+                                               == (todo[-1] - newest.start) // span):
+        # one stripe of the newest view (a walk's usual round): by index alone
+        width = newest.width
+        buckets: list[list[int]] = [[] for _ in range(width)]
+        for p in todo:
+            buckets[p % width].append(p)
+        return [(place_of(name, views, ps[0]), ps) for ps in buckets if ps]
+    by_key: dict[tuple[int, int, int], list[int]] = {}
+    for p in todo:  # by (view, stripe, index): one place_of per object, not per position
+        v = view_of(views, p)
+        key = (id(v), stripe_of(v, p), p % v.width)
+        got_list = by_key.get(key)
+        if got_list is None:
+            by_key[key] = [p]
+        else:
+            got_list.append(p)
+    return [(place_of(name, views, ps[0]), ps) for ps in by_key.values()]
+
+
+_KIND_CODES = {1: -errno.ENOMSG, 2: -errno.EIDRM, 3: -errno.ENOMSG}  # DP_KIND_*: filled, trimmed, lost
+
+
 def _from_window(state: Any, window: Any, chunk: list[int], out: dict[int, bytes | int]) -> None:
     """What a read_set reply says of each position of `chunk`."""
-    listed: set[int] = set()
-    if window.count:
-        batch = window.record_batch()
-        ps = batch.column(0).to_pylist()
-        datas = batch.column(1).to_pylist()
-        kinds = None
-        if batch.column(1).null_count:
-            col = batch.column(2)
-            names = col.dictionary.to_pylist()
-            kinds = [names[i] for i in col.indices.to_pylist()]
-        plain = state.plain
+    ps, kinds, offs, buf = window.rows()
+    if kinds.count(0) == len(ps):  # every row is data (the usual reply)
+        datas = [buf[a:b] for a, b in pairwise(offs)]
+        if not state.plain:
+            datas = [state.decode(d) for d in datas]
+        out.update(zip(ps, datas))
+    else:
         for i, p in enumerate(ps):
-            d = datas[i]
-            if d is None:
-                out[p] = _GAP_CODES.get(kinds[i] if kinds else "", -errno.ENOMSG)
+            k = kinds[i]
+            if k:
+                out[p] = _KIND_CODES.get(k, -errno.ENOMSG)
             else:
-                out[p] = d if plain else state.decode(d)
-            listed.add(p)
-    trim = window.trim_below
-    for p in chunk:
-        if p not in listed:
-            out[p] = -errno.EIDRM if p < trim else -errno.ENODATA
+                d = buf[offs[i]:offs[i + 1]]
+                out[p] = d if state.plain else state.decode(d)
+    if ps != chunk:  # positions not listed are unwritten, or trimmed below the window's trim point
+        listed = set(ps)
+        trim = window.trim_below
+        for p in chunk:
+            if p not in listed:
+                out[p] = -errno.EIDRM if p < trim else -errno.ENODATA

@@ -16,7 +16,7 @@ from typing import Any
 
 from pyzlog import InvalidRequest
 
-from .codec import MISSING, dumps, load_from
+from .codec import MISSING, dumps, load_from, load_key_value
 from .errors import BadEntry, WrongType
 from .machine import StateMachine
 from .machine import Transaction
@@ -69,10 +69,7 @@ class ReplicatedMap(StateMachine):
     def apply_payload(self, data: bytes, off: int, position: int) -> Any:
         op = data[off]
         if op == MAP_PUT:
-            key, o = load_from(data, off + 1)
-            value, o = load_from(data, o)
-            if o != len(data):
-                raise BadEntry("bytes after a put")
+            key, value = load_key_value(data, off + 1)
             self._data[key] = (value, position + 1)
             return None
         if op == MAP_DEL:
