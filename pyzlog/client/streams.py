@@ -40,14 +40,21 @@ Backpointers = list[tuple[int, int, list[int], list[int]]]
 Build = Callable[[bytes, int, int, Backpointers], bytes]
 
 
-def entry_backpointers(first: int, index: int, k: int, answer: list) -> Backpointers:  # type: ignore[type-arg]
+def entry_backpointers(first: int, index: int, k: int, answer: list,  # type: ignore[type-arg]
+                       memo: dict[tuple[int, int], list[int]] | None = None) -> Backpointers:
     """The backpointers of the entry at first + index of a batch of
     positions [first, ...) that all belong to the streams of `answer` (the
     sequencer's answer for the batch: (stream, horizon, recent, ordinal,
     [(level, position)])): its stream's K most recent positions, and skip
     pointers to the stream's newest entry below it whose ordinal is a
     multiple of 2^level, for the levels not in the recent list. K = 0
-    (positions from slow tail finding): nothing is known below the entry."""
+    (positions from slow tail finding): nothing is known below the entry.
+
+    `memo` (one per batch, i.e. per answer): with exactly 2^FIRST_LEVEL
+    recent pointers (K = 16, the sequencer's), the skip pointers are the
+    same for every entry whose ordinal - 1 lies in one block of
+    2^FIRST_LEVEL (which levels the recent list covers does not change
+    inside a block then), so they are worked out once per block."""
     pos = first + index
     out: Backpointers = []
     for s, h, back, ordinal, levels in answer:
@@ -57,28 +64,43 @@ def entry_backpointers(first: int, index: int, k: int, answer: list) -> Backpoin
         inside = [pos - 1 - j for j in range(min(index, k))]
         recent = inside if len(inside) >= k else inside + list(back[:k - len(inside)])
         me = ordinal + index  # this entry's ordinal in the stream
-        far: list[int] = []
-        if me > len(recent):
-            known = dict(levels)
-            level = FIRST_LEVEL
-            while level < 64:
-                m = ((me - 1) >> level) << level  # the newest multiple of 2^level below me
-                if m >= me - len(recent):
-                    level += 1
-                    continue  # in the recent list
-                if m >= ordinal:
-                    p: int | None = first + (m - ordinal)
-                elif m == 0 and known:  # the stream's first entry: the sequencer's highest level names it
-                    p = known[max(known)]
-                else:
-                    p = known.get(level)
-                if p is not None and (not far or p < far[-1]):
-                    far.append(p)
-                if m == 0:
-                    break  # every higher level names ordinal 0 too
-                level += 1
+        if me <= len(recent):
+            out.append((s, h, recent, []))
+            continue
+        if memo is not None and len(recent) == 1 << FIRST_LEVEL:
+            key = (s, (me - 1) >> FIRST_LEVEL)
+            far = memo.get(key)
+            if far is None:
+                far = memo[key] = _skips(first, me, len(recent), ordinal, levels)
+        else:
+            far = _skips(first, me, len(recent), ordinal, levels)
         out.append((s, h, recent, far))
     return out
+
+
+def _skips(first: int, me: int, nrecent: int, ordinal: int, levels: list[tuple[int, int]]) -> list[int]:
+    """The skip pointers of the entry of ordinal `me` with `nrecent` recent
+    backpointers, newest first (see entry_backpointers)."""
+    known = dict(levels)
+    far: list[int] = []
+    level = FIRST_LEVEL
+    while level < 64:
+        m = ((me - 1) >> level) << level  # the newest multiple of 2^level below me
+        if m >= me - nrecent:
+            level += 1
+            continue  # in the recent list
+        if m >= ordinal:
+            p: int | None = first + (m - ordinal)
+        elif m == 0 and known:  # the stream's first entry: the sequencer's highest level names it
+            p = known[max(known)]
+        else:
+            p = known.get(level)
+        if p is not None and (not far or p < far[-1]):
+            far.append(p)
+        if m == 0:
+            break  # every higher level names ordinal 0 too
+        level += 1
+    return far
 
 
 def append_streams(state: LogState, positions: Positions, streams: list[int], entries: Sequence[bytes],
@@ -101,7 +123,9 @@ def append_streams(state: LogState, positions: Positions, streams: list[int], en
             raise ZlogError(f"append_streams to {state.name!r}: {len(todo)} of {len(entries)} entries not stored "
                             f"in {APPEND_DEADLINE_SECONDS:.0f}s")
         first, k, answer = positions.take_streams(len(todo), streams)
-        items = [(idx, stored_form(state, build(entries[idx], first + i, k, entry_backpointers(first, i, k, answer))))
+        memo: dict[tuple[int, int], list[int]] = {}
+        items = [(idx, stored_form(state, build(entries[idx], first + i, k,
+                                                entry_backpointers(first, i, k, answer, memo))))
                  for i, idx in enumerate(todo)]
         meta = state.meta
         refused: list[int] = []

@@ -273,3 +273,20 @@ def test_entry_backpointers_within_a_batch() -> None:
                 want.append(mine[m])
         assert far == want
     assert entry_backpointers(20, 3, 0, answer) == [(7, 23, [], [])]  # slow tail finding: nothing known
+
+
+@given(st.integers(0, 5000), st.integers(1, 300), st.integers(0, 40), st.sampled_from([0, 1, 4, 16, 20]))
+@settings(max_examples=200, deadline=None)
+def test_skip_pointers_worked_out_once_per_block_are_each_entrys_own(ordinal: int, n: int, known: int,
+                                                                    k: int) -> None:
+    """append_streams works skip pointers out once per block of ordinals
+    (a memo per batch): every entry of a batch gets what it gets alone."""
+    from pyzlog.client.streams import entry_backpointers
+
+    old = [3 * i for i in range(ordinal)]  # the stream's positions so far
+    levels = [(lv, old[((ordinal - 1) >> lv) << lv]) for lv in range(4, 14) if ordinal and known > lv]
+    answer = [(7, 0, old[::-1][:16], ordinal, levels), (9, 5, [], 0, [])]
+    first = 3 * ordinal + 10
+    memo: dict[tuple[int, int], list[int]] = {}
+    for i in range(n):
+        assert entry_backpointers(first, i, k, answer, memo) == entry_backpointers(first, i, k, answer)
