@@ -45,6 +45,8 @@ def _wrong(obj: StateMachine, op: int) -> WrongType:
 
 
 def _check_key(key: Any) -> None:
+    if type(key) is str:  # the usual key: hashable, and not a list, dict or MISSING
+        return
     try:
         hash(key)
     except TypeError:
