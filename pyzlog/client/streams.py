@@ -12,13 +12,14 @@ set of positions with one read op per data object.
 from __future__ import annotations
 
 import errno
+from itertools import pairwise
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]
 from ..core import wire
 from ..core.errors import EntryTooLarge, ZlogError
-from ..core.layout import place_of, stripe_of, view_of
+from ..core.layout import place_of, stripe_of, stripe_span, view_of
 from ..core.native import Op
 from .appending import store_rounds, stored_form
 from .stale import StaleWait
@@ -38,14 +39,21 @@ Backpointers = list[tuple[int, int, list[int], list[int]]]
 Build = Callable[[bytes, int, int, Backpointers], bytes]
 
 
-def entry_backpointers(first: int, index: int, k: int, answer: list) -> Backpointers:  # type: ignore[type-arg]
+def entry_backpointers(first: int, index: int, k: int, answer: list,  # type: ignore[type-arg]
+                       memo: dict[tuple[int, int], list[int]] | None = None) -> Backpointers:
     """The backpointers of the entry at first + index of a batch of
     positions [first, ...) that all belong to the streams of `answer` (the
     sequencer's answer for the batch: (stream, horizon, recent, ordinal,
     [(level, position)])): its stream's K most recent positions, and skip
     pointers to the stream's newest entry below it whose ordinal is a
     multiple of 2^level, for the levels not in the recent list. K = 0
-    (positions from slow tail finding): nothing is known below the entry."""
+    (positions from slow tail finding): nothing is known below the entry.
+
+    `memo` (one per batch, i.e. per answer): with exactly 2^FIRST_LEVEL
+    recent pointers (K = 16, the sequencer's), the skip pointers are the
+    same for every entry whose ordinal - 1 lies in one block of
+    2^FIRST_LEVEL (which levels the recent list covers does not change
+    inside a block then), so they are worked out once per block."""
     pos = first + index
     out: Backpointers = []
     for s, h, back, ordinal, levels in answer:
@@ -55,28 +63,43 @@ def entry_backpointers(first: int, index: int, k: int, answer: list) -> Backpoin
         inside = [pos - 1 - j for j in range(min(index, k))]
         recent = inside if len(inside) >= k else inside + list(back[:k - len(inside)])
         me = ordinal + index  # this entry's ordinal in the stream
-        far: list[int] = []
-        if me > len(recent):
-            known = dict(levels)
-            level = FIRST_LEVEL
-            while level < 64:
-                m = ((me - 1) >> level) << level  # the newest multiple of 2^level below me
-                if m >= me - len(recent):
-                    level += 1
-                    continue  # in the recent list
-                if m >= ordinal:
-                    p: int | None = first + (m - ordinal)
-                elif m == 0 and known:  # the stream's first entry: the sequencer's highest level names it
-                    p = known[max(known)]
-                else:
-                    p = known.get(level)
-                if p is not None and (not far or p < far[-1]):
-                    far.append(p)
-                if m == 0:
-                    break  # every higher level names ordinal 0 too
-                level += 1
+        if me <= len(recent):
+            out.append((s, h, recent, []))
+            continue
+        if memo is not None and len(recent) == 1 << FIRST_LEVEL:
+            key = (s, (me - 1) >> FIRST_LEVEL)
+            far = memo.get(key)
+            if far is None:
+                far = memo[key] = _skips(first, me, len(recent), ordinal, levels)
+        else:
+            far = _skips(first, me, len(recent), ordinal, levels)
         out.append((s, h, recent, far))
     return out
+
+
+def _skips(first: int, me: int, nrecent: int, ordinal: int, levels: list[tuple[int, int]]) -> list[int]:
+    """The skip pointers of the entry of ordinal `me` with `nrecent` recent
+    backpointers, newest first (see entry_backpointers)."""
+    known = dict(levels)
+    far: list[int] = []
+    level = FIRST_LEVEL
+    while level < 64:
+        m = ((me - 1) >> level) << level  # the newest multiple of 2^level below me
+        if m >= me - nrecent:
+            level += 1
+            continue  # in the recent list
+        if m >= ordinal:
+            p: int | None = first + (m - ordinal)
+        elif m == 0 and known:  # the stream's first entry: the sequencer's highest level names it
+            p = known[max(known)]
+        else:
+            p = known.get(level)
+        if p is not None and (not far or p < far[-1]):
+            far.append(p)
+        if m == 0:
+            break  # every higher level names ordinal 0 too
+        level += 1
+    return far
 
 
 def append_streams(state: LogState, positions: Positions, streams: list[int], entries: Sequence[bytes],
@@ -90,10 +113,12 @@ def append_streams(state: LogState, positions: Positions, streams: list[int], en
         if len(e) + _SECTION_MAX * len(streams) > wire.MAX_ENTRY_BYTES:
             raise EntryTooLarge(f"entry of {len(e)} bytes with the backpointers of {len(streams)} stream(s) is over "
                                 f"the limit of {wire.MAX_ENTRY_BYTES}")
+
     def take(todo: list[int]) -> tuple[int, list[tuple[int, bytes]]]:
         first, k, answer = positions.take_streams(len(todo), streams)
+        memo: dict[tuple[int, int], list[int]] = {}
         return first, [(idx, stored_form(state, build(entries[idx], first + i, k,
-                                                      entry_backpointers(first, i, k, answer))))
+                                                      entry_backpointers(first, i, k, answer, memo))))
                        for i, idx in enumerate(todo)]
 
     return store_rounds(state, "append_streams", len(entries), take)
@@ -101,7 +126,6 @@ def append_streams(state: LogState, positions: Positions, streams: list[int], en
 
 #: positions per read_set call (the class takes up to ZLOG_MAX_BATCH_ENTRIES)
 SET_CHUNK = 512
-_GAP_CODES = {"filled": -errno.ENOMSG, "lost": -errno.ENOMSG, "trimmed": -errno.EIDRM}
 
 
 def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes | int]:
@@ -110,22 +134,13 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
     read_set call per data object for all of its positions (one read op of a
     call per position on a class too old for read_set)."""
     out: dict[int, bytes | int] = {}
-    todo = list(positions)
+    todo = sorted(positions)
     for _attempt in range(5):
         meta = state.meta
         views = meta.views
-        newest = views[-1]
-        by_key: dict[tuple[int, int, int], list[int]] = {}
-        for p in todo:  # by (view, stripe, index): one place_of per object, not per position
-            v = newest if p >= newest.start else view_of(views, p)
-            key = (id(v), stripe_of(v, p), p % v.width)
-            got_list = by_key.get(key)
-            if got_list is None:
-                by_key[key] = [p]
-            else:
-                got_list.append(p)
-        groups = [(place_of(state.name, views, ps[0]), sorted(ps)) for ps in by_key.values()]
+        groups = _by_object(state.name, views, todo)
         fallback: list[tuple[Any, list[int]]] = []
+        stale = False
         with state.conn._waiter() as q:
             if state.read_set:
                 asked: dict[int, tuple[Any, list[int]]] = {}
@@ -149,6 +164,7 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
                             for p in chunk:
                                 out[p] = -errno.EIDRM if p < meta.trim_below else -errno.ENODATA
                         elif code == -errno.ESTALE:
+                            stale = True
                             for p in chunk:
                                 out[p] = code
                         else:  # a class without read_set (EOPNOTSUPP), or a reply too large: one by one
@@ -170,7 +186,11 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
                         got += 1
                         if code == -errno.ENOENT:
                             code = -errno.EIDRM if tag < meta.trim_below else -errno.ENODATA
+                        elif code == -errno.ESTALE:
+                            stale = True
                         out[tag] = code if code else state.decode(value)
+        if not stale:
+            return out
         todo = [p for p in todo if out.get(p) == -errno.ESTALE]
         if not todo:
             return out
@@ -178,27 +198,52 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
     return out
 
 
+def _by_object(name: str, views: tuple[wire.View, ...], todo: list[int]) -> list[tuple[Any, list[int]]]:
+    """`todo` (sorted) as (place, its positions, sorted) per data object."""
+    newest = views[-1]
+    span = stripe_span(newest)
+    if todo and todo[0] >= newest.start and (not span or (todo[0] - newest.start) // span
+                                               == (todo[-1] - newest.start) // span):
+        # one stripe of the newest view (a walk's usual round): by index alone
+        width = newest.width
+        buckets: list[list[int]] = [[] for _ in range(width)]
+        for p in todo:
+            buckets[p % width].append(p)
+        return [(place_of(name, views, ps[0]), ps) for ps in buckets if ps]
+    by_key: dict[tuple[int, int, int], list[int]] = {}
+    for p in todo:  # by (view, stripe, index): one place_of per object, not per position
+        v = view_of(views, p)
+        key = (id(v), stripe_of(v, p), p % v.width)
+        got_list = by_key.get(key)
+        if got_list is None:
+            by_key[key] = [p]
+        else:
+            got_list.append(p)
+    return [(place_of(name, views, ps[0]), ps) for ps in by_key.values()]
+
+
+_KIND_CODES = {1: -errno.ENOMSG, 2: -errno.EIDRM, 3: -errno.ENOMSG}  # DP_KIND_*: filled, trimmed, lost
+
+
 def _from_window(state: Any, window: Any, chunk: list[int], out: dict[int, bytes | int]) -> None:
     """What a read_set reply says of each position of `chunk`."""
-    listed: set[int] = set()
-    if window.count:
-        batch = window.record_batch()
-        ps = batch.column(0).to_pylist()
-        datas = batch.column(1).to_pylist()
-        kinds = None
-        if batch.column(1).null_count:
-            col = batch.column(2)
-            names = col.dictionary.to_pylist()
-            kinds = [names[i] for i in col.indices.to_pylist()]
-        plain = state.plain
+    ps, kinds, offs, buf = window.rows()
+    if kinds.count(0) == len(ps):  # every row is data (the usual reply)
+        datas = [buf[a:b] for a, b in pairwise(offs)]
+        if not state.plain:
+            datas = [state.decode(d) for d in datas]
+        out.update(zip(ps, datas))
+    else:
         for i, p in enumerate(ps):
-            d = datas[i]
-            if d is None:
-                out[p] = _GAP_CODES.get(kinds[i] if kinds else "", -errno.ENOMSG)
+            k = kinds[i]
+            if k:
+                out[p] = _KIND_CODES.get(k, -errno.ENOMSG)
             else:
-                out[p] = d if plain else state.decode(d)
-            listed.add(p)
-    trim = window.trim_below
-    for p in chunk:
-        if p not in listed:
-            out[p] = -errno.EIDRM if p < trim else -errno.ENODATA
+                d = buf[offs[i]:offs[i + 1]]
+                out[p] = d if state.plain else state.decode(d)
+    if ps != chunk:  # positions not listed are unwritten, or trimmed below the window's trim point
+        listed = set(ps)
+        trim = window.trim_below
+        for p in chunk:
+            if p not in listed:
+                out[p] = -errno.EIDRM if p < trim else -errno.ENODATA

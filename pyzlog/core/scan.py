@@ -103,6 +103,22 @@ class RangeWindow:
             yield wire.RangeEntry(int(pos[0]), wire.EntryState(state[0]), int(epoch[0]),
                                   ffi.unpack(data[0], length[0]))
 
+    def rows(self) -> tuple[list[int], bytes, list[int], bytes]:
+        """Every entry not consumed yet, in order, as plain Python values:
+        (positions, kinds (one DP_KIND_* byte each), data offsets (rows + 1),
+        the data of every row end to end). For small replies (a read_set of
+        a few hundred positions): no Arrow arrays to build, whose fixed cost
+        is more than the rows' own there."""
+        b = lib.dp_window_batch(self._w)
+        if b == ffi.NULL:
+            raise MemoryError("dp_window_batch")
+        try:
+            n = int(b.rows)
+            return (ffi.unpack(b.positions, n), ffi.unpack(ffi.cast("char *", b.kinds), n),
+                    ffi.unpack(b.offsets, n + 1), ffi.unpack(b.data, int(b.data_len)))
+        finally:
+            lib.dp_batch_free(b)
+
     def record_batch(self, *, signed: bool = False) -> pa.RecordBatch:
         """Every entry not consumed yet, in order, as one Arrow record batch."""
         b = lib.dp_window_batch(self._w)

@@ -141,6 +141,26 @@ def load_from(data: bytes, off: int) -> tuple[Any, int]:
         raise BadEntry(f"undecodable value: {e}") from None
 
 
+def load_key_value(data: bytes, off: int) -> tuple[Any, Any]:
+    """The two values from `off` to the end of `data` (a map put's key and
+    value); BadEntry if they do not parse or bytes are left over. A short
+    str key and a short bytes value (what puts mostly carry) are read here
+    without the general walk: the replay loop's hot path."""
+    end = len(data)
+    if end > off + 1 and data[off] == _SSTR:
+        o = off + 2 + data[off + 1]
+        if end > o + 1 and data[o] == _SBYTES and o + 2 + data[o + 1] == end:
+            try:
+                return data[off + 2:o].decode(), data[o + 2:end]
+            except UnicodeDecodeError as e:
+                raise BadEntry(f"undecodable value: {e}") from None
+    key, o = load_from(data, off)
+    value, o = load_from(data, o)
+    if o != end:
+        raise BadEntry(f"{end - o} bytes after the value")
+    return key, value
+
+
 def _take(data: bytes, off: int, n: int) -> bytes:
     end = off + n
     if end > len(data):
@@ -200,4 +220,4 @@ def _dec(data: bytes, off: int, depth: int) -> tuple[Any, int]:
     raise IndexError(f"unknown tag {tag}")
 
 
-__all__ = ["MISSING", "dumps", "loads", "load_from"]
+__all__ = ["MISSING", "dumps", "loads", "load_from", "load_key_value"]

@@ -74,6 +74,8 @@ def header(kind: int, client: int, seq: int, lwm: int, stream: int = 0) -> bytes
 
 
 _BP_HEAD = struct.Struct("<BB")
+#: the first five bytes of a version-2 entry, by kind: magic, version, kind, flags
+_V2_HEAD = [MAGIC + bytes((VERSION, kind, FLAG_BACKPOINTERS)) for kind in range(256)]
 _BP_STREAM = struct.Struct("<QQBBB")
 _U32_MAX = (1 << 32) - 1
 
@@ -82,24 +84,38 @@ Backpointers = list[tuple[int, int, list[int], list[int]]]
 
 
 def with_backpointers(plain: bytes, position: int, k: int, bps: Backpointers) -> bytes:
-    """The version-2 form of a version-1 entry stored at `position`."""
-    out = [HEADER.pack(MAGIC, VERSION, plain[3], FLAG_BACKPOINTERS, *HEADER.unpack_from(plain)[4:]),
-           _BP_HEAD.pack(k, len(bps))]
+    """The version-2 form of a version-1 entry stored at `position` (every
+    append with streams on: the header's fields are copied, not unpacked)."""
+    if len(plain) < HEADER_SIZE or not plain.startswith(MAGIC):
+        raise InvalidRequest("not an entry of this layer")
+    out = [_V2_HEAD[plain[3]], plain[5:HEADER_SIZE], _BP_HEAD.pack(k, len(bps))]
     for stream, horizon, recent, far in bps:
-        deltas = [position - b for b in recent] + [position - b for b in far]
-        if len(recent) > 255 or len(far) > 255:
+        nr, nf = len(recent), len(far)
+        if nr > 255 or nf > 255:
             raise InvalidRequest("at most 255 backpointers of each kind per stream")
-        if deltas and min(deltas) <= 0:
+        if not nr + nf:
+            out.append(_BP_STREAM.pack(stream, horizon, 0, 0, 4))
+            continue
+        deltas = [position - b for b in recent]
+        deltas += [position - b for b in far]
+        if min(deltas) <= 0:
             raise InvalidRequest(f"a backpointer in {recent + far} not below position {position}")
-        width = 8 if deltas and max(deltas) > _U32_MAX else 4
-        out.append(_BP_STREAM.pack(stream, horizon, len(recent), len(far), width))
-        if deltas:
-            out.append(struct.pack(f"<{len(deltas)}{'I' if width == 4 else 'Q'}", *deltas))
+        width = 8 if max(deltas) > _U32_MAX else 4
+        out.append(_BP_STREAM.pack(stream, horizon, nr, nf, width))
+        out.append(_deltas(nr + nf, width).pack(*deltas))
     out.append(plain[HEADER_SIZE:])
     return b"".join(out)
 
 
 _DELTAS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _deltas(count: int, width: int) -> struct.Struct:
+    """The struct of `count` deltas of `width` bytes (made once per shape)."""
+    st = _DELTAS.get((count, width))
+    if st is None:
+        st = _DELTAS[count, width] = struct.Struct(f"<{count}{'I' if width == 4 else 'Q'}")
+    return st
 
 
 def parse_backpointers(data: bytes, position: int) -> tuple[int, dict[int, tuple[int, list[int], list[int]]], int]:
@@ -116,10 +132,7 @@ def parse_backpointers(data: bytes, position: int) -> tuple[int, dict[int, tuple
                 raise BadEntry(f"position {position}: a backpointer section with width {width}, {nr} of {k}")
             cnt = nr + nf
             if cnt:
-                st = _DELTAS.get((cnt, width))
-                if st is None:
-                    st = _DELTAS[cnt, width] = struct.Struct(f"<{cnt}{'I' if width == 4 else 'Q'}")
-                deltas = st.unpack_from(data, off)
+                deltas = _deltas(cnt, width).unpack_from(data, off)
                 off += width * cnt
                 if min(deltas) == 0 or max(deltas) > position:
                     raise BadEntry(f"position {position}: a backpointer not below the entry")

@@ -16,7 +16,7 @@ from typing import Any
 
 from pyzlog import InvalidRequest
 
-from .codec import MISSING, dumps, load_from
+from .codec import MISSING, dumps, load_from, load_key_value
 from .errors import BadEntry, WrongType
 from .machine import StateMachine
 from .machine import Transaction
@@ -45,6 +45,8 @@ def _wrong(obj: StateMachine, op: int) -> WrongType:
 
 
 def _check_key(key: Any) -> None:
+    if type(key) is str:  # the usual key: hashable, and not a list, dict or MISSING
+        return
     try:
         hash(key)
     except TypeError:
@@ -69,10 +71,7 @@ class ReplicatedMap(StateMachine):
     def apply_payload(self, data: bytes, off: int, position: int) -> Any:
         op = data[off]
         if op == MAP_PUT:
-            key, o = load_from(data, off + 1)
-            value, o = load_from(data, o)
-            if o != len(data):
-                raise BadEntry("bytes after a put")
+            key, value = load_key_value(data, off + 1)
             self._data[key] = (value, position + 1)
             return None
         if op == MAP_DEL:

@@ -32,6 +32,7 @@ import logging
 import random
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -77,7 +78,7 @@ OWN_GRACE = 0.005
 
 
 class _Pending:
-    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire", "streams")
+    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire", "streams", "result", "ok")
 
     def __init__(self, seq: int, data: bytes, future: Future[Any], deadline: float,
                  retire: list[int] | None = None, streams: tuple[int, ...] = ()) -> None:
@@ -86,6 +87,8 @@ class _Pending:
         self.attempts = 0
         self.retire = retire or []  # a RETIRE entry: the seqs it retires
         self.streams = streams  # the streams the entry belongs to (with streams on)
+        self.result: Any = None  # apply's outcome, kept here until the Future is settled
+        self.ok = True
 
 
 @dataclass
@@ -165,7 +168,8 @@ class Runtime:
         self._pending: dict[int, _Pending] = {}
         self._sessions = Sessions()
         self._streams_seen: set[int] = set()
-        self._done: list[tuple[_Pending, Any, bool]] = []
+        self._done: list[_Pending] = []  # applied, to settle once the state lock is let go
+        self._one_stream: dict[int, tuple[int]] = {}  # (stream,) per object: one tuple, not one per proposal
 
         self._plock = threading.Lock()  # seqs and the low-water mark
         self._next_seq = 1
@@ -366,7 +370,12 @@ class Runtime:
             lwm = self._lwm_locked()
         data = HEADER.pack(MAGIC, entry.PLAIN_VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
         if streams is None:
-            streams = (stream,) if kind == CMD else ()
+            if kind == CMD:
+                streams = self._one_stream.get(stream)
+                if streams is None:
+                    streams = self._one_stream[stream] = (stream,)
+            else:
+                streams = ()
         p = _Pending(seq, data, Future(), time.monotonic() + self.propose_timeout, retire, streams)
         self._pending[seq] = p
         return p
@@ -752,8 +761,11 @@ class Runtime:
                 while heap and heap[0] < at:
                     own.pop(heapq.heappop(heap), None)
                 # a run of our own acknowledged entries from `at` on: their bytes are known
-                while heap and heap[0] == at + len(run) and len(run) < CHUNK and at + len(run) < target:
-                    run.append(own.pop(heapq.heappop(heap)))
+                p, limit, pop = at, min(target, at + CHUNK), heapq.heappop
+                while heap and heap[0] == p and p < limit:
+                    pop(heap)
+                    run.append(own.pop(p))
+                    p += 1
                 nxt = heap[0] if heap else None
             if run:
                 self.stats.from_memory += len(run)
@@ -803,7 +815,10 @@ class Runtime:
 
     def _apply_rows(self, positions: list[int], datas: list[bytes | None], kinds: list[str] | None) -> None:
         """Apply entries (in position order, from self.applied on) under the
-        state lock, then settle the proposals they answered and wake waiters."""
+        state lock, then settle the proposals they answered and wake waiters.
+        The loop keeps its counts in locals and stores `applied` once at the
+        end (or at the entry that stopped it): per entry, attribute stores
+        cost as much as the rest of a put's apply."""
         unpack = HEADER.unpack_from
         objects = self._objects
         sessions = self._sessions.by_client
@@ -812,75 +827,90 @@ class Runtime:
         pending = self._pending
         done = self._done
         stats = self.stats
+        applied = self.applied
+        n_applied = n_gaps = n_foreign = n_dup = 0
         try:
             with self._lock:
-                for i, pos in enumerate(positions):
-                    data = datas[i]
-                    if data is None:
-                        if kinds is not None and kinds[i] == "trimmed":
-                            raise _Trimmed(pos)
-                        stats.gaps += 1
-                        self.applied = pos + 1
-                        continue
-                    if len(data) < HEADER_SIZE or data[:2] != MAGIC:
-                        stats.foreign += 1
-                        self.applied = pos + 1
-                        continue
-                    _m, version, kind, flags, client, seq, lwm, stream = unpack(data)
-                    if version > 2 or version < 1 or kind > 4 or kind < 1:
-                        entry.check(version, kind)
-                    if not flags & FLAG_BACKPOINTERS:
-                        off = HEADER_SIZE
-                    elif data[38] == 1 and len(data) > 57:  # one stream: the section's length at a glance
-                        off = 58 + data[57] * (data[55] + data[56])
-                    else:
-                        off = entry.body_offset(data)
-                    s = sessions.get(client)
-                    if s is None:
-                        s = sessions[client] = Session(lwm)
-                    if not s.admit(seq, lwm):
-                        stats.duplicates += 1
-                        self.applied = pos + 1
-                        continue
-                    ok = True
-                    if kind == CMD:
-                        seen.add(stream)
-                        obj = objects.get(stream)
-                        if obj is None:
-                            result = None
+                try:
+                    for pos, data in zip(positions, datas):
+                        if data is None:
+                            if kinds is not None and kinds[bisect_left(positions, pos)] == "trimmed":
+                                raise _Trimmed(pos)
+                            n_gaps += 1
+                            applied = pos + 1
+                            continue
+                        if len(data) < HEADER_SIZE:
+                            n_foreign += 1
+                            applied = pos + 1
+                            continue
+                        magic, version, kind, flags, client, seq, lwm, stream = unpack(data)
+                        if magic != MAGIC:
+                            n_foreign += 1
+                            applied = pos + 1
+                            continue
+                        if version > 2 or version < 1 or kind > 4 or kind < 1:
+                            entry.check(version, kind)
+                        if not flags & FLAG_BACKPOINTERS:
+                            off = HEADER_SIZE
+                        elif data[38] == 1 and len(data) > 57:  # one stream: the section's length at a glance
+                            off = 58 + data[57] * (data[55] + data[56])
                         else:
-                            try:
-                                result = obj.apply_payload(data, off, pos)
-                                obj.version = pos + 1
-                            except Exception as e:  # noqa: BLE001 - the command's outcome, the same everywhere
-                                result, ok = e, False
-                    elif kind == TXN:
-                        result = self._apply_txn(data, pos, off)
-                    elif kind == RETIRE:
-                        seqs, _ = entry.unpack_u64s(data, off)
-                        result = [q for q in seqs if q in s.seen]
-                        for q in seqs:
-                            s.admit(q, lwm)
-                    else:
-                        result = None
-                    stats.applied += 1
-                    self.applied = pos + 1
-                    if client == me:
-                        p = pending.pop(seq, None)
-                        if p is not None:
-                            done.append((p, result, ok))
+                            off = entry.body_offset(data)
+                        s = sessions.get(client)
+                        if s is None:
+                            s = sessions[client] = Session(lwm)
+                        if not s.admit(seq, lwm):
+                            n_dup += 1
+                            applied = pos + 1
+                            continue
+                        ok = True
+                        if kind == CMD:
+                            seen.add(stream)
+                            obj = objects.get(stream)
+                            if obj is None:
+                                result = None
+                            else:
+                                try:
+                                    result = obj.apply_payload(data, off, pos)
+                                    obj.version = pos + 1
+                                except Exception as e:  # noqa: BLE001 - the command's outcome, the same everywhere
+                                    result, ok = e, False
+                        elif kind == TXN:
+                            result = self._apply_txn(data, pos, off)
+                        elif kind == RETIRE:
+                            seqs, _ = entry.unpack_u64s(data, off)
+                            result = [q for q in seqs if q in s.seen]
+                            for q in seqs:
+                                s.admit(q, lwm)
+                        else:
+                            result = None
+                        n_applied += 1
+                        applied = pos + 1
+                        if client == me:
+                            p = pending.pop(seq, None)
+                            if p is not None:
+                                p.result, p.ok = result, ok
+                                done.append(p)
+                finally:
+                    self.applied = applied  # under the lock: a snapshot sees state and position together
         finally:
+            stats.applied += n_applied
+            stats.gaps += n_gaps
+            stats.foreign += n_foreign
+            stats.duplicates += n_dup
             if done:
                 self._done = []
                 with self._plock:
                     settled = self._settled
-                    for p, _, _ in done:
+                    for p in done:
                         settled.add(p.seq)
-                        settled.update(p.retire)  # a RETIRE settles the seqs it retired
-                for p, result, ok in done:
+                        if p.retire:
+                            settled.update(p.retire)  # a RETIRE settles the seqs it retired
+                for p in done:
+                    result, p.result = p.result, None
                     if p.future.done():
                         continue
-                    if ok:
+                    if p.ok:
                         p.future.set_result(result)
                     else:
                         p.future.set_exception(result)

@@ -84,45 +84,50 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     seen: set[int] = set()
     known = known or {}
     wanted = set(streams)
-    single = streams[0].to_bytes(8, "little") if len(streams) == 1 else None
+    # one stream: an entry of it that need not be parsed is told by one
+    # compare of its section's head (one stream, this one) at offset 38
+    single = b"\x01" + streams[0].to_bytes(8, "little") if len(streams) == 1 else b""
     holes: list[int] = []
     thorough = False
     while True:
         while todo:
-            st.rounds += 1
-            batch = sorted(todo)
+            batch = sorted(todo - seen)
             todo = set()
+            if not batch:
+                break
+            st.rounds += 1
             seen.update(batch)
-            fetch = [p for p in batch if p not in known]
-            got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
+            if known:
+                fetch = [p for p in batch if p not in known]
+                got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
+                got.update((p, known[p]) for p in batch if p in known)
+            else:
+                fetch = batch
+                got = log.read_positions(batch)
             st.read += len(fetch)
+            quick = bool(single) and not thorough
             for p in batch:
-                data: bytes | int | None = known.get(p)
-                if data is None:
-                    data = got.get(p, -errno.ENODATA)
-                if data is None or isinstance(data, int):
-                    if data in (-errno.ENODATA, -errno.ENOENT) and p < hi:
+                data = got.get(p)
+                if type(data) is not bytes:
+                    if (data is None or data in (-errno.ENODATA, -errno.ENOENT)) and p < hi:
                         holes.append(p)  # handed out, not written yet: read below with the hole rules
                     else:
                         st.not_ours += 1
                     continue
-                if (single is not None and not thorough and p not in lead and len(data) > 47
-                        and data[:2] == MAGIC and data[4] & FLAG_BACKPOINTERS and data[38] == 1):
-                    if data[39:47] == single:
-                        if p < hi:
-                            found[p] = data
-                        light.append(p)
-                    else:
-                        st.not_ours += 1
+                if (quick and p not in lead and data.startswith(single, 38) and data.startswith(MAGIC)
+                        and data[4] & FLAG_BACKPOINTERS):
+                    if p < hi:
+                        found[p] = data
+                    light.append(p)
                     continue
-                if not _follow(data, p, wanted, lo, hi, found, covered, seen, todo, lead):
+                if not _follow(data, p, wanted, lo, hi, found, covered, todo, lead):
                     st.not_ours += 1
         gaps = [g for s in streams for g in _gaps(covered[s], lo, hi)]
         if not gaps or thorough or not light:
             break
         thorough = True  # parse what was only checked, then look again
         for p in light:
-            _follow(found.get(p) or known[p], p, wanted, lo, hi, found, covered, seen, todo, lead)
+            _follow(found.get(p) or known[p], p, wanted, lo, hi, found, covered, todo, lead)
     for p in holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
         for batch in log.read_batches(p, p + 1, hole_wait=hole_wait):
             datas = batch.column(1).to_pylist()
@@ -135,26 +140,28 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
 
 
 def _follow(data: bytes, p: int, wanted: set[int], lo: int, hi: int, found: dict[int, bytes],
-            covered: dict[int, list[tuple[int, int]]], seen: set[int], todo: set[int], lead: set[int]) -> bool:
+            covered: dict[int, list[tuple[int, int]]], todo: set[int], lead: set[int]) -> bool:
     """Parse the entry at p whole: record it if it is of a wanted stream,
-    the range its recent backpointers vouch for, and where to read next."""
+    the range its recent backpointers vouch for, and where to read next
+    (into `todo`; the next round drops what was read already)."""
     kk, mine = _backpointers(data, p, wanted)
     if not mine:
         return False
     if p < hi:
         found[p] = data
     for s, (horizon, back, far) in mine.items():
-        full = kk and len(back) >= kk
-        covered[s].append((back[-1] if full else horizon, p + 1))
-        if back and back[-1] >= lo:
-            lead.add(back[-1])  # the next one down the chain
-        for b in back:
-            if b >= lo and b not in seen:
-                todo.add(b)
-        for b in far:
-            if b >= lo and b not in seen:
-                todo.add(b)
-                lead.add(b)
+        covered[s].append((back[-1] if kk and len(back) >= kk else horizon, p + 1))
+        if back:
+            if back[-1] >= lo:  # newest first: all of them are in range
+                lead.add(back[-1])  # the next one down the chain
+                todo.update(back)
+            else:
+                todo.update(b for b in back if b >= lo)
+        if far:
+            if far[-1] < lo:
+                far = [b for b in far if b >= lo]
+            todo.update(far)
+            lead.update(far)
     return True
 
 

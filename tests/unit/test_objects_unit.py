@@ -71,6 +71,33 @@ def test_codec_never_crashes_on_random_bytes(data: bytes) -> None:
         pass
 
 
+@given(values, values, st.binary(max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_key_value_reads_what_the_general_decoder_reads(key: object, value: object, tail: bytes) -> None:
+    """load_key_value (a put's key and value, with a fast path for short str
+    keys and short bytes values) answers what load_from twice answers, and
+    refuses with BadEntry what that refuses, bytes left over included."""
+    data = b"\x10" + codec.dumps(key) + codec.dumps(value) + tail
+    if tail:
+        with pytest.raises(BadEntry):
+            codec.load_key_value(data, 1)
+        return
+    k, v = codec.load_key_value(data, 1)
+    assert (k, v) == (key, value) and type(k) is type(key) and type(v) is type(value)
+
+
+@pytest.mark.parametrize("data", [
+    codec.dumps("k")[:-1],                                  # the key cut short
+    codec.dumps("k") + b"\x0d\x05ab",                       # the value cut short
+    b"\x0c\x02\xc3\x28" + codec.dumps(b"v"),                # a key that is not UTF-8
+    codec.dumps("k"),                                       # no value
+    codec.dumps("k") + codec.dumps(b"v") + b"\x00",          # a byte left over
+])
+def test_key_value_refuses_damaged_puts(data: bytes) -> None:
+    with pytest.raises(BadEntry):
+        codec.load_key_value(data, 0)
+
+
 # ------------------------------------------------------------------ header
 def test_header_layout() -> None:
     h = entry.header(entry.CMD, 0x0102030405060708, 7, 3, 99)
@@ -246,3 +273,20 @@ def test_entry_backpointers_within_a_batch() -> None:
                 want.append(mine[m])
         assert far == want
     assert entry_backpointers(20, 3, 0, answer) == [(7, 23, [], [])]  # slow tail finding: nothing known
+
+
+@given(st.integers(0, 5000), st.integers(1, 300), st.integers(0, 40), st.sampled_from([0, 1, 4, 16, 20]))
+@settings(max_examples=200, deadline=None)
+def test_skip_pointers_worked_out_once_per_block_are_each_entrys_own(ordinal: int, n: int, known: int,
+                                                                    k: int) -> None:
+    """append_streams works skip pointers out once per block of ordinals
+    (a memo per batch): every entry of a batch gets what it gets alone."""
+    from pyzlog.client.streams import entry_backpointers
+
+    old = [3 * i for i in range(ordinal)]  # the stream's positions so far
+    levels = [(lv, old[((ordinal - 1) >> lv) << lv]) for lv in range(4, 14) if ordinal and known > lv]
+    answer = [(7, 0, old[::-1][:16], ordinal, levels), (9, 5, [], 0, [])]
+    first = 3 * ordinal + 10
+    memo: dict[tuple[int, int], list[int]] = {}
+    for i in range(n):
+        assert entry_backpointers(first, i, k, answer, memo) == entry_backpointers(first, i, k, answer)
