@@ -12,8 +12,8 @@ set of positions with one read op per data object.
 from __future__ import annotations
 
 import errno
-from itertools import pairwise
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]
