@@ -59,11 +59,16 @@ struct Pipeline::WriteOp {
   std::vector<Entry> entries;
 };
 
-std::string View::oid(uint64_t position) const {
-  const std::string index = std::to_string(position % width);
+uint64_t View::object(uint64_t position) const {
+  const uint64_t stripe =
+      format == ZLOG_FORMAT_DATA ? (position - start) / (uint64_t(width) * slots) : 0;
+  return stripe * width + position % width;
+}
+
+std::string View::oid_of(uint64_t object) const {
+  const std::string index = std::to_string(object % width);
   if (format != ZLOG_FORMAT_DATA) return prefix + index;
-  const uint64_t stripe = (position - start) / (uint64_t(width) * slots);
-  return prefix + "s" + std::to_string(stripe) + "." + index;
+  return prefix + "s" + std::to_string(object / width) + "." + index;
 }
 
 Pipeline::Pipeline(dp_cluster* cluster, dp_queue* results, Options options)
@@ -277,15 +282,16 @@ void Pipeline::requeue_front(Log* log, std::vector<Entry>& batch, size_t keep) {
 // Entries for one object go in one write_many (all or nothing; one call costs
 // the OSD one header read and write for the lot).
 void Pipeline::write(Log* log, const View& view, uint64_t first, std::vector<Entry>& batch) {
+  // grouped by object number, each object's name made once (not once per entry)
   std::vector<std::pair<std::string, std::vector<Entry>>> by_object;
-  std::unordered_map<std::string, size_t> index;
+  std::unordered_map<uint64_t, size_t> index;
   for (size_t k = 0; k < batch.size(); ++k) {
     batch[k].position = first + k;
-    const std::string oid = view.oid(batch[k].position);
-    auto it = index.find(oid);
+    const uint64_t object = view.object(batch[k].position);
+    auto it = index.find(object);
     if (it == index.end()) {
-      it = index.emplace(oid, by_object.size()).first;
-      by_object.emplace_back(oid, std::vector<Entry>());
+      it = index.emplace(object, by_object.size()).first;
+      by_object.emplace_back(view.oid_of(object), std::vector<Entry>());
     }
     by_object[it->second].second.push_back(std::move(batch[k]));
   }

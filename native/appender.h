@@ -60,7 +60,9 @@ struct View {
   uint8_t format = ZLOG_FORMAT_OMAP;
   uint32_t slots = 0;
 
-  std::string oid(uint64_t position) const;
+  // the view's object holding `position`: stripe * width + index (stripe 0 in the omap format)
+  uint64_t object(uint64_t position) const;
+  std::string oid_of(uint64_t object) const;
 };
 
 struct Options {
