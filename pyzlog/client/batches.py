@@ -243,9 +243,10 @@ class BatchStream:
                 yield Sleep(pause)
                 scan.forget_from(pos)
             elif (yield Call.of(fill_hole, self.log, pos)):
-                yield Rows(self._rows(batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed)))
-                scan.skip()
+                lost = self._rows(batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed))
+                scan.skip()  # past it before it is handed out: a walk closed at the yield must not repeat it
                 self.position = scan.position
+                yield Rows(lost)
             else:
                 scan.forget_from(pos)  # someone else got there first: read what it is now
 
