@@ -88,3 +88,47 @@ def test_an_async_stream_closed_at_a_lost_record_does_not_repeat_it(  # type: ig
             await alog.close()
 
     assert asyncio.run(asyncio.wait_for(read(), 120)) == WANT
+
+
+def test_reads_never_count_an_entry_that_could_not_be_decoded(  # type: ignore[no-untyped-def]
+        rados_cluster, ceph, log_name) -> None:
+    """RecordBatch.next() took the record off its list iterator before it
+    decoded it: a metrics scrape on another thread in between counted it as
+    read, and kept it counted after the decode failed (READS one over what
+    was handed out, for good). Position 5 of a zstd log is not a zstd frame;
+    the reader retries it many times while a thread reads READS without a
+    pause."""
+    import sys
+
+    from pyzlog import ZlogError
+    from pyzlog.client import ops
+
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, compression="zstd")
+    lg.append_many([b"ok%d" % i for i in range(5)])
+    ops.write(lg.state, 5, b"\x00not zstd at all")
+    s = Log.open(rados_cluster, ceph.pool, log_name).stream(0)
+    r0 = metrics.READS.value
+    assert [next(s).position for _ in range(5)] == [0, 1, 2, 3, 4]
+    stop = threading.Event()
+    seen = [0]
+
+    def scrape() -> None:
+        while not stop.is_set():
+            seen[0] = max(seen[0], metrics.READS.value - r0)
+
+    t = threading.Thread(target=scrape)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the window is a few bytecodes
+    t.start()
+    try:
+        for _ in range(20000):
+            try:
+                next(s)
+            except ZlogError:
+                pass
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+    s.close()
+    assert (seen[0], metrics.READS.value - r0) == (5, 5)
