@@ -482,7 +482,7 @@ int DataStore::get_many(const std::vector<uint64_t>& positions, Listed* out) {
     for (; i < j; ++i) {
       Entry e = decode_slot(&raw[(slot_of(positions[i]) - first) * kSlotBytes]);
       if (!e.state) {
-        if (!full()) continue;
+        if (!bound_filled(positions[i])) continue;
         e.state = ZLOG_FILLED;
       }
       const bool lost = e.state == ZLOG_FILLED && e.lost;
@@ -530,7 +530,7 @@ int DataStore::get(uint64_t pos, Entry* e, bufferlist* data) {
     cls_log(0, "zlog: the slot of position %" PRIu64 " is damaged: corrupt entry", pos);
     return -ZLOG_ERR_CORRUPT;
   }
-  if (!e->state && full()) e->state = ZLOG_FILLED;  // never to be written now
+  if (!e->state && bound_filled(pos)) e->state = ZLOG_FILLED;  // never to be written now
   if (data && e->state == ZLOG_WRITTEN && e->len) {
     r = cls_cxx_read(hctx_, static_cast<int>(e->offset), static_cast<int>(e->len), data);
     if (r < 0) return r;
@@ -634,11 +634,11 @@ int DataStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
         cls_log(0, "zlog: the slot of position %" PRIu64 " is damaged: corrupt entry", h.base + (s + k) * h.width);
         return -ZLOG_ERR_CORRUPT;
       }
+      const uint64_t pos = h.base + (s + k) * h.width;
       if (e.state == 0) {
-        if (!full()) continue;
+        if (!bound_filled(pos)) continue;
         e.state = ZLOG_FILLED;  // a full object's unwritten position: listed as filled
       }
-      const uint64_t pos = h.base + (s + k) * h.width;
       // a lost fill's data is its one mark byte, as the omap format keeps it
       const bool lost = e.state == ZLOG_FILLED && e.lost;
       const uint32_t len = e.state == ZLOG_WRITTEN ? e.len : (lost ? 1 : 0);

@@ -148,6 +148,11 @@ class DataStore : public Store {
   int get_many(const std::vector<uint64_t>& positions, Listed* out) override;
   bool holds(uint64_t pos) const override;
   bool full() const override;
+  // An unwritten position that can never be written here: the object is
+  // full. Not one at or past a closed view's end: that belongs to the next
+  // view, where it may hold an entry (a reader whose newest view is this
+  // one, between a reconfiguration's close and its new view, reads it here).
+  bool bound_filled(uint64_t pos) const { return full() && !(h.has_end && pos >= h.view_end); }
   uint8_t format() const override { return ZLOG_FORMAT_DATA; }
   int repair(const Header& want) override;
 

@@ -243,9 +243,10 @@ class BatchStream:
                 yield Sleep(pause)
                 scan.forget_from(pos)
             elif (yield Call.of(fill_hole, self.log, pos)):
-                yield Rows(self._rows(batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed)))
-                scan.skip()
+                lost = self._rows(batch_of([pos], ["lost"], [self.log.epoch], [None], signed=self.signed))
+                scan.skip()  # past it before it is handed out: a walk closed at the yield must not repeat it
                 self.position = scan.position
+                yield Rows(lost)
             else:
                 scan.forget_from(pos)  # someone else got there first: read what it is now
 
@@ -351,6 +352,7 @@ class RecordBatch:
         #: the batch's records not handed out yet
         self.pending: Iterator[Record] = iter(self._batch)
         self.retry: Record | None = None  # one that could not be decoded: handed out first next time
+        self._holding = False  # next() has a record off the iterator, not yet handed out nor in retry
         self._counted = 0
         self._lock = threading.Lock()  # a scrape may count while the reader's thread does
         metrics.count_later(self)
@@ -371,7 +373,9 @@ class RecordBatch:
     def count(self) -> None:
         """Count the records handed out since the last count."""
         with self._lock:
-            done = len(self._batch) - length_hint(self.pending) - (self.retry is not None)
+            # read in this order (the reader takes no lock): a record off the
+            # iterator is held until it is handed out or kept in retry
+            done = len(self._batch) - length_hint(self.pending) - (self._holding or self.retry is not None)
             if done > self._counted:
                 data = [r.data for r in self._batch[self._counted:done] if r.data is not None]
                 self._counted = done
@@ -397,12 +401,16 @@ class RecordBatch:
 
     def next(self) -> Record | None:
         """The next record handed out (decoded), or None when the batch is done."""
-        rec, self.retry = self.retry, None
-        if rec is None:
-            rec = next(self.pending, None)
+        self._holding = True  # a count meanwhile leaves out the record being decoded
+        try:
+            rec = self.retry if self.retry is not None else next(self.pending, None)
             if rec is None:
                 return None
-        return self.decoded(rec)
+            out = self.decoded(rec)  # on failure rec stays in retry
+            self.retry = None
+            return out
+        finally:
+            self._holding = False
 
 
 class Records:
