@@ -62,6 +62,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     checked to be the stream's. Should that leave a range no entry vouches
     for, every entry found is parsed before anything is scanned."""
     st = stats if stats is not None else WalkStats()
+    epoch = log.state.refresh_epoch()  # a sequencer that starts serving the log seals a newer one
     answer = log.stream_tail(streams)
     if answer is None:  # no sequencer: scan it all
         return _scan(log, lo, hi, hole_wait, st, {}, hi)
@@ -133,8 +134,22 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
             datas = batch.column(1).to_pylist()
             if datas and datas[0] is not None and _backpointers(datas[0], p, wanted)[1]:
                 found[p] = datas[0]
+    # The answer vouches for [lo, hi) as of when it was given. A position
+    # handed out then but not stored yet (a writer in flight, or dead) could
+    # be handed out again, to these streams, by a sequencer that starts
+    # serving the log later (it recovers its counter from what is stored):
+    # so only positions up to what is stored now are taken on the answer's
+    # word; those above are scanned with the hole rules (stored, or filled
+    # and so never handed out again). Had a new sequencer started since the
+    # answer (the epoch moved), nothing is taken on its word.
+    top = log.max_position()
+    if log.state.refresh_epoch() != epoch:
+        return _scan(log, lo, hi, hole_wait, st, found, hi, known_tail=hi)
+    stored_to = lo if top is None else max(lo, top + 1)
+    if stored_to < hi:
+        gaps.append((stored_to, hi))
     if gaps:  # where some stream is not known: scan from the lowest such position to the highest
-        return _scan(log, min(a for a, _ in gaps), max(b for _, b in gaps), hole_wait, st, found, hi)
+        return _scan(log, min(a for a, _ in gaps), max(b for _, b in gaps), hole_wait, st, found, hi, known_tail=hi)
     ps = sorted(found)
     return ps, [found[p] for p in ps], None, hi
 
@@ -190,15 +205,17 @@ def _backpointers(data: bytes, position: int, wanted: set[int]) -> tuple[int, di
 
 
 def _scan(log: Log, lo: int, upto: int, hole_wait: float, st: WalkStats, found: dict[int, bytes],
-          hi: int) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
-    """Every entry of [lo, upto) read in order, merged with `found` outside it."""
+          hi: int, known_tail: int | None = None) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
+    """Every entry of [lo, upto) read in order, merged with `found` outside it.
+    `known_tail`: every position below it was handed out (the sequencer's
+    answer said so), so an unwritten one there is a hole to wait for or fill."""
     st.scans += 1
     st.ranges.append((lo, upto))
     positions: list[int] = [p for p in sorted(found) if p < lo]
     datas: list[bytes | None] = [found[p] for p in positions]
     kinds: list[str] = ["data"] * len(positions)
     n = len(positions)
-    for batch in log.read_batches(lo, upto, hole_wait=hole_wait):
+    for batch in log.stream_batches(lo, upto, hole_wait=hole_wait, known_tail=known_tail):
         ps = batch.column(0).to_pylist()
         positions.extend(ps)
         datas.extend(batch.column(1).to_pylist())
