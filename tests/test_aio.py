@@ -345,6 +345,30 @@ def test_a_cancelled_stream_goes_on_where_it_was(rados_cluster, ceph, log_name, 
     assert run(main()) == list(range(15))
 
 
+def test_a_cancelled_batch_stream_goes_on_where_it_was(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """stream_batches() too: it was a bare async generator, closed for good
+    by the cancellation, so a following loop ended without a word."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    log.append_many([b"s%d" % i for i in range(10)])
+
+    async def main() -> list[int]:
+        alog = aio.AsyncLog(log)
+        s = alog.stream_batches(0, follow=True)
+        seen = (await anext(s)).column(0).to_pylist()
+        waiter = asyncio.create_task(anext(s))  # at the tail: waits
+        await asyncio.sleep(0.3)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await alog.append_many([b"t%d" % i for i in range(5)])
+        while len(seen) < 15:
+            seen += (await asyncio.wait_for(anext(s), 30)).column(0).to_pylist()
+        await s.aclose()
+        return seen
+
+    assert run(main()) == list(range(15))
+
+
 def test_async_consumer_commits_and_resumes(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
     async def main() -> None:
         log = await aio.Log.create(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)

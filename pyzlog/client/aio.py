@@ -40,7 +40,7 @@ from ..core.cluster import connect as _connect
 from ..core.errors import ZlogError
 from ..core.layout import check_position
 from . import metrics
-from .aio_stream import AsyncBatchStream, AsyncRecords
+from .aio_stream import AsyncBatches, AsyncBatchStream, AsyncRecords
 from .appending import stored_form
 from .consumer import Consumer, Start
 from .log import STREAM_BATCH_ROWS, Log
@@ -333,12 +333,13 @@ class AsyncLog:
     def stream_batches(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                        hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
                        stride: int | None = None, known_tail: int | None = None,
-                       signed: bool = False, on_corrupt: Any = "fail") -> AsyncIterator[Any]:
-        """Log.stream_batches for `async for` (pyarrow.RecordBatch es)."""
+                       signed: bool = False, on_corrupt: Any = "fail") -> AsyncBatches:
+        """Log.stream_batches for `async for` (pyarrow.RecordBatch es). A
+        cancelled iteration loses no batch, and the next goes on."""
         check_stream_args(start, end, stride_index, stride, on_corrupt)
-        return aiter(AsyncBatchStream(self.sync.state, start, end, follow=follow, hole_wait=hole_wait,
-                                      stride_index=stride_index, stride=stride, known_tail=known_tail,
-                                      signed=signed, on_corrupt=on_corrupt))
+        return AsyncBatches(AsyncBatchStream(self.sync.state, start, end, follow=follow, hole_wait=hole_wait,
+                                             stride_index=stride_index, stride=stride, known_tail=known_tail,
+                                             signed=signed, on_corrupt=on_corrupt))
 
     # ------------------------------------------------- blocking in the sync API
     async def tail(self) -> int:

@@ -119,6 +119,36 @@ class AsyncBatchStream(BatchStream):
             q.close()
 
 
+class AsyncBatches:
+    """AsyncLog.stream_batches(): AsyncBatchStream's batches, outliving a
+    cancelled (or failed) iteration: the next __anext__ walks on from the
+    first position not handed out, where a bare async generator would be
+    closed for good and end a `follow` loop without a word."""
+
+    def __init__(self, batches: AsyncBatchStream) -> None:
+        self._batches = batches
+        self._walk: AsyncIterator[Any] | None = None
+
+    def __aiter__(self) -> AsyncBatches:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._walk is None:
+            self._walk = aiter(self._batches)
+        try:
+            return await anext(self._walk)
+        except BaseException:
+            self._walk = None  # over (its queue is closed): a new walk next time
+            raise
+
+    async def aclose(self) -> None:
+        """Stop reading now."""
+        walk, self._walk = self._walk, None
+        close = getattr(walk, "aclose", None)
+        if close is not None:
+            await close()
+
+
 class AsyncRecords:
     """AsyncLog.stream(): AsyncBatchStream's batches (data as stored) as
     Records (batches.RecordBatch, as the blocking stream makes them).
