@@ -336,9 +336,10 @@ class BatchStream:
 
 
 class RecordBatch:
-    """The records of the batch being handed out, made in bulk (no Python
-    call per entry), and handed out from a list iterator that keeps its
-    place: what stream() and aio's stream() share. Records are counted
+    """The records of the batch being handed out, made by C iterators (no
+    Python call per entry) as they are handed out, so each is young garbage
+    by the time its reader drops it; the iterator keeps its place: what
+    stream() and aio's stream() share. Records are counted
     (entries and stored bytes, metrics.count_later) exactly as handed out,
     but in bulk: when the next batch comes, and before the counts are read.
     Entries are decoded as they are handed out, so one that cannot be
@@ -348,9 +349,11 @@ class RecordBatch:
         self.decode = codec
         self._kinds = [RecordKind(k) for k in KIND_NAMES]
         self._record = partial(tuple.__new__, Record)  # a Record made in C, not by its Python __new__
-        self._batch: list[Record] = []
+        self._size = 0
+        self._datas: list[bytes | None] = []  # the batch's data as stored (what count() adds up)
+        self._positions: Iterator[int] = iter(())  # what `pending` has taken of them tells how far it is
         #: the batch's records not handed out yet
-        self.pending: Iterator[Record] = iter(self._batch)
+        self.pending: Iterator[Record] = iter(())
         self.retry: Record | None = None  # one that could not be decoded: handed out first next time
         self._holding = False  # next() has a record off the iterator, not yet handed out nor in retry
         self._counted = 0
@@ -366,18 +369,21 @@ class RecordBatch:
         # a batch's positions rise; n of them from first to first + n - 1 are all of them
         pos: Any = range(first, last + 1) if last - first == n - 1 else positions.to_pylist()
         kinds = map(self._kinds.__getitem__, b.column(2).indices.to_pylist())
-        batch = list(map(self._record, zip(pos, kinds, b.column(1).to_pylist(), b.column(3).to_pylist())))
+        datas = b.column(1).to_pylist()
+        positions_left = iter(pos)
+        pending = map(self._record, zip(positions_left, kinds, datas, b.column(3).to_pylist()))
         with self._lock:
-            self._batch, self.pending, self._counted = batch, iter(batch), 0
+            self._size, self._datas, self._positions, self.pending = n, datas, positions_left, pending
+            self._counted = 0
 
     def count(self) -> None:
         """Count the records handed out since the last count."""
         with self._lock:
             # read in this order (the reader takes no lock): a record off the
             # iterator is held until it is handed out or kept in retry
-            done = len(self._batch) - length_hint(self.pending) - (self._holding or self.retry is not None)
+            done = self._size - length_hint(self._positions) - (self._holding or self.retry is not None)
             if done > self._counted:
-                data = [r.data for r in self._batch[self._counted:done] if r.data is not None]
+                data = [d for d in self._datas[self._counted:done] if d is not None]
                 self._counted = done
                 if data:
                     metrics.read_many(len(data), sum(map(len, data)))
@@ -415,7 +421,7 @@ class RecordBatch:
 
 class Records:
     """Log.stream(): BatchStream's batches as Records (RecordBatch). The
-    records of a batch are handed out from a list iterator, so iterating
+    records of a batch are handed out by C iterators, so iterating
     costs no Python call per entry; the iterator keeps its place, so
     breaking out of a loop, an error, or close() loses nothing. Like the
     batch stream it outlives an error: the call after one goes on from the
