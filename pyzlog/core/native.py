@@ -333,6 +333,11 @@ class Pool:
         return f"<native.Pool {self.name!r}{ns}>"
 
 
+#: the longest one wait in C lasts: a signal (Ctrl-C) is handled by Python
+#: only between calls, so a longer wait is made of these
+WAIT_SLICE_S = 0.25
+
+
 class Queue:
     """Calls on a connection and their results, in batches.
 
@@ -396,8 +401,18 @@ class Queue:
         seconds (None: no limit) for the first. [] on timeout, or at once
         when nothing is in flight. Bytes returned are copies."""
         out = self._out
-        n = lib.dp_wait(self.handle, out, min(max_results or self._max, self._max),
-                        -1.0 if timeout is None else timeout)
+        limit = min(max_results or self._max, self._max)
+        if timeout is not None and timeout <= WAIT_SLICE_S:
+            n = lib.dp_wait(self.handle, out, limit, timeout)
+        else:
+            # in slices, so Python runs its signal handlers (Ctrl-C) in between:
+            # a wait in C holds them off for as long as it lasts
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
+                n = lib.dp_wait(self.handle, out, limit, max(left, 0.0))
+                if n or not self.pending or (deadline is not None and time.monotonic() >= deadline):
+                    break
         results: list[Result] = []
         append = results.append
         for i in range(n):

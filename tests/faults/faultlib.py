@@ -178,7 +178,7 @@ class Workload:
         stuck = [t.name for t in self._threads if t.is_alive()]
         assert not stuck, f"appenders did not stop within {timeout:.0f}s: {stuck}"
         if self._reader is not None:
-            lg = Log.open(self.cluster, self.pool, self.name, sequencer=self.sequencer)
+            lg = self._open_after_fault(deadline)
             try:
                 for _ in range(1):
                     data = self._sentinel
@@ -196,6 +196,18 @@ class Workload:
             assert not self._reader.is_alive(), "the reader did not reach the end of the log"
             # a reader that ended without reaching the sentinel died (a dead thread is not alive)
             assert self.reader_done.is_set(), f"the reader stopped early: {self.reader_errors[-1:]}"
+
+    def _open_after_fault(self, deadline: float) -> Log:
+        """Log.open for the sentinel, again while the cluster is slow to answer
+        (a healed network fault leaves sessions reconnecting for a while): it
+        reads only metadata, so trying again changes nothing."""
+        while True:
+            try:
+                return Log.open(self.cluster, self.pool, self.name, sequencer=self.sequencer)
+            except (pyzlog.Timeout, pyzlog.ClusterUnavailable):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def counts(self) -> dict[str, int]:
         ops = self.h.ops
