@@ -121,8 +121,12 @@ def test_tail_follow_and_sequencer(ceph, log_name: str, tmp_path: Path) -> None:
         ok(run(ceph, "create", log_name))
         assert ok(run(ceph, "--seqr", seqr.address, "append", log_name, "x", "y")).split() == ["0", "1"]
         env = {**os.environ, "CEPH_CONF": ceph.conf, "ZLOG_POOL": ceph.pool, "ZLOG_SEQR": seqr.address}
+        # SIGINT as a terminal would deliver it: a suite started in the
+        # background (`cmd &` in a script) passes SIGINT on ignored, and
+        # Python then never turns it into KeyboardInterrupt
         follower = subprocess.Popen([ZLOG, "tail", "-f", log_name], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env)
+                                    stderr=subprocess.PIPE, env=env,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             time.sleep(1.0)
             assert ok(run(ceph, "--seqr", seqr.address, "append", log_name, "new1", "new2")).split() == ["2", "3"]
