@@ -189,8 +189,15 @@ class Positions:
         if seqr is not None and time.monotonic() >= self._recheck_at:
             try:
                 for _ in range(1000):
-                    status, _seqr_epoch, pos, _ = seqr.tail(self.log.pool, self.log.name, self.log.epoch)
+                    status, seqr_epoch, pos, _ = seqr.tail(self.log.pool, self.log.name, self.log.epoch)
                     if status == OK:
+                        # A sequencer paused past its lease may still answer at the
+                        # epoch this client knows, with a counter below what its
+                        # successor has handed out since (and readers have seen):
+                        # the answer counts only if no newer epoch is in the
+                        # metadata after it (a successor takes one before serving).
+                        if self.log.refresh_epoch() > seqr_epoch:
+                            continue
                         return int(pos)
                     if status == STALE_EPOCH:
                         self.log.refresh()
