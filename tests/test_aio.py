@@ -324,6 +324,15 @@ def test_follow_streams_take_no_thread_per_reader(rados_cluster, ceph, log_name,
     assert grown < readers // 4, grown
 
 
+async def cancel_a_waiting_next(s: Any) -> None:
+    """An __anext__ of stream `s` that waits at the tail, cancelled."""
+    waiter = asyncio.create_task(anext(s))
+    await asyncio.sleep(0.3)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+
+
 def test_a_cancelled_stream_goes_on_where_it_was(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
     log = Log.create(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
     log.append_many([b"s%d" % i for i in range(10)])
@@ -332,11 +341,7 @@ def test_a_cancelled_stream_goes_on_where_it_was(rados_cluster, ceph, log_name, 
         alog = aio.AsyncLog(log)
         s = alog.stream(0, follow=True)
         seen = [(await anext(s)).position for _ in range(10)]
-        waiter = asyncio.create_task(anext(s))  # at the tail: waits
-        await asyncio.sleep(0.3)
-        waiter.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiter
+        await cancel_a_waiting_next(s)
         await alog.append_many([b"t%d" % i for i in range(5)])
         seen += [(await anext(s)).position for _ in range(5)]
         await s.aclose()
@@ -355,11 +360,7 @@ def test_a_cancelled_batch_stream_goes_on_where_it_was(rados_cluster, ceph, log_
         alog = aio.AsyncLog(log)
         s = alog.stream_batches(0, follow=True)
         seen = (await anext(s)).column(0).to_pylist()
-        waiter = asyncio.create_task(anext(s))  # at the tail: waits
-        await asyncio.sleep(0.3)
-        waiter.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiter
+        await cancel_a_waiting_next(s)
         await alog.append_many([b"t%d" % i for i in range(5)])
         while len(seen) < 15:
             seen += (await asyncio.wait_for(anext(s), 30)).column(0).to_pylist()
