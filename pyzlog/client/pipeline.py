@@ -85,19 +85,26 @@ class _Future(Future[Any]):
                     cond = self._cond = threading.Condition()
         return cond
 
+    def _settle_locked(self, result: Any, exception: BaseException | None) -> bool:
+        """With _make_condition held: settle if nobody has made a Condition
+        and it is still pending; False otherwise."""
+        if self._cond is not None or self._state in _DONE:
+            return False
+        self._result, self._exception = result, exception
+        self._state = _futures.FINISHED
+        return True
+
     def _settle_unwatched(self, result: Any, exception: BaseException | None) -> bool:
         """Settle without a Condition if nobody has made one (so nobody waits
         and no callback is attached); False if somebody has."""
         if self._cond is not None:
             return False
         with _make_condition:
-            if self._cond is not None:
-                return False
-            if self._state in _DONE:
+            if self._settle_locked(result, exception):
+                return True
+            if self._cond is None:  # settled already, and nobody watching
                 raise InvalidStateError(f"{self._state}: {self!r}")
-            self._result, self._exception = result, exception
-            self._state = _futures.FINISHED
-            return True
+            return False
 
     def set_result(self, result: Any) -> None:
         if not self._settle_unwatched(result, None):
@@ -110,9 +117,7 @@ class _Future(Future[Any]):
         watched = []
         with _make_condition:
             for fut, result in done:
-                if type(fut) is _Future and fut._cond is None and fut._state not in _DONE:
-                    fut._result, fut._state = result, _futures.FINISHED
-                else:
+                if not (type(fut) is _Future and fut._settle_locked(result, None)):
                     watched.append((fut, result))
         for fut, result in watched:
             fut.set_result(result)
