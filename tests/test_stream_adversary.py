@@ -115,3 +115,26 @@ def test_reads_never_count_an_entry_that_could_not_be_decoded(  # type: ignore[n
         sys.setswitchinterval(old)
     s.close()
     assert (seen[0], metrics.READS.value - r0) == (5, 5)
+
+
+def test_a_newer_seal_met_while_asking_where_the_tail_is_is_waited_out(  # type: ignore[no-untyped-def]
+        rados_cluster, ceph, log_name) -> None:
+    """A partition reader (stride = width) reads one object; whether the
+    position after its last entry lies below the tail is asked of the other
+    objects. Those were sealed at a newer epoch that no metadata names (a
+    sequencer that died between sealing and publishing): the refusal came
+    out of the walk as a bare StaleEpoch, where every read of the walk
+    itself waits for the new epoch (and repairs a half-done seal)."""
+    from pyzlog.core.layout import stripe_places
+    from pyzlog.core.native import Op
+
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=4)
+    lg.append_many([b"x%d" % i for i in range(8)])
+    st = lg.state
+    view = st.meta.views[-1]
+    for place in stripe_places(log_name, view, 0)[1:]:
+        code, _ = st.conn.call_raw(st.data, place.oid, Op.SEAL, epoch=st.epoch + 1, format=view.format)
+        assert code == 0
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    assert positions(reader.stream(0, stride_index=0, stride=4)) == [(0, "data"), (4, "data")]
+    assert positions(reader.stream(1)) == [(p, "data") for p in range(1, 8)]

@@ -192,8 +192,8 @@ class BatchStream:
                 self.position = scan.position
                 scan = None
                 continue
-            stale.reset()
             if built.batch.num_rows:
+                stale.reset()  # progress (a batch with no rows is none: the same refusal may follow)
                 try:
                     rows = self._rows(built.batch)
                 except Exception as e:  # noqa: BLE001 - an entry this codec cannot decode
@@ -212,7 +212,13 @@ class BatchStream:
                 if err is None:
                     continue  # another partition's position
                 if err.whole and self.on_corrupt != "fail":
-                    if (yield from self._since(scan, view, vend, err.position)) is None:
+                    try:
+                        since = yield from self._since(scan, view, vend, err.position)
+                    except StaleEpoch:
+                        yield Call.of(stale, scan.epoch)
+                        scan = None
+                        continue
+                    if since is None:
                         if not self.follow:  # no later position known: it may never have held an entry
                             self._fail(scan, err)
                         yield Sleep(MAX_POLL_SECONDS)  # as at the tail: later entries (or a repair) tell
@@ -228,7 +234,12 @@ class BatchStream:
                 scan.skip()  # another partition's position: its reader's gap rules decide
                 self.position = scan.position
                 continue
-            since = yield from self._since(scan, view, vend, pos)
+            try:
+                since = yield from self._since(scan, view, vend, pos)
+            except StaleEpoch:  # asking the view's other objects met a newer seal: as next_batch's
+                yield Call.of(stale, scan.epoch)
+                scan = None
+                continue
             if since is None:  # the tail
                 if not self.follow:
                     return
