@@ -384,8 +384,11 @@ class Runtime:
                  streams: tuple[int, ...] | None = None) -> Future[Any]:
         p = self._new_pending(kind, stream, body, retire, streams)
         p.attempts += 1
-        self._queue.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
-        if self._idle_senders:
+        q = self._queue
+        q.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
+        # wake a sender only for the first of a batch: one that wakes takes
+        # everything queued, and one that goes idle looks at the queue first
+        if self._idle_senders and len(q) == 1:
             with self._send_cv:
                 self._send_cv.notify()
         return p.future
