@@ -19,7 +19,9 @@ import pytest
 from test_cli import ZLOG, ok, run
 
 #: raw_split too: at width 4 an append_many of 64 reaches the OSD as 4 ops of 16
+#: raw_async_shape: the raw write in the shape append_async's run sent (entries per class call)
 CASES = {"zlog_append_async", "redis_xadd_pipelined", "zlog_append_many", "raw_omap", "raw_append", "raw_split",
+         "raw_async_shape",
          "zlog_append", "redis_xadd", "zlog_stream", "redis_xrange", "zlog_stream_batches",
          # the same cases on a log in the omap format, for the data format's OSD ratios
          "zlog_append_async_omap", "zlog_append_many_omap", "zlog_stream_batches_omap"}
@@ -74,6 +76,10 @@ def test_bench_peer(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-de
     assert cases["zlog_append_many"]["entries_per_osd_op"] == 64 / 4  # width 4: one write_many per object
     assert cases["raw_split"]["entries_per_osd_op"] == 16 and "16" in cases["raw_split"]["label"]
     assert cases["zlog_append_async"]["entries_per_osd_op"] >= 1
+    shape = cases["raw_async_shape"]
+    assert "append_async's shape" in shape["label"] and len(shape["entries_per_op_rounds"]) == ROUNDS
+    assert all(k >= 1 for k in shape["entries_per_op_rounds"])
+    assert shape["entries_per_osd_op"] == pytest.approx(statistics.mean(shape["entries_per_op_rounds"]))
     assert cases["zlog_stream"]["gaps"] == 0 and cases["zlog_stream_batches"]["gaps"] == 0
     assert cases["zlog_stream_batches_omap"]["gaps"] == 0
     assert r["entry_layout"]["layout"] == "data"  # a new log's default format
@@ -111,6 +117,10 @@ def test_bench_peer(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-de
             want = statistics.median(x["osd_us_per_entry"] / y["osd_us_per_entry"]
                                      for x, y in zip(cases[key]["cpu_rounds"], cases["raw_split"]["cpu_rounds"]))
             assert o[key]["vs_raw_split"] == pytest.approx(want)
+        else:
+            want = statistics.median(x["osd_us_per_entry"] / y["osd_us_per_entry"] for x, y in
+                                     zip(cases[key]["cpu_rounds"], cases["raw_async_shape"]["cpu_rounds"]))
+            assert o[key]["vs_raw_async_shape"] == pytest.approx(want)
         assert o[key]["ratio"] == o[key][f"vs_{o['baseline']}"]
         assert o[key]["target_met"] == (o[key]["ratio"] <= o["target"])
 

@@ -356,16 +356,23 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                       f"op of {batch}"),
             ]
             split_raw = _RawBatches(b, max(split, 1), width, data)
+            by_data = layout["layout"] == "data"
             if split:
                 # the same layout as the entries, in the shape append_many sent:
                 # how much of the gap to the raw batch write is the split
-                by_data = layout["layout"] == "data"
                 plan.append(_Case(
                     "raw_split", (f"raw object-data append, {_kb(split * size)} per op" if by_data else
                                   f"raw omap set, {split} keys per op") + " (append_many's shape)", "raw",
                     max(1, depth // split) * split, "aio_append" if by_data else "WriteOp set_omap (aio)",
                     lambda d, t: _entries(run_async(split_raw.append if by_data else split_raw.omap_set,
                                                     max(1, depth // split), d, t), split), f"op of {split}"))
+            # append_async's own shape: as many entries per op as its last
+            # round sent per class call (the pipeline's counters), so its OSD
+            # cost is judged against the raw write of the same bytes and shape
+            shape = _AsyncShape(b, width, data, depth, max(split, 1), by_data)
+            plan.append(_Case("raw_async_shape", ("raw object-data append" if by_data else "raw omap set")
+                              + " in append_async's shape", "raw", depth, "aio_append" if by_data
+                              else "WriteOp set_omap (aio)", shape.run, "op"))
             plan += [
                 _Case("zlog_append", "zlog append, one at a time", "zlog", 1, "append",
                       lambda d, t: run_sync(lambda i: log.append(data), d, t)),
@@ -398,6 +405,8 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                     client_rounds[c.key].append(_ClientCounts.delta(before, counts.snap()))
                     runs[c.key].append(run)
                     cpu_rounds[c.key].append(meter.figures(f"{c.key}#{r}", run[0]))
+                    if c.key == "zlog_append_async":
+                        shape.measured(_per_op(client_rounds[c.key][-1:]))
                     progress.update(tick.task, info=f"{run[0] / max(run[1], 1e-9):>10,.0f} entries/s")
                 # between rounds, untimed: Redis keeps only this round's appends
                 # and the raw objects go (XADD's and a raw write's cost do not
@@ -406,7 +415,7 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                 rc.delete(xadd_key)
                 rc.xadd(xadd_key, fields)
                 b.remove_raw()
-                for r_ in (omap_raw, append_raw, split_raw):
+                for r_ in (omap_raw, append_raw, split_raw, *shape.raws.values()):
                     r_.forget_objects()
 
         cases = _summarize(plan, runs, cpu_rounds, client_rounds, size)
@@ -415,6 +424,8 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
             cases[key]["entries_per_osd_op"] = float(batch)
         if split:
             cases["raw_split"]["entries_per_osd_op"] = float(split)
+        cases["raw_async_shape"]["entries_per_osd_op"] = statistics.mean(shape.used) if shape.used else None
+        cases["raw_async_shape"]["entries_per_op_rounds"] = shape.used
         cases["zlog_stream"].update(stream_counts)
         cases["zlog_stream_batches"].update(batch_counts)
         cases["zlog_stream_batches_omap"].update(omap_counts)
@@ -534,6 +545,31 @@ def _summarize(plan: list[_Case], runs: dict[str, list[Run]], cpu_rounds: dict[s
     return cases
 
 
+class _AsyncShape:
+    """The raw case in append_async's shape: each round writes as many
+    entries per op as append_async's run just before it sent per class call
+    (rounded), `depth` entries in flight."""
+
+    def __init__(self, b: _Bench, width: int, data: bytes, depth: int, first: int, by_data: bool) -> None:
+        self.b, self.width, self.data, self.depth, self.by_data = b, width, data, depth, by_data
+        self.entries = first  # until append_async has been measured
+        self.raws: dict[int, _RawBatches] = {}
+        self.used: list[int] = []
+
+    def measured(self, per_op: float | None) -> None:
+        if per_op:
+            self.entries = max(1, round(per_op))
+
+    def run(self, duration: float, tick: Any) -> Run:
+        k = self.entries
+        self.used.append(k)
+        raw = self.raws.get(k)
+        if raw is None:
+            raw = self.raws[k] = _RawBatches(self.b, k, self.width, self.data)
+        return _entries(run_async(raw.append if self.by_data else raw.omap_set, max(1, self.depth // k),
+                                  duration, tick), k)
+
+
 def _rate_ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Median of the per-round ratios of a's rate to b's (the rounds alternate)."""
     return float(statistics.median(x / max(y, 1e-9) for x, y in zip(a["rounds_ops_per_s"], b["rounds_ops_per_s"])))
@@ -587,6 +623,8 @@ def _osd_ratios(cases: dict[str, dict[str, Any]], cpu_rounds: dict[str, list[dic
         out[case] = {**vs, "ratio": r, "target_met": None if r is None else r <= OSD_TARGET_RATIO,
                      "entries_per_osd_op": cases[case].get("entries_per_osd_op"),
                      "baseline_entries_per_osd_op": float(batch)}
+    if "raw_async_shape" in cases:
+        out["zlog_append_async"]["vs_raw_async_shape"] = per_round("zlog_append_async", "raw_async_shape")
     if "raw_split" in cases:
         out["zlog_append_many"]["vs_raw_split"] = per_round("zlog_append_many", "raw_split")
         out["same_shape"] = {
@@ -645,7 +683,7 @@ def markdown_peer(r: dict[str, Any]) -> str:
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     o = r["osd_ratios"]
     for key in ("zlog_append", "zlog_append_async", "zlog_append_many", "zlog_append_async_omap",
-                "zlog_append_many_omap", "raw_omap", "raw_append", "raw_split"):
+                "zlog_append_many_omap", "raw_omap", "raw_append", "raw_split", "raw_async_shape"):
         if key not in cs:
             continue
         c = cs[key]
@@ -665,6 +703,10 @@ def markdown_peer(r: dict[str, Any]) -> str:
         lines[-1] += (f" In the shape append_many sent ({_fmt(many['entries_per_osd_op'], 'g')} entries per op: "
                       f"the stripe splits a call over objects), against the {cs['raw_split']['label']}: "
                       f"append_many {_fmt(many['vs_raw_split'], '.2f')}.")
+    if "vs_raw_async_shape" in aio:
+        lines[-1] += (f" In the shape append_async sent ({_fmt(aio['entries_per_osd_op'], '.1f')} entries per op), "
+                      f"against the {cs['raw_async_shape']['label']}: append_async "
+                      f"{_fmt(aio['vs_raw_async_shape'], '.2f')}.")
     f = r.get("format_ratios")
     if f:
         sb = cs.get("zlog_stream_batches_omap")
