@@ -40,7 +40,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pyzlog import ClusterUnavailable, HoleClock, InvalidRequest, Log, Timeout, ZlogError
+from pyzlog import ClusterUnavailable, InvalidRequest, Log, Timeout, ZlogError
+from pyzlog.client.batches import BatchStream
+from pyzlog.client.reader import HoleClock
 
 from . import codec, entry
 from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
@@ -785,8 +787,8 @@ class Runtime:
             if self.streams and self._objects:
                 self._play_streams(at, end)
                 continue
-            for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=target,
-                                                 hole_clock=self._holes):
+            for batch in BatchStream(self.log.state, at, end, follow=False, hole_wait=self.hole_wait,
+                                     known_tail=target, holes=self._holes):
                 positions = batch.column(0).to_pylist()
                 datas = batch.column(1).to_pylist()
                 self.stats.read += len(positions)

@@ -32,7 +32,8 @@ import errno
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pyzlog import HoleClock
+from pyzlog.client.batches import BatchStream
+from pyzlog.client.reader import HoleClock
 
 from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, parse_backpointers
 
@@ -137,7 +138,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
         for p in light:
             _follow(found.get(p) or known[p], p, wanted, lo, hi, found, covered, todo, lead)
     for p in holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
-        for batch in log.stream_batches(p, p + 1, hole_wait=clock.hole_wait, hole_clock=clock):
+        for batch in BatchStream(log.state, p, p + 1, follow=False, hole_wait=clock.hole_wait, holes=clock):
             datas = batch.column(1).to_pylist()
             if datas and datas[0] is not None and _backpointers(datas[0], p, wanted)[1]:
                 found[p] = datas[0]
@@ -222,7 +223,8 @@ def _scan(log: Log, lo: int, upto: int, clock: HoleClock, st: WalkStats, found: 
     datas: list[bytes | None] = [found[p] for p in positions]
     kinds: list[str] = ["data"] * len(positions)
     n = len(positions)
-    for batch in log.stream_batches(lo, upto, hole_wait=clock.hole_wait, known_tail=known_tail, hole_clock=clock):
+    for batch in BatchStream(log.state, lo, upto, follow=False, hole_wait=clock.hole_wait, known_tail=known_tail,
+                             holes=clock):
         ps = batch.column(0).to_pylist()
         positions.extend(ps)
         datas.extend(batch.column(1).to_pylist())
