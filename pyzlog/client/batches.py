@@ -102,7 +102,7 @@ class BatchStream:
     def __init__(self, log: LogState, start: int, end: int | None, *, follow: bool, hole_wait: float,
                  stride_index: int | None = None, stride: int | None = None, known_tail: int | None = None,
                  signed: bool = False, max_rows: int = 65536, decode: bool = True,
-                 on_corrupt: Any = "fail", holes: HoleClock | None = None) -> None:
+                 on_corrupt: Any = "fail") -> None:
         self.log = log
         #: at a damaged position: "fail" raises CorruptEntry; "skip" (or a
         #: callable, called with the CorruptEntry) hands out a CORRUPT row
@@ -114,10 +114,7 @@ class BatchStream:
         self.follow = follow
         self.stride_index, self.stride = stride_index, stride
         self.signed, self.max_rows = signed, max_rows
-        #: the gap clock: the reader's own (`holes`, kept across its streams) or this stream's
-        self.holes = holes if holes is not None else HoleClock(hole_wait, known_tail)
-        if holes is not None and known_tail is not None:
-            holes.saw_tail(known_tail, start)
+        self.holes = HoleClock(hole_wait, known_tail)
         self._pool = log.data
         self._queue: Queue | None = None
         #: how the log's entries are decoded (None: stored as written)

@@ -50,9 +50,7 @@ class HoleClock:
     on the native path): an unwritten position is a hole once some later
     position is known to have been handed out, and it is filled as LOST
     after `hole_wait` seconds from the first time that was known. Holes
-    found together (one lost batch of positions) are waited for together.
-    A reader that reads a range in pieces (one stream per piece) keeps one
-    clock for all of them: a hole known for a while is not waited for anew."""
+    found together (one lost batch of positions) are waited for together."""
 
     def __init__(self, hole_wait: float, known_tail: int | None = None) -> None:
         self.hole_wait = hole_wait
@@ -74,10 +72,8 @@ class HoleClock:
 
     def needs_highest(self, position: int, view_end: int | None) -> bool:
         """Whether since() calls its `highest` for these arguments (a stream
-        that must ask the cluster for it asks only then): not when `position`
-        is already known to lie below the tail."""
-        return view_end is None and not (self.known_tail is not None and position < self.known_tail) \
-            and not (self._bounds and position < self._bounds[-1])
+        that must ask the cluster for it asks only then)."""
+        return view_end is None and not (self.known_tail is not None and position < self.known_tail)
 
     def since(self, position: int, view_end: int | None, highest: Callable[[], int | None]) -> float | None:
         """When `position` was first known to lie below the tail, or None if
@@ -87,7 +83,7 @@ class HoleClock:
             self.saw_tail(view_end, position)  # a later view exists: all of this one is below the tail
         elif self.known_tail is not None and position < self.known_tail:
             self.saw_tail(self.known_tail, position)
-        elif not self._bounds or position >= self._bounds[-1]:  # else a higher bound would not change it
+        else:
             top = highest()
             if top is not None:
                 self.saw_tail(top, position)

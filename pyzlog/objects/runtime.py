@@ -41,8 +41,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyzlog import ClusterUnavailable, InvalidRequest, Log, Timeout, ZlogError
-from pyzlog.client.batches import BatchStream
-from pyzlog.client.reader import HoleClock
 
 from . import codec, entry
 from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
@@ -144,10 +142,6 @@ class Runtime:
         self.streams = bool(streams)
         self.walk_stats = WalkStats()
         self.hole_wait = hole_wait
-        #: the player's gap clock, kept across its reads (one per gap between
-        #: own entries): a hole is filled hole_wait after the player first knew
-        #: it lay below the tail, not waited for anew by each read that meets it
-        self._holes = HoleClock(hole_wait)
         self.follow = follow
         self.propose_timeout = propose_timeout
         self.checkpoints = checkpoints
@@ -787,8 +781,7 @@ class Runtime:
             if self.streams and self._objects:
                 self._play_streams(at, end)
                 continue
-            for batch in BatchStream(self.log.state, at, end, follow=False, hole_wait=self.hole_wait,
-                                     known_tail=target, holes=self._holes):
+            for batch in self.log.stream_batches(at, end, known_tail=end, hole_wait=self.hole_wait):
                 positions = batch.column(0).to_pylist()
                 datas = batch.column(1).to_pylist()
                 self.stats.read += len(positions)
@@ -809,7 +802,7 @@ class Runtime:
         with self._cv:
             known = {p: d for p, d in self._own.items() if at <= p}
         positions, datas, kinds, upto = walk(self.log, sorted(self._objects), at, end, known,
-                                             self.hole_wait, self.walk_stats, self._holes)
+                                             self.hole_wait, self.walk_stats)
         self.stats.read += len(positions)
         for i in range(0, len(positions), CHUNK):
             self._apply_rows(positions[i:i + CHUNK], datas[i:i + CHUNK],
