@@ -218,6 +218,7 @@ class BatchStream:
                         yield Call.of(stale, scan.epoch)
                         scan = None
                         continue
+                    stale.reset()
                     if since is None:
                         if not self.follow:  # no later position known: it may never have held an entry
                             self._fail(scan, err)
@@ -240,6 +241,7 @@ class BatchStream:
                 yield Call.of(stale, scan.epoch)
                 scan = None
                 continue
+            stale.reset()  # the view answered at this epoch: a later refusal (a follow's next epoch change) waits afresh
             if since is None:  # the tail
                 if not self.follow:
                     return

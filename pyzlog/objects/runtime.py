@@ -386,9 +386,11 @@ class Runtime:
         p.attempts += 1
         q = self._queue
         q.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
-        # wake a sender only for the first of a batch: one that wakes takes
-        # everything queued, and one that goes idle looks at the queue first
-        if self._idle_senders and len(q) == 1:
+        # wake a sender for the first of a batch (one that wakes takes what is
+        # queued, and one going idle looks first), when every sender is idle
+        # (two proposers may both see a length of 2), or past one batch's worth
+        idle = self._idle_senders
+        if idle and (len(q) == 1 or idle == SENDERS or len(q) > MAX_BATCH):
             with self._send_cv:
                 self._send_cv.notify()
         return p.future
