@@ -10,6 +10,7 @@ reader.Record objects for stream().
 """
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import threading
@@ -33,6 +34,12 @@ from .stale import StaleWait
 
 #: entries asked of one object per read_range call
 PER_CALL = 1024
+
+
+class Refused(enum.Enum):
+    """_since's answer when the view refused the stream's epoch (the wait
+    for a newer one is done): the scan is to be made again."""
+    REFUSED = 0
 
 
 # What BatchStream._steps yields where it would block; its driver does it.
@@ -212,13 +219,10 @@ class BatchStream:
                 if err is None:
                     continue  # another partition's position
                 if err.whole and self.on_corrupt != "fail":
-                    try:
-                        since = yield from self._since(scan, view, vend, err.position)
-                    except StaleEpoch:
-                        yield Call.of(stale, scan.epoch)
+                    since = yield from self._since(scan, view, vend, err.position, stale)
+                    if since is Refused.REFUSED:
                         scan = None
                         continue
-                    stale.reset()
                     if since is None:
                         if not self.follow:  # no later position known: it may never have held an entry
                             self._fail(scan, err)
@@ -235,13 +239,10 @@ class BatchStream:
                 scan.skip()  # another partition's position: its reader's gap rules decide
                 self.position = scan.position
                 continue
-            try:
-                since = yield from self._since(scan, view, vend, pos)
-            except StaleEpoch:  # asking the view's other objects met a newer seal: as next_batch's
-                yield Call.of(stale, scan.epoch)
+            since = yield from self._since(scan, view, vend, pos, stale)
+            if since is Refused.REFUSED:
                 scan = None
                 continue
-            stale.reset()  # the view answered at this epoch: a later refusal (a follow's next epoch change) waits afresh
             if since is None:  # the tail
                 if not self.follow:
                     return
@@ -263,18 +264,26 @@ class BatchStream:
             else:
                 scan.forget_from(pos)  # someone else got there first: read what it is now
 
-    def _since(self, scan: ViewScan, view: wire.View, vend: int | None,
-               position: int) -> Generator[Effect, Any, float | None]:
+    def _since(self, scan: ViewScan, view: wire.View, vend: int | None, position: int,
+               stale: StaleWait) -> Generator[Effect, Any, float | None | Refused]:
         """HoleClock.since for `position`, with the highest position stored
         asked only if the gap rule needs it: the scan's objects' (a Step),
         and for a data-format view whose scanned stripe shows nothing at or
         past `position`, the later open stripes' (a Call: a hole at the end
-        of a stripe lies below the tail once the next stripe holds something)."""
+        of a stripe lies below the tail once the next stripe holds something).
+        A newer seal met asking (a half-done epoch change) is waited out with
+        `stale`, as next_batch's refusals are, and answers REFUSED; an answer
+        at this epoch restarts `stale` (a follow's next epoch change waits afresh)."""
         top: int | None = None
         if self.holes.needs_highest(position, vend):
-            top = yield Step(scan.top)
+            try:
+                top = yield Step(scan.top)
+            except StaleEpoch:
+                yield Call.of(stale, scan.epoch)
+                return Refused.REFUSED
             if view.bounded and (top is None or top < position):
                 top = yield Call.of(self._later_top, view, position, top)
+        stale.reset()
         return self.holes.since(position, vend, lambda: top)
 
     def _later_top(self, view: wire.View, position: int, top: int | None) -> int | None:
