@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from pyzlog import Log, RecordKind
@@ -138,3 +139,44 @@ def test_a_newer_seal_met_while_asking_where_the_tail_is_is_waited_out(  # type:
     reader = Log.open(rados_cluster, ceph.pool, log_name)
     assert positions(reader.stream(0, stride_index=0, stride=4)) == [(0, "data"), (4, "data")]
     assert positions(reader.stream(1)) == [(p, "data") for p in range(1, 8)]
+
+
+def test_a_follow_outlives_epoch_changes_further_apart_than_the_stale_limit(  # type: ignore[no-untyped-def]
+        rados_cluster, ceph, log_name, monkeypatch) -> None:
+    """A follow at an idle tail reads batches with no rows. When only rows
+    reset its stale wait, an epoch change more than the wait's limit after
+    the one before it raised StaleEpoch out of the stream (limit cut to 1 s
+    here, 30 s by default)."""
+    from functools import partial
+
+    from pyzlog.client import batches
+    from pyzlog.core.tailfind import find_tail
+
+    monkeypatch.setattr(batches, "StaleWait", partial(batches.StaleWait, limit=1.0))
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    lg.append_many([b"a", b"b"])
+    writer = Log.open(rados_cluster, ceph.pool, log_name)
+    s = Log.open(rados_cluster, ceph.pool, log_name).stream(0, follow=True)
+    got: list[int] = []
+    failed: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            for r in s:
+                got.append(r.position)
+                if len(got) == 3:
+                    return
+        except BaseException as e:  # noqa: BLE001 - what the test reports
+            failed.append(e)
+
+    t = threading.Thread(target=follow, daemon=True)
+    t.start()
+    while len(got) < 2 and t.is_alive():
+        time.sleep(0.05)
+    for _ in range(2):
+        find_tail(writer.state)  # an epoch change: the follower's next read is refused once
+        time.sleep(1.5)  # the follower polls the tail meanwhile, at the new epoch
+    writer.append(b"c")
+    t.join(60)
+    s.close()
+    assert failed == [] and got == [0, 1, 2]
