@@ -16,7 +16,7 @@ from seqr_proc import SeqrProcess
 
 import pyzlog
 from pyzlog import Log
-from pyzlog import InvalidRequest
+from pyzlog import InvalidRequest, Timeout
 from pyzlog.objects import (MISSING, BadEntry, CheckpointError, Counter, NotHosted, Queue,
                             RadosCheckpoints, Register, ReplicatedMap, Runtime, RuntimeClosed, RuntimeFailed,
                             StateMachine, UnsupportedEntry, WrongType)
@@ -267,6 +267,25 @@ def test_a_lost_hole_is_skipped_by_every_replica(pair: Replicas) -> None:
     assert m2.to_dict() == m.to_dict()
     assert a.stats.gaps + b.stats.gaps >= 2 and a.applied > hole
     assert [r.kind for r in pair.log.stream(hole, hole + 1)] == [pyzlog.RecordKind.LOST]
+
+
+def test_waiting_past_the_tail_waits_for_the_writers_and_burns_no_position(pair: Replicas) -> None:
+    """wait_applied(p) with p past the log's tail: the positions up to p are
+    not handed out yet, so the runtime waits for their writers (it asks the
+    tail again) and never plays them as holes, which would fill them as LOST
+    after hole_wait and send their writers elsewhere."""
+    a, b = pair.new(), pair.new()
+    m, m2 = a.map("m"), b.map("m")
+    m["first"] = 0
+    tail = pair.log.tail()
+    with pytest.raises(Timeout, match=f"not played to {tail + 5}"):
+        b.wait_applied(tail + 5, timeout=5 * HOLE_WAIT)  # several hole waits pass
+    for i in range(5):
+        m[f"k{i}"] = i
+    b.wait_applied(tail + 5, timeout=60)
+    assert m2.to_dict() == m.to_dict() == {"first": 0} | {f"k{i}": i for i in range(5)}
+    assert [r.kind for r in pair.log.stream(tail, tail + 5)] == [pyzlog.RecordKind.DATA] * 5
+    assert b.stats.gaps == 0
 
 
 # ------------------------------------------------------------ transactions

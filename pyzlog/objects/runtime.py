@@ -75,6 +75,9 @@ MAX_STREAMS_PER_REQUEST = 64
 #: position to turn out to be one of them before reading it from the log
 #: (where it may still be unwritten, and the read would wait on it as a hole)
 OWN_GRACE = 0.005
+#: wait_applied past the log's tail asks it again after this, doubling up to TAIL_POLL_MAX
+TAIL_POLL_FIRST = 0.01
+TAIL_POLL_MAX = 1.0
 
 
 class _Pending:
@@ -606,7 +609,7 @@ class Runtime:
         reflect every command acknowledged before the call."""
         self.start()
         tail = self.log.tail()
-        self.wait_applied(tail, timeout)
+        self._wait_applied(tail, timeout, handed_out=tail)
         return tail
 
     def _not_on_player(self, what: str) -> None:
@@ -615,24 +618,59 @@ class Runtime:
                                  "would wait for itself")
 
     def wait_applied(self, position: int, timeout: float | None = None) -> None:
-        """Play every position below `position` (Timeout after `timeout` s)."""
+        """Play every position below `position` (Timeout after `timeout` s).
+        Positions the sequencer has not handed out yet are waited for (the
+        log's tail is asked again, less and less often), never played."""
+        self._wait_applied(position, timeout, handed_out=0)
+
+    def _wait_applied(self, position: int, timeout: float | None, handed_out: int) -> None:
+        """wait_applied; `handed_out`: every position below it is known to
+        have been handed out. The player's target only ever names such
+        positions: it waits hole_wait for an unwritten one and then fills it
+        as LOST, which for a position nobody holds yet would burn it (and
+        every position up to `position`) before its writer comes."""
         self.start()
         self._not_on_player("wait for the log to be played")
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self.applied < position:
+        poll, ask_at, asked_error = TAIL_POLL_FIRST, 0.0, None
+        while True:
             with self._cv:
-                if position > self._target:
-                    self._target = position
-            self._play_here(position)
-        with self._cv:
-            while self.applied < position:
                 self._check_open()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise Timeout(f"the log was not played to {position} within {timeout}s "
-                                  f"(at {self.applied})")
-                self._cv.wait(left if left is not None else 1.0)
-            self._check_open()
+                if self.applied >= position:
+                    return
+                handed_out = max(handed_out, self._target, self.applied)
+            now = time.monotonic()
+            if handed_out < position and now >= ask_at:
+                try:
+                    handed_out = max(handed_out, self.log.tail())
+                    asked_error = None
+                except ZlogError as e:  # an outage: ask again later, until the deadline
+                    asked_error = e
+                ask_at, poll = now + poll, min(poll * 2, TAIL_POLL_MAX)
+            reach = min(position, handed_out)
+            if self.applied < reach:
+                with self._cv:
+                    if reach > self._target:
+                        self._target = reach
+                self._play_here(reach)
+            with self._cv:
+                while self.applied < position:
+                    self._check_open()
+                    now = time.monotonic()
+                    left = None if deadline is None else deadline - now
+                    if left is not None and left <= 0:
+                        why = f"; asking the log's tail failed: {asked_error}" if asked_error else ""
+                        raise Timeout(f"the log was not played to {position} within {timeout}s "
+                                      f"(at {self.applied}, handed out to {handed_out}){why}")
+                    if max(handed_out, self._target) < position:  # past the tail: ask it again in a while
+                        if now >= ask_at:
+                            break
+                        self._cv.wait(min(ask_at - now, left) if left is not None else ask_at - now)
+                    else:
+                        self._cv.wait(left if left is not None else 1.0)
+                else:
+                    self._check_open()
+                    return
 
     # ---------------------------------------------------------- transactions
     def current_transaction(self) -> Transaction | None:
