@@ -121,6 +121,23 @@ def test_tail_finding_walks_back_over_empty_stripes(rados_cluster, ceph, log_nam
     assert lg.append(b"next") == 200
 
 
+def test_a_handle_opened_before_later_stripes_sees_their_positions(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """A handle whose metadata was read before other clients opened more
+    stripes still answers the stored top from them (without a sequencer its
+    tail() is that answer, and a sync built on it must not stop short)."""
+    lg = small(rados_cluster, ceph, log_name, width=2)
+    early = Log.open(rados_cluster, ceph.pool, log_name)  # no stripe open yet
+    try:
+        assert early.next_position_hint() == 0
+        lg.append_many([b"x%d" % i for i in range(3 * 2 * SLOTS + 5)])  # into stripe 3
+        top = 3 * 2 * SLOTS + 4
+        assert early.max_position() == top
+        assert early.next_position_hint() == early.tail() == top + 1
+        assert early.append(b"next") == top + 1
+    finally:
+        early.close()
+
+
 def test_a_stale_client_cannot_open_a_stripe(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
     """Opening is a compare-and-swap at the writer's epoch: a writer that
     missed an epoch change can neither open the next stripe nor write there."""

@@ -45,8 +45,12 @@ DETOUR_SECONDS = 5.0
 
 
 def max_position(log: LogState) -> int | None:
-    """Highest position written, filled or trimmed in the newest view, without sealing."""
+    """Highest position written, filled or trimmed in the newest view, without
+    sealing. The metadata is read again first: stripes other clients opened
+    since it was last read hold the newest positions (a handle opened before
+    them would answer a lower top, and without a sequencer a lower tail)."""
     stale = StaleWait(log, "max_position")
+    log.refresh()
     while True:
         meta = log.meta
         try:
