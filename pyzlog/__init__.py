@@ -21,7 +21,7 @@ from .core.errors import (Blocklisted, ClassNotLoaded, CommitRefused, ClusterUna
                           SequencerUnavailable, StaleEpoch, Timeout, Trimmed, ZlogError)
 from .client.consumer import Consumer
 from .client.log import Log
-from .client.reader import Record, RecordKind
+from .client.reader import HoleClock, Record, RecordKind
 from .core.sequencer import SequencerClient
 from .core.seqr_auth import Credentials, TLSSettings
 
@@ -31,6 +31,6 @@ __all__ = [
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "Blocklisted", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt", "CorruptEntry",
-    "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer",
+    "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer", "HoleClock",
 ]
 __version__ = "0.1.0"

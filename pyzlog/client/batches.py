@@ -109,7 +109,7 @@ class BatchStream:
     def __init__(self, log: LogState, start: int, end: int | None, *, follow: bool, hole_wait: float,
                  stride_index: int | None = None, stride: int | None = None, known_tail: int | None = None,
                  signed: bool = False, max_rows: int = 65536, decode: bool = True,
-                 on_corrupt: Any = "fail") -> None:
+                 on_corrupt: Any = "fail", holes: HoleClock | None = None) -> None:
         self.log = log
         #: at a damaged position: "fail" raises CorruptEntry; "skip" (or a
         #: callable, called with the CorruptEntry) hands out a CORRUPT row
@@ -121,7 +121,9 @@ class BatchStream:
         self.follow = follow
         self.stride_index, self.stride = stride_index, stride
         self.signed, self.max_rows = signed, max_rows
-        self.holes = HoleClock(hole_wait, known_tail)
+        #: the gap clock: this stream's, keeping what stays true in the reader's (`holes`,
+        #: kept across its streams; reader.HoleClock says what stays true)
+        self.holes = HoleClock(hole_wait if holes is None else holes.hole_wait, known_tail, durable=holes)
         self._pool = log.data
         self._queue: Queue | None = None
         #: how the log's entries are decoded (None: stored as written)

@@ -29,7 +29,7 @@ from .batches import BatchStream, Records
 from .consumer import Consumer, Start
 from .pipeline import DEFAULT_MAX_IN_FLIGHT, LogAsync
 from .positions import Positions, max_position, next_position_hint
-from .reader import HOLE_WAIT_SECONDS, Record, check_stream_args
+from .reader import HOLE_WAIT_SECONDS, HoleClock, Record, check_stream_args
 
 if TYPE_CHECKING:
     import rados
@@ -304,16 +304,20 @@ class Log:
     def stream_batches(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                        hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
                        stride: int | None = None, known_tail: int | None = None,
-                       signed: bool = False, on_corrupt: Any = "fail") -> Iterator[Any]:
+                       signed: bool = False, on_corrupt: Any = "fail",
+                       hole_clock: HoleClock | None = None) -> Iterator[Any]:
         """stream() as pyarrow.RecordBatch es, on the native read path:
         columns position, data (null unless the kind is data), kind (data,
         filled, trimmed, lost; corrupt with on_corrupt="skip"), epoch, with
         the same positions, gaps, hole filling and damage rule as stream().
-        `signed`: position and epoch as int64."""
+        `signed`: position and epoch as int64. `hole_clock`: a reader that
+        reads a range in pieces (a stream per piece) passes one HoleClock to
+        all of them, so a hole it has known to lie below the tail for
+        `hole_wait` is filled at once, not waited for anew by each piece."""
         check_stream_args(start, end, stride_index, stride, on_corrupt)
         return iter(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
                                 stride_index=stride_index, stride=stride, known_tail=known_tail, signed=signed,
-                                on_corrupt=on_corrupt))
+                                on_corrupt=on_corrupt, holes=hole_clock))
 
     def read_batches(self, start: int, end: int, *, hole_wait: float = HOLE_WAIT_SECONDS,
                      signed: bool = False) -> Iterator[Any]:

@@ -50,11 +50,23 @@ class HoleClock:
     on the native path): an unwritten position is a hole once some later
     position is known to have been handed out, and it is filled as LOST
     after `hole_wait` seconds from the first time that was known. Holes
-    found together (one lost batch of positions) are waited for together."""
+    found together (one lost batch of positions) are waited for together.
 
-    def __init__(self, hole_wait: float, known_tail: int | None = None) -> None:
+    A reader that reads a range in pieces (one stream per piece: the gaps
+    between a replicated-object runtime's own entries) keeps one clock for
+    all of them and gives it to each piece as `durable`, so a hole it has
+    known about for a while is not waited for anew. Only what stays true is
+    kept there: a position stored above, or the end of a closed view (no
+    position below either is ever handed out again). A piece's `known_tail`
+    (every position below it was handed out, by a sequencer's counter) stays
+    the piece's own: after a failover or a reconfiguration the positions
+    handed out but not written are handed out again, and their new writers
+    get a full hole_wait."""
+
+    def __init__(self, hole_wait: float, known_tail: int | None = None, durable: HoleClock | None = None) -> None:
         self.hole_wait = hole_wait
         self.known_tail = known_tail  # the caller knows every position below this was handed out
+        self.durable = durable
         # (bound, first seen): since then every position below bound was known
         # to have been handed out. Bounds increase.
         self._bounds: list[float] = []
@@ -70,25 +82,45 @@ class HoleClock:
                 keep = max(bisect.bisect_right(self._bounds, passed) - 1, 0)
                 del self._bounds[:keep], self._times[:keep]
 
+    def _saw_stored(self, bound: int, passed: int) -> None:
+        """saw_tail for a bound that stays true (a stored position, a view's end)."""
+        (self.durable or self).saw_tail(bound, passed)
+
+    def _first_known(self, position: int) -> float | None:
+        i = bisect.bisect_right(self._bounds, position)
+        return self._times[i] if i < len(self._bounds) else None
+
     def needs_highest(self, position: int, view_end: int | None) -> bool:
         """Whether since() calls its `highest` for these arguments (a stream
-        that must ask the cluster for it asks only then)."""
-        return view_end is None and not (self.known_tail is not None and position < self.known_tail)
+        that must ask the cluster for it asks only then): not past a view's
+        end; with a durable clock, until one of its bounds covers `position`
+        (so the reader's later pieces learn of the hole); else unless
+        `known_tail` covers it."""
+        if view_end is not None:
+            return False
+        d = self.durable
+        if d is not None:
+            return not (d._bounds and position < d._bounds[-1])
+        return not (self.known_tail is not None and position < self.known_tail)
 
     def since(self, position: int, view_end: int | None, highest: Callable[[], int | None]) -> float | None:
         """When `position` was first known to lie below the tail, or None if
         it is at the tail. `view_end`: where its view ends, if a later view
         exists; `highest()`: the highest position stored in its view now."""
         if view_end is not None:
-            self.saw_tail(view_end, position)  # a later view exists: all of this one is below the tail
-        elif self.known_tail is not None and position < self.known_tail:
-            self.saw_tail(self.known_tail, position)
+            self._saw_stored(view_end, position)  # a later view exists: all of this one is below the tail
         else:
-            top = highest()
-            if top is not None:
-                self.saw_tail(top, position)
-        i = bisect.bisect_right(self._bounds, position)
-        return self._times[i] if i < len(self._bounds) else None
+            if self.needs_highest(position, view_end):
+                top = highest()
+                if top is not None:
+                    self._saw_stored(top, position)
+            if self.known_tail is not None and position < self.known_tail:
+                self.saw_tail(self.known_tail, position)
+        mine = self._first_known(position)
+        kept = self.durable._first_known(position) if self.durable is not None else None
+        if mine is None or kept is None:
+            return mine if kept is None else kept
+        return min(mine, kept)
 
     def wait_for(self, since: float) -> float:
         """Seconds to sleep before looking at a hole first known at `since`

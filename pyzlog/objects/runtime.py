@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pyzlog import ClusterUnavailable, InvalidRequest, Log, Timeout, ZlogError
+from pyzlog import ClusterUnavailable, HoleClock, InvalidRequest, Log, Timeout, ZlogError
 
 from . import codec, entry
 from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
@@ -145,6 +145,10 @@ class Runtime:
         self.streams = bool(streams)
         self.walk_stats = WalkStats()
         self.hole_wait = hole_wait
+        #: the player's gap clock, kept across its reads (one per gap between
+        #: own entries): a hole is filled hole_wait after the player first knew
+        #: it lay below the tail, not waited for anew by each read that meets it
+        self._holes = HoleClock(hole_wait)
         self.follow = follow
         self.propose_timeout = propose_timeout
         self.checkpoints = checkpoints
@@ -821,7 +825,8 @@ class Runtime:
             if self.streams and self._objects:
                 self._play_streams(at, end)
                 continue
-            for batch in self.log.stream_batches(at, end, known_tail=end, hole_wait=self.hole_wait):
+            for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=end,
+                                                 hole_clock=self._holes):
                 positions = batch.column(0).to_pylist()
                 datas = batch.column(1).to_pylist()
                 self.stats.read += len(positions)
@@ -842,7 +847,7 @@ class Runtime:
         with self._cv:
             known = {p: d for p, d in self._own.items() if at <= p}
         positions, datas, kinds, upto = walk(self.log, sorted(self._objects), at, end, known,
-                                             self.hole_wait, self.walk_stats)
+                                             self.hole_wait, self.walk_stats, self._holes)
         self.stats.read += len(positions)
         for i in range(0, len(positions), CHUNK):
             self._apply_rows(positions[i:i + CHUNK], datas[i:i + CHUNK],

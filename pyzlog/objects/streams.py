@@ -32,6 +32,8 @@ import errno
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pyzlog import HoleClock
+
 from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, parse_backpointers
 
 if TYPE_CHECKING:
@@ -49,12 +51,16 @@ class WalkStats:
 
 
 def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes] | None = None,
-         hole_wait: float = 2.0, stats: WalkStats | None = None) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
+         hole_wait: float = 2.0, stats: WalkStats | None = None,
+         hole_clock: HoleClock | None = None) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
     """Entries of `streams` at positions in [lo, hi) as (positions, datas,
     kinds, end), in position order. Entries from scanned ranges include
     every entry there (and gaps as data None with their kind); `end` is how
     far the result is complete (hi, or the sequencer's tail if lower).
     `known`: bytes of positions already at hand (own appends).
+    `hole_clock`: the reader's gap clock, kept across its walks (a hole it
+    has known to lie below the tail for hole_wait is filled at once, not
+    waited for again by each walk that meets it); by default this walk's.
 
     Only the entries that lead further are parsed whole: those a skip
     pointer or the sequencer named, and the oldest of each parsed entry's
@@ -62,10 +68,11 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     checked to be the stream's. Should that leave a range no entry vouches
     for, every entry found is parsed before anything is scanned."""
     st = stats if stats is not None else WalkStats()
+    clock = hole_clock if hole_clock is not None else HoleClock(hole_wait)
     epoch = log.state.refresh_epoch()  # a sequencer that starts serving the log seals a newer one
     answer = log.stream_tail(streams)
     if answer is None:  # no sequencer: scan it all
-        return _scan(log, lo, hi, hole_wait, st, {}, hi)
+        return _scan(log, lo, hi, clock, st, {}, hi)
     tail, k, per_stream = answer
     hi = min(hi, tail)
     if hi <= lo:
@@ -130,7 +137,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
         for p in light:
             _follow(found.get(p) or known[p], p, wanted, lo, hi, found, covered, todo, lead)
     for p in holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
-        for batch in log.read_batches(p, p + 1, hole_wait=hole_wait):
+        for batch in log.stream_batches(p, p + 1, hole_wait=clock.hole_wait, hole_clock=clock):
             datas = batch.column(1).to_pylist()
             if datas and datas[0] is not None and _backpointers(datas[0], p, wanted)[1]:
                 found[p] = datas[0]
@@ -144,12 +151,12 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     # answer (the epoch moved), nothing is taken on its word.
     top = log.max_position()
     if log.state.refresh_epoch() != epoch:
-        return _scan(log, lo, hi, hole_wait, st, found, hi, known_tail=hi)
+        return _scan(log, lo, hi, clock, st, found, hi, known_tail=hi)
     stored_to = lo if top is None else max(lo, top + 1)
     if stored_to < hi:
         gaps.append((stored_to, hi))
     if gaps:  # where some stream is not known: scan from the lowest such position to the highest
-        return _scan(log, min(a for a, _ in gaps), max(b for _, b in gaps), hole_wait, st, found, hi, known_tail=hi)
+        return _scan(log, min(a for a, _ in gaps), max(b for _, b in gaps), clock, st, found, hi, known_tail=hi)
     ps = sorted(found)
     return ps, [found[p] for p in ps], None, hi
 
@@ -204,7 +211,7 @@ def _backpointers(data: bytes, position: int, wanted: set[int]) -> tuple[int, di
     return k, {s: v for s, v in sections.items() if s in wanted}
 
 
-def _scan(log: Log, lo: int, upto: int, hole_wait: float, st: WalkStats, found: dict[int, bytes],
+def _scan(log: Log, lo: int, upto: int, clock: HoleClock, st: WalkStats, found: dict[int, bytes],
           hi: int, known_tail: int | None = None) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
     """Every entry of [lo, upto) read in order, merged with `found` outside it.
     `known_tail`: every position below it was handed out (the sequencer's
@@ -215,7 +222,7 @@ def _scan(log: Log, lo: int, upto: int, hole_wait: float, st: WalkStats, found: 
     datas: list[bytes | None] = [found[p] for p in positions]
     kinds: list[str] = ["data"] * len(positions)
     n = len(positions)
-    for batch in log.stream_batches(lo, upto, hole_wait=hole_wait, known_tail=known_tail):
+    for batch in log.stream_batches(lo, upto, hole_wait=clock.hole_wait, known_tail=known_tail, hole_clock=clock):
         ps = batch.column(0).to_pylist()
         positions.extend(ps)
         datas.extend(batch.column(1).to_pylist())

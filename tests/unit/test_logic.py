@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 
+from typing import Any
+
 import pytest
 
 import pyzlog
@@ -81,6 +83,29 @@ def test_hole_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     assert holes.since(11, 12, lambda: None) == clock.now
     known = HoleClock(2.0, known_tail=50)  # a partitioned reader that knows the tail
     assert known.since(40, None, lambda: None) == clock.now and known.since(60, None, lambda: None) is None
+
+
+def test_a_readers_durable_hole_clock_keeps_stored_bounds_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that reads in pieces shares what stays true (a stored
+    position above, a view's end) across them, never a piece's known_tail:
+    positions handed out by a sequencer's counter but not written are handed
+    out again after a failover, and their new writers get a full hole_wait."""
+    clock = Clock()
+    monkeypatch.setattr(reader.time, "monotonic", clock)
+    kept = HoleClock(2.0)
+    piece = HoleClock(2.0, known_tail=30, durable=kept)
+    asked: list[int] = []
+    def top(value: int | None) -> Any:
+        return lambda: asked.append(1) or value
+    assert piece.since(10, None, top(20)) == 100.0  # stored up to 20: known now, and kept
+    assert piece.since(25, None, top(20)) == 100.0  # below known_tail only: the piece's own
+    clock.now += 5.0
+    later = HoleClock(2.0, known_tail=40, durable=kept)
+    assert later.since(12, None, top(20)) == 100.0 and asked == [1, 1]  # the kept bound covers 12: not asked
+    assert later.since(25, None, top(None)) == 105.0  # the first piece's known_tail was not kept
+    alone = HoleClock(2.0, durable=kept)
+    assert alone.since(25, None, top(None)) is None and alone.since(15, None, top(None)) == 100.0
+    assert alone.since(33, 35, top(None)) == 105.0 and kept.since(34, None, top(None)) == 105.0  # a view end is kept
 
 
 # ------------------------------------------------------------- append rule
