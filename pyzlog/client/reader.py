@@ -56,17 +56,22 @@ class HoleClock:
     between a replicated-object runtime's own entries) keeps one clock for
     all of them and gives it to each piece as `durable`, so a hole it has
     known about for a while is not waited for anew. Only what stays true is
-    kept there: a position stored above, or the end of a closed view (no
-    position below either is ever handed out again). A piece's `known_tail`
-    (every position below it was handed out, by a sequencer's counter) stays
-    the piece's own: after a failover or a reconfiguration the positions
-    handed out but not written are handed out again, and their new writers
-    get a full hole_wait."""
+    kept there: the end of a closed view, or a position stored above that is
+    also below the piece's `known_tail` (a position below both was handed
+    out, and a sequencer that starts later counts on from what is stored, so
+    never hands it out again; something stored past the counter, a fill of a
+    future position, says nothing of the positions below it). A piece
+    without a `known_tail` reads without a sequencer: positions are then
+    taken above what is stored, and a stored position alone is kept. A
+    piece's `known_tail` itself stays the piece's own: after a failover or a
+    reconfiguration the positions handed out but not written are handed out
+    again, and their new writers get a full hole_wait."""
 
     def __init__(self, hole_wait: float, known_tail: int | None = None, durable: HoleClock | None = None) -> None:
         self.hole_wait = hole_wait
         self.known_tail = known_tail  # the caller knows every position below this was handed out
         self.durable = durable
+        self._asked = -1  # the last position since() asked highest() for
         # (bound, first seen): since then every position below bound was known
         # to have been handed out. Bounds increase.
         self._bounds: list[float] = []
@@ -82,9 +87,20 @@ class HoleClock:
                 keep = max(bisect.bisect_right(self._bounds, passed) - 1, 0)
                 del self._bounds[:keep], self._times[:keep]
 
-    def _saw_stored(self, bound: int, passed: int) -> None:
-        """saw_tail for a bound that stays true (a stored position, a view's end)."""
-        (self.durable or self).saw_tail(bound, passed)
+    def _saw_stored(self, bound: int, passed: int, view_end: bool = False) -> None:
+        """saw_tail for a stored position above `passed`, or a view's end. It
+        stays true for the durable clock up to `known_tail` only: something
+        stored past the sequencer's counter (a fill or write at a future
+        position) does not make the positions below it handed out, and the
+        sequencer hands them out later."""
+        d = self.durable
+        if d is None:
+            self.saw_tail(bound, passed)
+        elif view_end or self.known_tail is None or bound <= self.known_tail:
+            d.saw_tail(bound, passed)
+        else:
+            d.saw_tail(self.known_tail, passed)
+            self.saw_tail(bound, passed)
 
     def _first_known(self, position: int) -> float | None:
         i = bisect.bisect_right(self._bounds, position)
@@ -94,24 +110,26 @@ class HoleClock:
         """Whether since() calls its `highest` for these arguments (a stream
         that must ask the cluster for it asks only then): not past a view's
         end; with a durable clock, until one of its bounds covers `position`
-        (so the reader's later pieces learn of the hole); else unless
-        `known_tail` covers it."""
+        (so the reader's later pieces learn of the hole), but once only for
+        a position `known_tail` covers; else unless `known_tail` covers it."""
         if view_end is not None:
             return False
+        known = self.known_tail is not None and position < self.known_tail
         d = self.durable
-        if d is not None:
-            return not (d._bounds and position < d._bounds[-1])
-        return not (self.known_tail is not None and position < self.known_tail)
+        if d is not None:  # asked once per hole when known_tail already tells (then only to share it)
+            return not (d._bounds and position < d._bounds[-1]) and not (known and self._asked == position)
+        return not known
 
     def since(self, position: int, view_end: int | None, highest: Callable[[], int | None]) -> float | None:
         """When `position` was first known to lie below the tail, or None if
         it is at the tail. `view_end`: where its view ends, if a later view
         exists; `highest()`: the highest position stored in its view now."""
         if view_end is not None:
-            self._saw_stored(view_end, position)  # a later view exists: all of this one is below the tail
+            self._saw_stored(view_end, position, view_end=True)  # a later view exists: all of this one is below the tail
         else:
             if self.needs_highest(position, view_end):
                 top = highest()
+                self._asked = position
                 if top is not None:
                     self._saw_stored(top, position)
             if self.known_tail is not None and position < self.known_tail:

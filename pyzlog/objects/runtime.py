@@ -33,7 +33,7 @@ import random
 import threading
 import time
 from bisect import bisect_left
-from collections import deque
+from collections import Counter as Tally, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -163,6 +163,11 @@ class Runtime:
         self._cv = threading.Condition(threading.Lock())  # progress, targets, own positions
         self.applied = 0  # every position below this is played
         self._target = 0
+        #: positions wait_applied callers wait for past the tail, and how many wait for each
+        self._wants: Tally[int] = Tally()
+        self._tail_poll = TAIL_POLL_FIRST  # seconds between tail polls while someone wants more
+        self._next_tail_poll = 0.0
+        self._next_poll = 0.0  # follow's next poll
         self._own: dict[int, bytes] = {}  # acknowledged own appends not yet played
         self._in_flight = 0  # own appends submitted, not yet acknowledged or failed (under _cv)
         self._grace_pos, self._grace_end = -1, 0.0
@@ -632,49 +637,51 @@ class Runtime:
         have been handed out. The player's target only ever names such
         positions: it waits hole_wait for an unwritten one and then fills it
         as LOST, which for a position nobody holds yet would burn it (and
-        every position up to `position`) before its writer comes."""
+        every position up to `position`) before its writer comes. Past them,
+        the player asks the log's tail (_run), so this thread only waits: its
+        timeout and close() reach it at once."""
         self.start()
         self._not_on_player("wait for the log to be played")
         deadline = None if timeout is None else time.monotonic() + timeout
-        poll, ask_at, asked_error = TAIL_POLL_FIRST, 0.0, None
-        while True:
-            with self._cv:
-                self._check_open()
-                if self.applied >= position:
-                    return
-                handed_out = max(handed_out, self._target, self.applied)
-            now = time.monotonic()
-            if handed_out < position and now >= ask_at:
-                try:
-                    handed_out = max(handed_out, self.log.tail())
-                    asked_error = None
-                except ZlogError as e:  # an outage: ask again later, until the deadline
-                    asked_error = e
-                ask_at, poll = now + poll, min(poll * 2, TAIL_POLL_MAX)
+        with self._cv:
+            handed_out = max(handed_out, self._target, self.applied)
             reach = min(position, handed_out)
+            if reach > self._target:
+                self._target = reach
+            wanted = position > handed_out
+            if wanted:
+                self._wants[position] += 1
+                self._tail_poll = TAIL_POLL_FIRST
+                self._next_tail_poll = 0.0
+                self._cv.notify_all()
+        try:
             if self.applied < reach:
-                with self._cv:
-                    if reach > self._target:
-                        self._target = reach
                 self._play_here(reach)
             with self._cv:
                 while self.applied < position:
                     self._check_open()
-                    now = time.monotonic()
-                    left = None if deadline is None else deadline - now
+                    left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
-                        why = f"; asking the log's tail failed: {asked_error}" if asked_error else ""
-                        raise Timeout(f"the log was not played to {position} within {timeout}s "
-                                      f"(at {self.applied}, handed out to {handed_out}){why}")
-                    if max(handed_out, self._target) < position:  # past the tail: ask it again in a while
-                        if now >= ask_at:
-                            break
-                        self._cv.wait(min(ask_at - now, left) if left is not None else ask_at - now)
-                    else:
-                        self._cv.wait(left if left is not None else 1.0)
-                else:
-                    self._check_open()
-                    return
+                        raise Timeout(f"the log was not played to {position} within {timeout}s (at {self.applied}"
+                                      + (f", the log's tail at {self._target})" if wanted else ")"))
+                    self._cv.wait(left if left is not None else 1.0)
+                self._check_open()
+        finally:
+            if wanted:
+                with self._cv:
+                    self._wants[position] -= 1
+                    if not self._wants[position]:
+                        del self._wants[position]
+
+    def _tail_poll_due(self) -> float | None:
+        """Under _cv: seconds until the player asks the log's tail again
+        (follow, or a wait_applied past it), or None if nobody needs it."""
+        due = []
+        if self.follow is not None:
+            due.append(self._next_poll)
+        if max(self._wants, default=0) > max(self._target, self.applied):
+            due.append(self._next_tail_poll)
+        return max(0.0, min(due) - time.monotonic()) if due else None
 
     # ---------------------------------------------------------- transactions
     def current_transaction(self) -> Transaction | None:
@@ -728,7 +735,6 @@ class Runtime:
     # ------------------------------------------------------------- playing
     def _run(self) -> None:
         backoff = 0.0
-        next_poll = 0.0
         while True:
             with self._cv:
                 while True:
@@ -740,17 +746,19 @@ class Runtime:
                             break
                         self._cv.wait(left)
                         continue
-                    if self.follow is not None:
-                        wait = next_poll - time.monotonic()
-                        if wait <= 0:
-                            break
-                        self._cv.wait(wait)
-                    else:
-                        self._cv.wait()
+                    due = self._tail_poll_due()
+                    if due is not None and due <= 0:
+                        break
+                    self._cv.wait(due)
                 target = self._target
             try:
-                if target <= self.applied:  # a follow poll
-                    next_poll = time.monotonic() + (self.follow or 0.0)
+                if target <= self.applied:  # a tail poll: follow, or a wait_applied past the tail
+                    now = time.monotonic()
+                    if self.follow is not None:
+                        self._next_poll = now + self.follow
+                    with self._cv:
+                        self._next_tail_poll = now + self._tail_poll
+                        self._tail_poll = min(self._tail_poll * 2, TAIL_POLL_MAX)
                     tail = self.log.tail()
                     with self._cv:
                         self._target = target = max(self._target, tail)
@@ -825,7 +833,7 @@ class Runtime:
             if self.streams and self._objects:
                 self._play_streams(at, end)
                 continue
-            for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=end,
+            for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=target,
                                                  hole_clock=self._holes):
                 positions = batch.column(0).to_pylist()
                 datas = batch.column(1).to_pylist()

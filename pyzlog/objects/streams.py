@@ -137,7 +137,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
         for p in light:
             _follow(found.get(p) or known[p], p, wanted, lo, hi, found, covered, todo, lead)
     for p in holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
-        for batch in log.stream_batches(p, p + 1, hole_wait=clock.hole_wait, hole_clock=clock):
+        for batch in log.stream_batches(p, p + 1, hole_wait=clock.hole_wait, known_tail=tail, hole_clock=clock):
             datas = batch.column(1).to_pylist()
             if datas and datas[0] is not None and _backpointers(datas[0], p, wanted)[1]:
                 found[p] = datas[0]
@@ -151,12 +151,12 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     # answer (the epoch moved), nothing is taken on its word.
     top = log.max_position()
     if log.state.refresh_epoch() != epoch:
-        return _scan(log, lo, hi, clock, st, found, hi, known_tail=hi)
+        return _scan(log, lo, hi, clock, st, found, hi, known_tail=tail)
     stored_to = lo if top is None else max(lo, top + 1)
     if stored_to < hi:
         gaps.append((stored_to, hi))
     if gaps:  # where some stream is not known: scan from the lowest such position to the highest
-        return _scan(log, min(a for a, _ in gaps), max(b for _, b in gaps), clock, st, found, hi, known_tail=hi)
+        return _scan(log, min(a for a, _ in gaps), max(b for _, b in gaps), clock, st, found, hi, known_tail=tail)
     ps = sorted(found)
     return ps, [found[p] for p in ps], None, hi
 

@@ -108,6 +108,27 @@ def test_a_readers_durable_hole_clock_keeps_stored_bounds_only(monkeypatch: pyte
     assert alone.since(33, 35, top(None)) == 105.0 and kept.since(34, None, top(None)) == 105.0  # a view end is kept
 
 
+def test_a_position_stored_past_the_counter_is_kept_only_up_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fill of a future position (past the sequencer's counter) does not
+    make the positions below it handed out: the durable clock keeps the
+    bound only up to the piece's known_tail, and the piece asks once per
+    hole its known_tail already covers."""
+    clock = Clock()
+    monkeypatch.setattr(reader.time, "monotonic", clock)
+    kept = HoleClock(2.0)
+    piece = HoleClock(2.0, known_tail=30, durable=kept)
+    asked: list[int] = []
+    def top() -> int:
+        asked.append(1)
+        return 80  # filled past the counter (30)
+    assert piece.since(10, None, top) == 100.0 and piece.since(10, None, top) == 100.0 and len(asked) == 1
+    assert piece.since(40, None, top) == 100.0  # this piece's own reading of the stored 80
+    clock.now += 5.0
+    later = HoleClock(2.0, known_tail=60, durable=kept)
+    assert later.since(40, None, top) == 105.0  # handed out since: a full hole_wait from now
+    assert later.since(20, None, top) == 100.0  # below both 30 and 80: kept
+
+
 # ------------------------------------------------------------- append rule
 def test_judge() -> None:
     assert judge(0, "lg", 5) is Outcome.STORED

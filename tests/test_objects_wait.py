@@ -1,0 +1,124 @@
+"""A runtime waiting past the log's tail (wait_applied) and the player's
+shared hole clock, under a paused sequencer and a position stored past the
+sequencer's counter (found by an adversarial review of both)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from seqr_proc import SeqrProcess
+
+import pyzlog
+from pyzlog import Log, Timeout
+from pyzlog.client import reader
+from pyzlog.objects import Runtime, RuntimeClosed
+
+
+@pytest.fixture
+def seqr(ceph, tmp_path):  # type: ignore[no-untyped-def]
+    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
+    yield p
+    p.resume() if p.proc and p.proc.poll() is None else None
+    p.kill()
+
+
+def test_wait_applied_timeout_with_a_paused_sequencer(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore
+    """wait_applied(p, timeout) past the tail must give up near `timeout`,
+    also when the sequencer does not answer (paused)."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address)
+    lg = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    rt = Runtime(lg, hole_wait=0.3)
+    try:
+        m = rt.map("m")
+        m["a"] = 1
+        tail = lg.tail()
+        seqr.pause()
+        t0 = time.monotonic()
+        with pytest.raises(Timeout):
+            rt.wait_applied(tail + 5, timeout=0.3)
+        took = time.monotonic() - t0
+        seqr.resume()
+        assert took < 1.0, f"wait_applied(timeout=0.3) took {took:.2f}s"
+    finally:
+        seqr.resume()
+        rt.close()
+        lg.close()
+        log.close()
+
+
+def test_close_during_wait_applied_with_a_paused_sequencer(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address)
+    lg = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    rt = Runtime(lg, hole_wait=0.3)
+    got: list[Any] = []
+    try:
+        m = rt.map("m")
+        m["a"] = 1
+        tail = lg.tail()
+        seqr.pause()
+
+        def waiter() -> None:
+            t = time.monotonic()
+            try:
+                rt.wait_applied(tail + 5)
+            except BaseException as e:  # noqa: BLE001
+                got.append((e, time.monotonic()))
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        rt.close()
+        th.join(30)
+        seqr.resume()
+        assert got and isinstance(got[0][0], RuntimeClosed)
+        took = got[0][1] - t0
+        assert took < 1.0, f"wait_applied noticed close() after {took:.2f}s"
+    finally:
+        seqr.resume()
+        rt.close()
+        lg.close()
+        log.close()
+
+
+def test_shared_clock_fills_a_fresh_position_below_a_future_fill(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore
+    """A stored position above the sequencer's counter (Log.fill of a future
+    position) is taken as "every position below was handed out, since now".
+    The player keeps that in its shared clock: a position the sequencer hands
+    out much later is filled as LOST at once, its writer given no hole_wait."""
+    HW = 1.0
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address)
+    raw = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    lg = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    rt = Runtime(lg, hole_wait=HW)
+    waits: list[tuple[int, float]] = []
+    try:
+        m = rt.map("m")
+        m["a"] = 1
+        tail = raw.tail()
+        raw.fill(tail + 50)  # a future position filled (a confused admin, or a tool writing ahead)
+        p1 = raw.take_positions(1)  # handed out, never written
+        rt.wait_applied(p1 + 1, timeout=30)  # plays p1 as a hole: asks highest (tail+50): kept
+        assert [r.kind for r in raw.stream(p1, p1 + 1)] == [pyzlog.RecordKind.LOST]
+        time.sleep(HW + 0.5)
+        p2 = raw.take_positions(1)  # handed out now; its writer writes 0.3 s later
+        assert p2 == p1 + 1
+        t0 = time.monotonic()
+        th = threading.Thread(target=lambda: rt.wait_applied(p2 + 1, timeout=30))
+        th.start()
+        time.sleep(0.3)
+        try:
+            raw.write(p2, b"late but within hole_wait")
+            wrote = True
+        except pyzlog.Filled:
+            wrote = False
+        th.join(30)
+        took = time.monotonic() - t0
+        assert wrote, f"position {p2} handed out {took:.2f}s ago was filled before hole_wait={HW}s"
+    finally:
+        rt.close()
+        lg.close()
+        raw.close()
+        log.close()
