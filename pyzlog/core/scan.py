@@ -15,12 +15,15 @@ fake queue and windows made by RangeWindow.parse.
 from __future__ import annotations
 
 import errno
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import wire
+from .cluster import on_shutdown
 from .errors import InvalidRequest, Timeout, ZlogError
 from .layout import first_in_stride
 
@@ -124,7 +127,7 @@ class RangeWindow:
         b = lib.dp_window_batch(self._w)
         if b == ffi.NULL:
             raise MemoryError("dp_window_batch")
-        return _record_batch(ffi.gc(b, lib.dp_batch_free), signed)
+        return _record_batch(b, signed)
 
     def __repr__(self) -> str:
         return f"<RangeWindow [{self.first}, {self.next}) {self.count} entries, trim_below {self.trim_below}>"
@@ -152,13 +155,53 @@ def batch_schema(signed: bool = False) -> pa.Schema:
 
 
 _kind_dictionary: Any = None
+#: dp_batches no Arrow buffer holds any more, freed when the next batch is made
+_unfreed: deque[Any] = deque()
+
+
+class _BatchMemory:
+    """What the Arrow buffers over a dp_batch hold: its memory, given back
+    when the last of them goes. Arrow lets go of it in C++ destructors (a
+    RecordBatch dropped on any thread), and freeing it there through cffi
+    releases the GIL: a daemon thread that takes the GIL back while the
+    interpreter finalizes exits through those noexcept C++ frames, and the
+    process aborts at exit (std::terminate). So on a daemon thread the
+    batch is only put on a list, freed from plain Python when the next
+    batch is made, a scan closes or the connection shuts down; other
+    threads (finished before finalizing starts) free it at once."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __del__(self) -> None:
+        if threading.current_thread().daemon:
+            _unfreed.append(self.batch)
+        else:
+            lib.dp_batch_free(self.batch)
+
+
+def _free_unheld(*_cluster: Any) -> None:
+    while True:
+        try:
+            b = _unfreed.popleft()
+        except IndexError:
+            return
+        lib.dp_batch_free(b)
+
+
+on_shutdown.append(_free_unheld)
 
 
 def _record_batch(b: Any, signed: bool) -> pa.RecordBatch:
     """Arrow arrays over a dp_batch's columns, without copying; the buffers
-    keep `b` (and so its memory) alive."""
+    keep its memory alive (_BatchMemory)."""
     import pyarrow as pa
 
+    if _unfreed:
+        _free_unheld()
+    held = _BatchMemory(b)
     global _kind_dictionary
     if _kind_dictionary is None:
         _kind_dictionary = pa.array(KIND_NAMES, pa.string())
@@ -170,14 +213,14 @@ def _record_batch(b: Any, signed: bool) -> pa.RecordBatch:
 
     schema = batch_schema(signed)
     num = schema.field("position").type
-    positions = pa.Array.from_buffers(num, n, [None, foreign(addr(b.positions), 8 * n, base=b)])
-    epochs = pa.Array.from_buffers(num, n, [None, foreign(addr(b.epochs), 8 * n, base=b)])
-    codes = pa.Array.from_buffers(pa.int8(), n, [None, foreign(addr(b.kinds), n, base=b)])
+    positions = pa.Array.from_buffers(num, n, [None, foreign(addr(b.positions), 8 * n, base=held)])
+    epochs = pa.Array.from_buffers(num, n, [None, foreign(addr(b.epochs), 8 * n, base=held)])
+    codes = pa.Array.from_buffers(pa.int8(), n, [None, foreign(addr(b.kinds), n, base=held)])
     kinds = pa.DictionaryArray.from_arrays(codes, _kind_dictionary)
     data = pa.Array.from_buffers(pa.binary(), n, [
-        foreign(addr(b.validity), (n + 7) // 8, base=b),
-        foreign(addr(b.offsets), 4 * (n + 1), base=b),
-        foreign(addr(b.data), int(b.data_len), base=b),
+        foreign(addr(b.validity), (n + 7) // 8, base=held),
+        foreign(addr(b.offsets), 4 * (n + 1), base=held),
+        foreign(addr(b.data), int(b.data_len), base=held),
     ], null_count=int(b.null_count))
     return pa.RecordBatch.from_arrays([positions, data, kinds, epochs], schema=schema)
 
@@ -221,7 +264,6 @@ def build_batch(windows: Sequence[RangeWindow | None], start: int, end: int, *, 
     b = lib.dp_build(arr, width, start, end, step, max_rows, max_bytes)
     if b == ffi.NULL:
         raise MemoryError("dp_build") if width and step else ValueError("width and step must be positive")
-    b = ffi.gc(b, lib.dp_batch_free)
     return Built(_record_batch(b, signed), int(b.stop), int(b.stop_position), int(b.stop_object))
 
 
@@ -523,3 +565,4 @@ class ViewScan:
 
     def close(self) -> None:
         self.queue.close()
+        _free_unheld()  # what this scan's batches held, once their readers let go
