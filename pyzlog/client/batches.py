@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from functools import partial
+from itertools import repeat
 from operator import length_hint
 from typing import Any, NamedTuple
 
@@ -392,10 +393,22 @@ class RecordBatch:
         first, last = (positions[0].as_py(), positions[n - 1].as_py()) if n else (0, -2)
         # a batch's positions rise; n of them from first to first + n - 1 are all of them
         pos: Any = range(first, last + 1) if last - first == n - 1 else positions.to_pylist()
-        kinds = map(self._kinds.__getitem__, b.column(2).indices.to_pylist())
-        datas = b.column(1).to_pylist()
+        data_col = b.column(1)
+        # the common batch: all data, one epoch; then no Python object per row for either
+        kinds: Any = (repeat(self._kinds[0]) if not data_col.null_count
+                      else map(self._kinds.__getitem__, b.column(2).indices.to_pylist()))
+        epochs: Any = b.column(3)
+        one_epoch = None
+        if n >= 64:
+            import pyarrow.compute as pc
+
+            bounds = pc.min_max(epochs)
+            if bounds["min"].as_py() == bounds["max"].as_py():
+                one_epoch = bounds["min"].as_py()
+        epochs = epochs.to_pylist() if one_epoch is None else repeat(one_epoch)
+        datas = data_col.to_pylist()
         positions_left = iter(pos)
-        pending = map(self._record, zip(positions_left, kinds, datas, b.column(3).to_pylist()))
+        pending = map(self._record, zip(positions_left, kinds, datas, epochs))
         with self._lock:
             self._size, self._datas, self._positions, self.pending = n, datas, positions_left, pending
             self._counted = 0
