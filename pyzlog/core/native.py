@@ -368,7 +368,11 @@ class Queue:
     def submit(self, pool: Pool, oid: str | bytes, op: Op | int, tag: int, **fields: Any) -> None:
         """One cls_zlog call; its result comes back from wait() under `tag`."""
         req, _keep = request(op, **fields)
-        ret = lib.dp_submit(self.handle, pool.handle, _b(oid), op, req, tag)
+        _gate.enter()  # an async submit on a thread still running at exit must not meet its queue freed
+        try:
+            ret = lib.dp_submit(self.handle, pool.handle, _b(oid), op, req, tag)
+        finally:
+            _gate.leave()
         if ret < 0:
             raise self.conn.error(ret, f"{Op(op).name.lower()} on {oid!r}", pool=pool, oid=oid)
 
@@ -383,8 +387,12 @@ class Queue:
         step = lib.DP_MAX_CALLS_PER_OP
         for i in range(0, n, step):
             chunk = slice(i, i + step)
-            ret = lib.dp_read_many(self.handle, pool.handle, _b(oid), epoch, format, list(positions[chunk]),
-                                   list(tags[chunk]), min(step, n - i))
+            _gate.enter()
+            try:
+                ret = lib.dp_read_many(self.handle, pool.handle, _b(oid), epoch, format, list(positions[chunk]),
+                                       list(tags[chunk]), min(step, n - i))
+            finally:
+                _gate.leave()
             if ret < 0:
                 raise self.conn.error(ret, f"read of {n} positions on {oid!r}", pool=pool, oid=oid)
 

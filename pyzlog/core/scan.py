@@ -15,8 +15,8 @@ fake queue and windows made by RangeWindow.parse.
 from __future__ import annotations
 
 import errno
-import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -155,39 +155,40 @@ def batch_schema(signed: bool = False) -> pa.Schema:
 
 
 _kind_dictionary: Any = None
-#: dp_batches no Arrow buffer holds any more, freed when the next batch is made
-_unfreed: deque[Any] = deque()
+#: the dp_batch behind each live _BatchMemory, by the id of its weak reference
+_batches: dict[int, tuple[Any, Any]] = {}
+#: weak references to _BatchMemory objects gone: their batches are freed by _free_unheld
+_gone: deque[Any] = deque()
 
 
 class _BatchMemory:
-    """What the Arrow buffers over a dp_batch hold: its memory, given back
-    when the last of them goes. Arrow lets go of it in C++ destructors (a
-    RecordBatch dropped on any thread), and freeing it there through cffi
-    releases the GIL: a daemon thread that takes the GIL back while the
-    interpreter finalizes exits through those noexcept C++ frames, and the
-    process aborts at exit (std::terminate). So on a daemon thread the
-    batch is only put on a list, freed from plain Python when the next
-    batch is made, a scan closes or the connection shuts down; other
-    threads (finished before finalizing starts) free it at once."""
+    """What the Arrow buffers over a dp_batch hold; its memory is given back
+    after the last of them goes. Arrow lets go of it in C++ destructors (a
+    RecordBatch dropped on any thread). No Python code may run there: a
+    daemon thread that gives up the GIL inside those noexcept frames while
+    the interpreter finalizes exits through them, and the process aborts
+    (std::terminate). So this object has no __del__; a weak reference's
+    callback, a deque's append (C, no bytecode), records that it is gone,
+    and the batch is freed from plain Python: when the next batch is made,
+    a scan closes or the connection shuts down."""
 
-    __slots__ = ("batch",)
+    __slots__ = ("__weakref__",)
 
-    def __init__(self, batch: Any) -> None:
-        self.batch = batch
 
-    def __del__(self) -> None:
-        if threading.current_thread().daemon:
-            _unfreed.append(self.batch)
-        else:
-            lib.dp_batch_free(self.batch)
+def _hold(b: Any) -> _BatchMemory:
+    held = _BatchMemory()
+    ref = weakref.ref(held, _gone.append)
+    _batches[id(ref)] = (ref, b)
+    return held
 
 
 def _free_unheld(*_cluster: Any) -> None:
     while True:
         try:
-            b = _unfreed.popleft()
+            ref = _gone.popleft()
         except IndexError:
             return
+        _, b = _batches.pop(id(ref))
         lib.dp_batch_free(b)
 
 
@@ -199,9 +200,9 @@ def _record_batch(b: Any, signed: bool) -> pa.RecordBatch:
     keep its memory alive (_BatchMemory)."""
     import pyarrow as pa
 
-    if _unfreed:
+    if _gone:
         _free_unheld()
-    held = _BatchMemory(b)
+    held = _hold(b)
     global _kind_dictionary
     if _kind_dictionary is None:
         _kind_dictionary = pa.array(KIND_NAMES, pa.string())

@@ -167,7 +167,7 @@ class Runtime:
         self._wants: Tally[int] = Tally()
         self._tail_poll = TAIL_POLL_FIRST  # seconds between tail polls while someone wants more
         self._next_tail_poll = 0.0
-        self._next_poll = 0.0  # follow's next poll
+        self._poller: threading.Thread | None = None  # asks the tail for them (_poll_tail)
         self._own: dict[int, bytes] = {}  # acknowledged own appends not yet played
         self._in_flight = 0  # own appends submitted, not yet acknowledged or failed (under _cv)
         self._grace_pos, self._grace_end = -1, 0.0
@@ -638,8 +638,8 @@ class Runtime:
         positions: it waits hole_wait for an unwritten one and then fills it
         as LOST, which for a position nobody holds yet would burn it (and
         every position up to `position`) before its writer comes. Past them,
-        the player asks the log's tail (_run), so this thread only waits: its
-        timeout and close() reach it at once."""
+        a thread of the runtime asks the log's tail (_poll_tail), so this
+        thread only waits: its timeout and close() reach it at once."""
         self.start()
         self._not_on_player("wait for the log to be played")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -653,6 +653,9 @@ class Runtime:
                 self._wants[position] += 1
                 self._tail_poll = TAIL_POLL_FIRST
                 self._next_tail_poll = 0.0
+                if self._poller is None:
+                    self._poller = threading.Thread(target=self._poll_tail, name="zlog-objects-tail", daemon=True)
+                    self._poller.start()
                 self._cv.notify_all()
         try:
             if self.applied < reach:
@@ -673,15 +676,40 @@ class Runtime:
                     if not self._wants[position]:
                         del self._wants[position]
 
-    def _tail_poll_due(self) -> float | None:
-        """Under _cv: seconds until the player asks the log's tail again
-        (follow, or a wait_applied past it), or None if nobody needs it."""
-        due = []
-        if self.follow is not None:
-            due.append(self._next_poll)
-        if max(self._wants, default=0) > max(self._target, self.applied):
-            due.append(self._next_tail_poll)
-        return max(0.0, min(due) - time.monotonic()) if due else None
+    def _wants_more(self) -> bool:
+        """Under _cv: some wait_applied waits past every position known handed out."""
+        return max(self._wants, default=0) > max(self._target, self.applied)
+
+    def _poll_tail(self) -> None:
+        """The tail poller's thread, while wait_applied callers wait past the
+        tail: asks the log's tail (every TAIL_POLL_FIRST s, doubling up to
+        TAIL_POLL_MAX) and moves the player's target to it. A thread of its
+        own: the request can take a sequencer's whole timeout, which must
+        hold up neither the player (own entries to play) nor close()."""
+        while True:
+            with self._cv:
+                while True:
+                    if self._closing or self._failed is not None:
+                        self._poller = None
+                        return
+                    if not self._wants_more():
+                        self._cv.wait()
+                        continue
+                    left = self._next_tail_poll - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+                self._next_tail_poll = time.monotonic() + self._tail_poll
+                self._tail_poll = min(self._tail_poll * 2, TAIL_POLL_MAX)
+            try:
+                tail = self.log.tail()
+            except ZlogError as e:  # an outage: asked again at the next poll; the waiters' timeouts tell
+                logger.debug("log %r: asking the tail for wait_applied: %s", self.log.name, e)
+                continue
+            with self._cv:
+                if tail > self._target:
+                    self._target = tail
+                    self._cv.notify_all()
 
     # ---------------------------------------------------------- transactions
     def current_transaction(self) -> Transaction | None:
@@ -735,6 +763,7 @@ class Runtime:
     # ------------------------------------------------------------- playing
     def _run(self) -> None:
         backoff = 0.0
+        next_poll = 0.0
         while True:
             with self._cv:
                 while True:
@@ -746,19 +775,17 @@ class Runtime:
                             break
                         self._cv.wait(left)
                         continue
-                    due = self._tail_poll_due()
-                    if due is not None and due <= 0:
-                        break
-                    self._cv.wait(due)
+                    if self.follow is not None:
+                        wait = next_poll - time.monotonic()
+                        if wait <= 0:
+                            break
+                        self._cv.wait(wait)
+                    else:
+                        self._cv.wait()
                 target = self._target
             try:
-                if target <= self.applied:  # a tail poll: follow, or a wait_applied past the tail
-                    now = time.monotonic()
-                    if self.follow is not None:
-                        self._next_poll = now + self.follow
-                    with self._cv:
-                        self._next_tail_poll = now + self._tail_poll
-                        self._tail_poll = min(self._tail_poll * 2, TAIL_POLL_MAX)
+                if target <= self.applied:  # a follow poll
+                    next_poll = time.monotonic() + (self.follow or 0.0)
                     tail = self.log.tail()
                     with self._cv:
                         self._target = target = max(self._target, tail)
