@@ -36,10 +36,25 @@ def cdef_of(header: str) -> str:
     return "\n".join(out)
 
 
+#: A dp_batch owned by a PyCapsule (pyzlog.core.scan): Arrow drops the
+#: capsule in a noexcept C++ destructor, on any thread, and its destructor
+#: frees the batch right there without giving up the GIL or running Python
+#: code (either could let a daemon thread exit through those frames at
+#: interpreter exit: std::terminate).
+CAPSULE_SOURCE = """
+static void dp_batch_capsule_free(PyObject *capsule) {
+  dp_batch *b = (dp_batch *)PyCapsule_GetPointer(capsule, NULL);
+  if (b != NULL) dp_batch_free(b); else PyErr_Clear();
+}
+static void *dp_batch_capsule_destructor(void) { return (void *)dp_batch_capsule_free; }
+"""
+
+
 def make_ffi() -> cffi.FFI:
     ffi = cffi.FFI()
     ffi.cdef(cdef_of((HERE / "dataplane.h").read_text()))
-    ffi.set_source("pyzlog._dataplane", '#include "dataplane.h"\n')
+    ffi.cdef("void *dp_batch_capsule_destructor(void);")
+    ffi.set_source("pyzlog._dataplane", '#include "dataplane.h"\n' + CAPSULE_SOURCE)
     return ffi
 
 

@@ -540,7 +540,13 @@ class Connection:
             return self._pools[key]
 
     def queue(self, max_results: int = WAIT_BATCH) -> Queue:
-        return Queue(self, max_results)
+        """A queue of this connection's; ClusterUnavailable once it is closed
+        (a queue made after close would use, then free again, the freed
+        connection: a stream started by a thread still running at exit)."""
+        with self._lock:
+            if self.closed:
+                raise ClusterUnavailable("the data plane connection is closed", errno=errno.ENOTCONN)
+            return Queue(self, max_results)
 
     # ---------------------------------------------------------------- errors
     def error(self, code: int, what: str, *, pool: Pool | None = None, oid: str | bytes | None = None,
@@ -565,8 +571,10 @@ class Connection:
     def _waiter(self) -> Iterator[Queue]:
         with self._lock:
             q = self._idle_queues.pop() if self._idle_queues else None
-        if q is None:
-            q = Queue(self, 64)
+            if q is None:
+                if self.closed:
+                    raise ClusterUnavailable("the data plane connection is closed", errno=errno.ENOTCONN)
+                q = Queue(self, 64)
         clean = False
         try:
             yield q

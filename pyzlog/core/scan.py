@@ -14,16 +14,14 @@ fake queue and windows made by RangeWindow.parse.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import time
-import weakref
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import wire
-from .cluster import on_shutdown
 from .errors import InvalidRequest, Timeout, ZlogError
 from .layout import first_in_stride
 
@@ -155,53 +153,27 @@ def batch_schema(signed: bool = False) -> pa.Schema:
 
 
 _kind_dictionary: Any = None
-#: the dp_batch behind each live _BatchMemory, by the id of its weak reference
-_batches: dict[int, tuple[Any, Any]] = {}
-#: weak references to _BatchMemory objects gone: their batches are freed by _free_unheld
-_gone: deque[Any] = deque()
+# A dp_batch is owned by a PyCapsule whose C destructor frees it (native/
+# build_dataplane.py): Arrow lets go of the owner in noexcept C++ destructors,
+# on any thread, and nothing there may give up the GIL or run Python code (a
+# daemon thread could exit through those frames as the interpreter finalizes:
+# std::terminate). ctypes' pythonapi calls keep the GIL.
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_CAPSULE_FREE = int(ffi.cast("uintptr_t", lib.dp_batch_capsule_destructor()))
 
 
-class _BatchMemory:
-    """What the Arrow buffers over a dp_batch hold; its memory is given back
-    after the last of them goes. Arrow lets go of it in C++ destructors (a
-    RecordBatch dropped on any thread). No Python code may run there: a
-    daemon thread that gives up the GIL inside those noexcept frames while
-    the interpreter finalizes exits through them, and the process aborts
-    (std::terminate). So this object has no __del__; a weak reference's
-    callback, a deque's append (C, no bytecode), records that it is gone,
-    and the batch is freed from plain Python: when the next batch is made,
-    a scan closes or the connection shuts down."""
-
-    __slots__ = ("__weakref__",)
-
-
-def _hold(b: Any) -> _BatchMemory:
-    held = _BatchMemory()
-    ref = weakref.ref(held, _gone.append)
-    _batches[id(ref)] = (ref, b)
-    return held
-
-
-def _free_unheld(*_cluster: Any) -> None:
-    while True:
-        try:
-            ref = _gone.popleft()
-        except IndexError:
-            return
-        _, b = _batches.pop(id(ref))
-        lib.dp_batch_free(b)
-
-
-on_shutdown.append(_free_unheld)
+def _hold(b: Any) -> Any:
+    """The owner of dp_batch `b`: freed when the owner goes."""
+    return _capsule_new(int(ffi.cast("uintptr_t", b)), None, _CAPSULE_FREE)
 
 
 def _record_batch(b: Any, signed: bool) -> pa.RecordBatch:
     """Arrow arrays over a dp_batch's columns, without copying; the buffers
-    keep its memory alive (_BatchMemory)."""
+    keep its memory alive (_hold)."""
     import pyarrow as pa
 
-    if _gone:
-        _free_unheld()
     held = _hold(b)
     global _kind_dictionary
     if _kind_dictionary is None:
@@ -566,4 +538,3 @@ class ViewScan:
 
     def close(self) -> None:
         self.queue.close()
-        _free_unheld()  # what this scan's batches held, once their readers let go

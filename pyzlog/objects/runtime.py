@@ -706,6 +706,12 @@ class Runtime:
             except ZlogError as e:  # an outage: asked again at the next poll; the waiters' timeouts tell
                 logger.debug("log %r: asking the tail for wait_applied: %s", self.log.name, e)
                 continue
+            except BaseException as e:  # noqa: BLE001 - a bug: told to every waiter, as the player's are
+                logger.exception("log %r: asking the tail for wait_applied failed", self.log.name)
+                with self._cv:
+                    self._poller = None
+                self._fail(e)
+                return
             with self._cv:
                 if tail > self._target:
                     self._target = tail
