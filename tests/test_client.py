@@ -398,6 +398,33 @@ print("survived")
     assert out.returncode == 0 and out.stdout.strip() == "survived", (out.returncode, out.stderr[-2000:])
 
 
+def test_a_stream_started_after_shutdown_is_refused(ceph, log_name, seqr, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A thread that starts a stream after its connection shut down (as at
+    exit) gets ClusterUnavailable: it made a queue on the freed data-plane
+    connection, and releasing that queue freed it again (abort: double free)."""
+    import subprocess
+    import sys
+    Log.create(c := pyzlog.connect(ceph.conf), ceph.pool, log_name, sequencer=seqr.address).append(b"x")
+    c.shutdown()
+    script = tmp_path / "after_shutdown.py"
+    script.write_text(f"""
+import pyzlog
+cl = pyzlog.connect({ceph.conf!r})
+lg = pyzlog.Log.open(cl, {ceph.pool!r}, {log_name!r})
+assert sum(b.num_rows for b in lg.stream_batches(0, 1)) == 1
+cl.shutdown()
+for _ in range(3):
+    try:
+        list(lg.stream_batches(0, 1))
+    except pyzlog.ClusterUnavailable as e:
+        print("refused:", e)
+""")
+    out = subprocess.run([sys.executable, "-P", "-X", "faulthandler", str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-3000:])
+    assert out.stdout.count("refused: the data plane connection is closed") == 3, out.stdout
+
+
 def test_exit_is_clean_while_daemon_threads_drop_batches(tmp_path: Path) -> None:
     """Daemon threads build and drop zero-copy Arrow batches while the
     program exits. Arrow lets go of a batch's memory in a noexcept C++

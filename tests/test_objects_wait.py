@@ -122,3 +122,32 @@ def test_shared_clock_fills_a_fresh_position_below_a_future_fill(rados_cluster, 
         lg.close()
         raw.close()
         log.close()
+
+
+def test_a_tail_poll_that_fails_with_a_bug_stops_the_runtime_for_every_waiter(  # type: ignore[no-untyped-def]
+        rados_cluster, ceph, log_name, seqr, monkeypatch) -> None:
+    """A waiter past the tail whose poll meets an error that is not the
+    cluster's (a bug) gets RuntimeFailed, as a player's bug is told, and so
+    does the next waiter: before, the poller thread died and later waits
+    past the tail timed out (or, without a timeout, hung)."""
+    from pyzlog.objects import RuntimeFailed
+
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address)
+    lg = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    rt = Runtime(lg, hole_wait=0.3)
+    try:
+        rt.map("m")["a"] = 1
+        tail = lg.tail()
+
+        def broken_tail() -> int:
+            raise OSError("a bug")
+
+        monkeypatch.setattr(lg, "tail", broken_tail)
+        with pytest.raises(RuntimeFailed, match="a bug"):
+            rt.wait_applied(tail + 5, timeout=60)
+        with pytest.raises(RuntimeFailed, match="a bug"):
+            rt.wait_applied(tail + 6, timeout=60)
+    finally:
+        rt.close()
+        lg.close()
+        log.close()
