@@ -368,11 +368,8 @@ class Queue:
     def submit(self, pool: Pool, oid: str | bytes, op: Op | int, tag: int, **fields: Any) -> None:
         """One cls_zlog call; its result comes back from wait() under `tag`."""
         req, _keep = request(op, **fields)
-        _gate.enter()  # an async submit on a thread still running at exit must not meet its queue freed
-        try:
+        with native_call():  # an async submit on a thread still running at exit must not meet its queue freed
             ret = lib.dp_submit(self.handle, pool.handle, _b(oid), op, req, tag)
-        finally:
-            _gate.leave()
         if ret < 0:
             raise self.conn.error(ret, f"{Op(op).name.lower()} on {oid!r}", pool=pool, oid=oid)
 
@@ -387,12 +384,9 @@ class Queue:
         step = lib.DP_MAX_CALLS_PER_OP
         for i in range(0, n, step):
             chunk = slice(i, i + step)
-            _gate.enter()
-            try:
+            with native_call():
                 ret = lib.dp_read_many(self.handle, pool.handle, _b(oid), epoch, format, list(positions[chunk]),
                                        list(tags[chunk]), min(step, n - i))
-            finally:
-                _gate.leave()
             if ret < 0:
                 raise self.conn.error(ret, f"read of {n} positions on {oid!r}", pool=pool, oid=oid)
 
@@ -540,13 +534,16 @@ class Connection:
             return self._pools[key]
 
     def queue(self, max_results: int = WAIT_BATCH) -> Queue:
-        """A queue of this connection's; ClusterUnavailable once it is closed
-        (a queue made after close would use, then free again, the freed
-        connection: a stream started by a thread still running at exit)."""
         with self._lock:
-            if self.closed:
-                raise ClusterUnavailable("the data plane connection is closed", errno=errno.ENOTCONN)
-            return Queue(self, max_results)
+            return self._new_queue_locked(max_results)
+
+    def _new_queue_locked(self, max_results: int = WAIT_BATCH) -> Queue:
+        """Under _lock: a new queue; ClusterUnavailable once the connection is
+        closed (a queue made after close would use, then free again, the freed
+        connection: a stream started by a thread still running at exit)."""
+        if self.closed:
+            raise ClusterUnavailable("the data plane connection is closed", errno=errno.ENOTCONN)
+        return Queue(self, max_results)
 
     # ---------------------------------------------------------------- errors
     def error(self, code: int, what: str, *, pool: Pool | None = None, oid: str | bytes | None = None,
@@ -572,9 +569,7 @@ class Connection:
         with self._lock:
             q = self._idle_queues.pop() if self._idle_queues else None
             if q is None:
-                if self.closed:
-                    raise ClusterUnavailable("the data plane connection is closed", errno=errno.ENOTCONN)
-                q = Queue(self, 64)
+                q = self._new_queue_locked(64)
         clean = False
         try:
             yield q
@@ -688,9 +683,7 @@ class Connection:
         if q is None:
             with self._lock:
                 if self._async is None:
-                    if self.closed:
-                        raise ClusterUnavailable("the data plane connection is closed", errno=errno.ENOTCONN)
-                    q = Queue(self)
+                    q = self._new_queue_locked()
                     lib.dp_queue_hold(q.handle, 1)
                     self._async = q
                     self._thread = threading.Thread(target=self._complete, name="pyzlog-complete", daemon=True)
