@@ -272,6 +272,11 @@ class _Gate:
             if self._closed and not self._calls:
                 self._idle.set()
 
+    __enter__ = enter
+
+    def __exit__(self, *_exc: object) -> None:
+        self.leave()
+
     def close(self, timeout: float) -> None:
         with self._lock:
             self._closed = True
@@ -284,18 +289,14 @@ _gate = _Gate()
 _exit_hooks: list[Callable[[], None]] = []
 
 
-@contextmanager
-def native_call() -> Iterator[None]:
-    """Around a native call that releases the GIL (a connection opening, a
-    sequencer request): refused once the interpreter exits, waited for
-    otherwise. A thread still inside one when the interpreter finalizes is
-    ended as it takes the GIL back, and unwinding C++ frames that way aborts
-    the process."""
-    _gate.enter()
-    try:
-        yield
-    finally:
-        _gate.leave()
+def native_call() -> _Gate:
+    """`with native_call():` around a native call that releases the GIL (a
+    connection opening, a sequencer request, any data plane call): refused
+    once the interpreter exits, waited for otherwise. A thread still inside
+    one when the interpreter finalizes is ended as it takes the GIL back, and
+    unwinding C++ frames that way aborts the process. The gate itself, not a
+    generator: the sync calls pass here on their hot path."""
+    return _gate
 
 
 def on_exit(hook: Callable[[], None]) -> None:
@@ -587,8 +588,7 @@ class Connection:
         does not answer within its op timeout (and some)."""
         if not items:
             return []
-        _gate.enter()
-        try:
+        with native_call():
             with self._waiter() as q:
                 results: list[tuple[int, Any] | None] = [None] * len(items)
                 tags = [next(q.tags) for _ in items]
@@ -609,16 +609,13 @@ class Connection:
                         raise Timeout(f"{len(items)} calls: no answer from the cluster within {deadline:.0f}s",
                                       errno=errno.ETIMEDOUT)
                 return results  # type: ignore[return-value]
-        finally:
-            _gate.leave()
 
     def call_raw(self, pool: Pool, oid: str | bytes, op: Op | int, **fields: Any) -> tuple[int, Any]:
         """One call, waited for in this thread with librados' blocking op:
         (0 or -errno, value)."""
         if fields.keys() <= _POSITION_FIELDS:
             return self.call_pos(pool, oid, op, **fields)
-        _gate.enter()
-        try:
+        with native_call():
             req, _keep = request(op, **fields)
             r = ffi.new("dp_result *")
             code = lib.dp_call(self.handle, pool.handle, _b(oid), op, req, r)
@@ -631,16 +628,13 @@ class Connection:
                 return 0, value
             finally:
                 lib.dp_result_release(r)
-        finally:
-            _gate.leave()
 
     def call_pos(self, pool: Pool, oid: str | bytes, op: Op | int, epoch: int = 0, position: int = 0,
                  data: bytes = b"", reason: int = 0, format: int = wire.FORMAT_OMAP) -> tuple[int, Any]:
         """call_raw of an op whose fields are at most an epoch, a position,
         data, a fill reason and the object's format: the sync calls a log
         makes most, with the least Python between the caller and librados."""
-        _gate.enter()
-        try:
+        with native_call():
             r = ffi.new("dp_result *")
             code = lib.dp_call_pos(self.handle, pool.handle, _b(oid), op, epoch, position, data, len(data), reason,
                                    format, r)
@@ -648,8 +642,6 @@ class Connection:
                 return (code, None) if code else (0, _value(r))
             finally:
                 lib.dp_result_release(r)
-        finally:
-            _gate.leave()
 
     def call(self, pool: Pool, oid: str | bytes, op: Op | int, *, what: str | None = None,
              position: int | None = None, **fields: Any) -> Any:
@@ -663,8 +655,7 @@ class Connection:
     def exec(self, pool: Pool, oid: str | bytes, method: str, payload: bytes = b"", *, write: bool = False,
              cls: str = wire.CLASS) -> tuple[int, bytes]:
         """Any class method with raw bytes, waited for (tests, probes): (code, reply)."""
-        _gate.enter()
-        try:
+        with native_call():
             with self._waiter() as q:
                 tag = next(q.tags)
                 q.exec(pool, oid, method, payload, tag, write=write, cls=cls)
@@ -674,8 +665,6 @@ class Connection:
                         if t == tag:
                             return code, value or b""
                 raise Timeout(f"{method} on {oid!r}: no answer from the cluster", errno=errno.ETIMEDOUT)
-        finally:
-            _gate.leave()
 
     # ----------------------------------------------------------- async calls
     def _completions(self) -> Queue:
