@@ -427,6 +427,42 @@ def test_closed_connection_refuses_reads(ceph) -> None:  # type: ignore[no-untyp
     finally:
         cluster.shutdown()
 
+class _CloseOnNextAcquire:
+    """The connection's lock, except that the next acquire once armed lets
+    another thread run close() to the end first: a close that lands between
+    a lent queue's last call and its return to the idle list."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn, self.lock, self.armed = conn, conn._lock, False  # noqa: SLF001
+
+    def __enter__(self) -> None:
+        if self.armed:
+            self.armed = False
+            closer = threading.Thread(target=self.conn.close)
+            closer.start()
+            closer.join(60)
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_queue_handed_back_as_the_connection_closes_is_closed(ceph) -> None:  # type: ignore[no-untyped-def]
+    cluster = pyzlog.connect(ceph.conf)
+    try:
+        native = Connection.of(cluster)
+        lock = _CloseOnNextAcquire(native)
+        native._lock = lock  # type: ignore[assignment]  # noqa: SLF001
+        with native._waiter() as q:  # noqa: SLF001
+            assert q.pending == 0
+            lock.armed = True
+        assert native.closed
+        assert q._q is None, "a queue given back after close() swapped the idle list out was never closed"  # noqa: SLF001
+        assert not native._idle_queues  # noqa: SLF001
+    finally:
+        cluster.shutdown()
+
+
 
 # ------------------------------------------------------- faults and lifetime
 def _run(script: str, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -576,10 +576,13 @@ class Connection:
             yield q
             clean = q.pending == 0
         finally:
-            if clean and not self.closed:
-                with self._lock:
-                    self._idle_queues.append(q)
-            else:
+            kept = False
+            if clean:
+                with self._lock:  # closed is read under the lock: close() swaps the idle list under it
+                    if not self.closed:
+                        self._idle_queues.append(q)
+                        kept = True
+            if not kept:
                 q.close()  # calls left in flight free themselves with it
 
     def calls(self, items: Sequence[tuple[Pool, str | bytes, Op | int, dict[str, Any]]]) -> list[tuple[int, Any]]:
