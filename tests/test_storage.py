@@ -138,6 +138,26 @@ def test_a_handle_opened_before_later_stripes_sees_their_positions(rados_cluster
         early.close()
 
 
+def test_a_batch_makes_the_objects_of_a_stripe_opened_by_a_writer_that_died(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
+    """A writer died between opening stripes and making their objects: a
+    batch over those stripes meets every one of its objects missing, makes
+    them, and stores each entry at the position it took."""
+    lg = small(rados_cluster, ceph, log_name, width=3)
+    lg.append_many([b"x"] * 5)  # stripe 0 made
+    epoch = lg.refresh().epoch
+    for stripe in (1, 2):  # what the dead writer did: opened, never made
+        assert lg.state.meta_store.open_stripe(epoch, stripe) == 0
+    view = lg.refresh().views[-1]
+    assert view.stripes == 3
+    later = [p.oid for s in (1, 2) for p in stripe_places(lg.name, view, s)]
+    assert sizes(rados_cluster, ceph, later) == {}
+    entries = [b"b%d" % i for i in range(2 * 3 * SLOTS)]
+    positions = lg.append_many(entries)
+    assert positions == list(range(5, 5 + len(entries)))
+    assert set(sizes(rados_cluster, ceph, later)) == set(later)
+    assert [r.data for r in lg.stream(5)] == entries
+
+
 def test_a_stale_client_cannot_open_a_stripe(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
     """Opening is a compare-and-swap at the writer's epoch: a writer that
     missed an epoch change can neither open the next stripe nor write there."""

@@ -24,7 +24,7 @@ from enum import Enum
 from . import metrics
 from ..core import wire
 from ..core.errors import EntryTooLarge, InvalidRequest, ZlogError, error_for
-from ..core.layout import Place, oid_of, place_of
+from ..core.layout import Place, by_object, oid_of
 from ..core.native import Op
 from ..core.stripes import make
 from .positions import Positions
@@ -142,27 +142,27 @@ def _write(log: LogState, meta: wire.Meta, first: int,
     Data-format objects not made yet are made first (stripes.make), once
     for those the metadata shows unopened and again for any a write finds
     missing, which then goes again to the same position. Returns (position,
-    item, return code) for every entry."""
-    placed = [(first + k, item, place_of(log.name, meta.views, first + k)) for k, item in enumerate(todo)]
-    code = _make_unopened(log, meta, [w for _, _, w in placed])
+    item, return code) for every entry, in position order."""
+    groups = by_object(log.name, meta.views, range(first, first + len(todo)))
+    code = _make_unopened(log, meta, [where for where, _ in groups])
     if code:
-        return [(pos, item, code) for pos, item, _ in placed]
-    out = _send(log, meta.epoch, placed)
-    missing = [k for k, (_, _, ret) in enumerate(out) if ret == -errno.ENOENT]
-    if not missing:
-        return out
+        return [(first + k, item, code) for k, item in enumerate(todo)]
+    codes = _send(log, meta.epoch, first, todo, groups)
+    missing: list[tuple[Place, list[int]]] = []
+    if -errno.ENOENT in codes:
+        lost_ps = ([p for p in ps if codes[p - first] == -errno.ENOENT] for _, ps in groups)
+        missing = [(where, lost) for (where, _), lost in zip(groups, lost_ps) if lost]
     made: dict[tuple[int, int], int] = {}
-    for k in missing:
-        where = placed[k][2]
+    for where, _ in missing:
         if (where.view.epoch, where.stripe) not in made:
             made[where.view.epoch, where.stripe] = make(log, meta.epoch, where)
-    again = [k for k in missing if made[placed[k][2].view.epoch, placed[k][2].stripe] == 0]
-    for k, result in zip(again, _send(log, meta.epoch, [placed[k] for k in again])):
-        out[k] = result
-    for k in set(missing) - set(again):
-        pos, item, where = placed[k]
-        out[k] = (pos, item, made[where.view.epoch, where.stripe])
-    return out
+    again = [(where, lost) for where, lost in missing if made[where.view.epoch, where.stripe] == 0]
+    resent = _send(log, meta.epoch, first, todo, again) if again else codes
+    for where, lost in missing:
+        code = made[where.view.epoch, where.stripe]
+        for p in lost:
+            codes[p - first] = resent[p - first] if code == 0 else code
+    return [(first + k, item, codes[k]) for k, item in enumerate(todo)]
 
 
 def _make_unopened(log: LogState, meta: wire.Meta, places: list[Place]) -> int:
@@ -182,41 +182,40 @@ def _make_unopened(log: LogState, meta: wire.Meta, places: list[Place]) -> int:
     return 0
 
 
-def _send(log: LogState, epoch: int,
-          placed: list[tuple[int, tuple[int, bytes], Place]]) -> list[tuple[int, tuple[int, bytes], int]]:
+def _send(log: LogState, epoch: int, first: int, todo: list[tuple[int, bytes]],
+          groups: list[tuple[Place, list[int]]]) -> list[int]:
+    """Write the positions of `groups` (todo[p - first] at p): the return
+    code of each position of todo (0 for those not in `groups`)."""
     conn, pool = log.conn, log.data
-    if len(placed) == 1:
-        pos, item, where = placed[0]
-        code, _ = conn.call_pos(pool, where.oid, Op.WRITE, epoch, pos, item[1], 0, where.format)
-        return [(pos, item, code)]
-    by_oid: dict[str, tuple[Place, list[tuple[int, tuple[int, bytes]]]]] = {}
-    for pos, item, where in placed:
-        by_oid.setdefault(where.oid, (where, []))[1].append((pos, item))
-    calls = [(where, batch) for where, entries in by_oid.values() for batch in _batches(entries)]
-    results = conn.calls([(pool, where.oid, Op.WRITE_MANY,
-                           {"epoch": epoch, "entries": [(p, it[1]) for p, it in batch], "format": where.format})
+    codes = [0] * len(todo)
+    if len(groups) == 1 and len(groups[0][1]) == 1:
+        where, (pos,) = groups[0]
+        codes[pos - first], _ = conn.call_pos(pool, where.oid, Op.WRITE, epoch, pos, todo[pos - first][1], 0,
+                                              where.format)
+        return codes
+    calls = [(where, batch) for where, ps in groups for batch in _batches([(p, todo[p - first][1]) for p in ps])]
+    results = conn.calls([(pool, where.oid, Op.WRITE_MANY, {"epoch": epoch, "entries": batch, "format": where.format})
                           for where, batch in calls])
-    done: dict[int, tuple[int, tuple[int, bytes], int]] = {}
     for (where, batch), (code, _) in zip(calls, results):
         if code in _TAKEN_CODES:
             # write_many is all or nothing: store what can be stored one by one
-            singles = conn.calls([(pool, where.oid, Op.WRITE, {"epoch": epoch, "position": pos, "data": item[1],
+            singles = conn.calls([(pool, where.oid, Op.WRITE, {"epoch": epoch, "position": pos, "data": data,
                                                                "format": where.format})
-                                  for pos, item in batch])
-            for (pos, item), (one, _) in zip(batch, singles):
-                done[pos] = (pos, item, one)
+                                  for pos, data in batch])
+            for (pos, _), (one, _) in zip(batch, singles):
+                codes[pos - first] = one
         else:
-            for pos, item in batch:
-                done[pos] = (pos, item, code)
-    return [done[pos] for pos, _, _ in placed]
+            for pos, _ in batch:
+                codes[pos - first] = code
+    return codes
 
 
-def _batches(items: list[tuple[int, tuple[int, bytes]]]) -> list[list[tuple[int, tuple[int, bytes]]]]:
-    """Split (position, item) pairs into write_many calls within the class's limits."""
-    out: list[list[tuple[int, tuple[int, bytes]]]] = [[]]
+def _batches(items: list[tuple[int, bytes]]) -> list[list[tuple[int, bytes]]]:
+    """Split (position, stored bytes) pairs into write_many calls within the class's limits."""
+    out: list[list[tuple[int, bytes]]] = [[]]
     size = 0
     for entry in items:
-        data = entry[1][1]
+        data = entry[1]
         if out[-1] and (len(out[-1]) >= wire.MAX_BATCH_ENTRIES or size + len(data) > BATCH_BYTES):
             out.append([])
             size = 0

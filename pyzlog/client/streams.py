@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _seqr  # type: ignore[attr-defined]
 from ..core import wire
 from ..core.errors import EntryTooLarge, ZlogError
-from ..core.layout import place_of, stripe_of, stripe_span, view_of
+from ..core.layout import by_object
 from ..core.native import Op
 from .appending import store_rounds, stored_form
 from .stale import StaleWait
@@ -138,7 +138,7 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
     for _attempt in range(5):
         meta = state.meta
         views = meta.views
-        groups = _by_object(state.name, views, todo)
+        groups = by_object(state.name, views, todo)
         fallback: list[tuple[Any, list[int]]] = []
         stale = False
         with state.conn._waiter() as q:
@@ -196,30 +196,6 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
             return out
         StaleWait(state, "read")(meta.epoch)
     return out
-
-
-def _by_object(name: str, views: tuple[wire.View, ...], todo: list[int]) -> list[tuple[Any, list[int]]]:
-    """`todo` (sorted) as (place, its positions, sorted) per data object."""
-    newest = views[-1]
-    span = stripe_span(newest)
-    if todo and todo[0] >= newest.start and (not span or (todo[0] - newest.start) // span
-                                               == (todo[-1] - newest.start) // span):
-        # one stripe of the newest view (a walk's usual round): by index alone
-        width = newest.width
-        buckets: list[list[int]] = [[] for _ in range(width)]
-        for p in todo:
-            buckets[p % width].append(p)
-        return [(place_of(name, views, ps[0]), ps) for ps in buckets if ps]
-    by_key: dict[tuple[int, int, int], list[int]] = {}
-    for p in todo:  # by (view, stripe, index): one place_of per object, not per position
-        v = view_of(views, p)
-        key = (id(v), stripe_of(v, p), p % v.width)
-        got_list = by_key.get(key)
-        if got_list is None:
-            by_key[key] = [p]
-        else:
-            got_list.append(p)
-    return [(place_of(name, views, ps[0]), ps) for ps in by_key.values()]
 
 
 _KIND_CODES = {1: -errno.ENOMSG, 2: -errno.EIDRM, 3: -errno.ENOMSG}  # DP_KIND_*: filled, trimmed, lost

@@ -7,14 +7,16 @@ import errno
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pyzlog
 from pyzlog.client import reader
 from pyzlog.client.appending import Outcome, judge, stored_form
 from pyzlog.client.reader import HoleClock, check_stream_args
 from pyzlog.core import wire
-from pyzlog.core.layout import (check_name, check_position, data_oid, first_in_stride, oid_of, stride_positions,
-                                view_end, view_of)
+from pyzlog.core.layout import (by_object, check_name, check_position, data_oid, first_in_stride, oid_of, place_of,
+                                stride_positions, view_end, view_of)
 from pyzlog.core.wire import View
 
 
@@ -27,6 +29,33 @@ def test_positions_map_to_the_object_of_their_view() -> None:
     assert oid_of("lg", VIEWS, 9) == "zlog.lg.1.1" and oid_of("lg", VIEWS, 11) == "zlog.lg.3.1"
     assert oid_of("lg", VIEWS, 31) == data_oid("lg", VIEWS[2], 1)
     assert [view_end(VIEWS, v) for v in VIEWS] == [10, 30, None]
+
+
+@st.composite
+def _views(draw: Any) -> tuple[View, ...]:
+    """Views of rising start, each omap or data format (small stripes, so runs cross them)."""
+    starts = sorted(draw(st.sets(st.integers(1, 200), max_size=3)))
+    views = []
+    for epoch, start in enumerate([0, *starts], start=1):
+        data = draw(st.booleans())
+        views.append(View(epoch, start, draw(st.integers(1, 5)), wire.FORMAT_DATA if data else wire.FORMAT_OMAP,
+                          slots=draw(st.integers(1, 6)) if data else 0))
+    return tuple(views)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_views(), st.integers(0, 250), st.integers(0, 40), st.lists(st.integers(0, 300), max_size=30))
+def test_grouping_by_object_places_each_position_as_place_of_does(views: tuple[View, ...], first: int, count: int,
+                                                                  scattered: list[int]) -> None:
+    """by_object (one Place per object, for batches) against place_of, position
+    by position: a consecutive run (appends) and sorted positions with repeats
+    (read_positions)."""
+    for positions in (range(first, first + count), sorted(scattered)):
+        groups = by_object("lg", views, positions)
+        got = sorted((p, where) for where, ps in groups for p in ps)
+        assert got == sorted((p, place_of("lg", views, p)) for p in positions)
+        assert len({where.oid for where, _ in groups}) == len(groups)  # one group per object
+        assert all(ps == sorted(ps) for _, ps in groups)
 
 
 @pytest.mark.parametrize("start,end,stride", [(0, 40, 4), (7, 100, 3), (5, 6, 8), (9, 9, 2), (0, 1, 1)])
