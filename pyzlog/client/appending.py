@@ -44,6 +44,8 @@ class Outcome(Enum):
 
 
 _TAKEN_CODES = frozenset((-errno.EROFS, -errno.ENOMSG, -errno.EIDRM))
+#: the code of a position _send was not given: an error, never "stored"
+_NOT_SENT = -errno.EFAULT
 
 
 def judge(ret: int, log_name: str, position: int,
@@ -185,9 +187,9 @@ def _make_unopened(log: LogState, meta: wire.Meta, places: list[Place]) -> int:
 def _send(log: LogState, epoch: int, first: int, todo: list[tuple[int, bytes]],
           groups: list[tuple[Place, list[int]]]) -> list[int]:
     """Write the positions of `groups` (todo[p - first] at p): the return
-    code of each position of todo (0 for those not in `groups`)."""
+    code of each position of todo (_NOT_SENT for those not in `groups`)."""
     conn, pool = log.conn, log.data
-    codes = [0] * len(todo)
+    codes = [_NOT_SENT] * len(todo)
     if len(groups) == 1 and len(groups[0][1]) == 1:
         where, (pos,) = groups[0]
         codes[pos - first], _ = conn.call_pos(pool, where.oid, Op.WRITE, epoch, pos, todo[pos - first][1], 0,

@@ -143,9 +143,14 @@ def place_of(log: str, views: tuple[View, ...], position: int) -> Place:
 
 def by_object(log: str, views: tuple[View, ...], positions: Sequence[int]) -> list[tuple[Place, list[int]]]:
     """Sorted `positions` as (place, its positions in order) per data object:
-    one Place per object, not per position (what a batch costs in Python)."""
+    one Place per object, not per position (what a batch costs in Python).
+    InvalidRequest if they are not sorted (the grouping relies on it)."""
     if not positions:
         return []
+    if not (type(positions) is range and positions.step == 1):
+        positions = list(positions)
+        if any(a > b for a, b in zip(positions, positions[1:])):
+            raise InvalidRequest("positions to group by object must be sorted")
     newest = views[-1]
     first, last = positions[0], positions[-1]
     if first >= newest.start and stripe_of(newest, first) == stripe_of(newest, last):

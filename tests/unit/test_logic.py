@@ -56,6 +56,9 @@ def test_grouping_by_object_places_each_position_as_place_of_does(views: tuple[V
         assert got == sorted((p, place_of("lg", views, p)) for p in positions)
         assert len({where.oid for where, _ in groups}) == len(groups)  # one group per object
         assert all(ps == sorted(ps) for _, ps in groups)
+    if len(set(scattered)) > 1:  # out of order: refused, never grouped wrong
+        with pytest.raises(pyzlog.InvalidRequest):
+            by_object("lg", views, sorted(scattered, reverse=True))
 
 
 @pytest.mark.parametrize("start,end,stride", [(0, 40, 4), (7, 100, 3), (5, 6, 8), (9, 9, 2), (0, 1, 1)])
