@@ -69,7 +69,10 @@ struct Options {
   size_t window_entries = 1 << 16;     // queued + in flight, the whole connection
   size_t window_bytes = 256u << 20;
   uint32_t max_batch = 4096;           // entries per sequencer request
-  uint32_t max_batches_in_flight = 2;  // per log: more entries wait and ride the next batch
+  // per log: entries appended meanwhile wait and ride the next batch. One,
+  // not two: at depth 128 a batch then carries 22 entries per object op at
+  // width 4, not 14, for 20-30% less client and OSD CPU per entry
+  uint32_t max_batches_in_flight = 1;
   uint32_t linger_us = 0;              // wait this long for more entries when some are in flight
 };
 

@@ -37,7 +37,7 @@ PYBIND11_MODULE(_appender, m) {
              return new Pipeline(from_address<dp_cluster>(cluster), from_address<dp_queue>(results), o);
            }),
            py::arg("cluster"), py::arg("results"), py::arg("window_entries") = 1 << 16,
-           py::arg("window_bytes") = 256u << 20, py::arg("max_batch") = 4096, py::arg("max_batches_in_flight") = 2,
+           py::arg("window_bytes") = 256u << 20, py::arg("max_batch") = 4096, py::arg("max_batches_in_flight") = 1,
            py::arg("linger_us") = 0)
       .def(
           "add_log",
