@@ -147,16 +147,17 @@ def by_object(log: str, views: tuple[View, ...], positions: Sequence[int]) -> li
     InvalidRequest if they are not sorted (the grouping relies on it)."""
     if not positions:
         return []
-    if not (type(positions) is range and positions.step == 1):
+    consecutive = type(positions) is range and positions.step == 1
+    if not consecutive:
         positions = list(positions)
-        if any(a > b for a, b in zip(positions, positions[1:])):
+        if positions != sorted(positions):  # in C: read_positions' sets are large
             raise InvalidRequest("positions to group by object must be sorted")
     newest = views[-1]
     first, last = positions[0], positions[-1]
     if first >= newest.start and stripe_of(newest, first) == stripe_of(newest, last):
         # one stripe of the newest view (appends, a walk's usual round): by index alone
         width = newest.width
-        if type(positions) is range and positions.step == 1:  # consecutive: every width-th one
+        if consecutive:  # every width-th one
             return [(place(log, newest, first + k), list(positions[k::width]))
                     for k in range(min(width, len(positions)))]
         buckets: list[list[int]] = [[] for _ in range(width)]
