@@ -15,6 +15,7 @@ except ImportError as e:
         "cmake and g++)") from e
 
 from .core.cluster import connect
+from .core.futures import LazyFuture  # the Future async calls hand out; layers on the client hand it out too
 from .core.errors import (Blocklisted, ClassNotLoaded, CommitRefused, ClusterUnavailable, Corrupt, CorruptEntry, EntryTooLarge, EpochChanged, Filled,
                           InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,
                           PoolNotFound, PositionError, ProtocolMismatch, ReadOnly, SequencerRefused,
@@ -31,6 +32,6 @@ __all__ = [
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "Blocklisted", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt", "CorruptEntry",
-    "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer", "HoleClock",
+    "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer", "HoleClock", "LazyFuture",
 ]
 __version__ = "0.1.0"

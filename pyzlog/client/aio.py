@@ -44,7 +44,7 @@ from .aio_stream import AsyncBatches, AsyncBatchStream, AsyncRecords
 from .appending import stored_form
 from .consumer import Consumer, Start
 from .log import STREAM_BATCH_ROWS, Log
-from .pipeline import _Future
+from ..core.futures import LazyFuture
 from .reader import HOLE_WAIT_SECONDS, Record, check_stream_args
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ T = TypeVar("T")
 CancelledHandler = Callable[[bytes, "int | BaseException"], None]
 
 
-class _Sent(_Future):
+class _Sent(LazyFuture):
     """One append or read handed to the pipeline. The pipeline settles it as
     a concurrent Future, from any thread; it forwards the outcome to its
     loop's bridge and to `waiter`, the asyncio future its task awaits."""

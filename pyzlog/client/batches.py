@@ -34,7 +34,7 @@ from .reader import MAX_POLL_SECONDS, HoleClock, Record, RecordKind
 from .stale import StaleWait
 
 #: entries asked of one object per read_range call
-PER_CALL = 1024
+PER_CALL = 512
 
 
 class Refused(enum.Enum):

@@ -27,11 +27,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
-from concurrent.futures import _base as _futures
+from concurrent.futures import Future
 from typing import Any
 
 from ..core.errors import NotWritten, Timeout, Trimmed, ZlogError
+from ..core.futures import LazyFuture
 from ..core.layout import data_oid_prefix, place, stripe_span, stripe_start
 from ..core.stripes import make
 from ..core.wire import MAX_POSITION
@@ -50,81 +50,6 @@ HANDED_BACK = 1
 
 #: (owner, future, stored bytes, monotonic time of the append)
 Item = tuple["LogAsync", "Future[int]", bytes, float]
-
-_make_condition = threading.Lock()
-_DONE = (_futures.CANCELLED, _futures.CANCELLED_AND_NOTIFIED, _futures.FINISHED)
-
-
-class _Future(Future[Any]):
-    """A concurrent.futures.Future whose Condition is made on first use.
-
-    A Future's Condition costs more than the rest of an async append in
-    Python; most appends' futures are never waited on before they are
-    settled. Making it lazily, under one lock that settling a future nobody
-    has looked at takes too, keeps Future's semantics: whoever makes the
-    Condition (result(), done(), add_done_callback(), concurrent.futures.wait)
-    then sees the settled state under it, and a future someone waits on is
-    settled the ordinary way, with the notification."""
-
-    def __init__(self) -> None:  # no super().__init__(): it would make the Condition
-        self._state = _futures.PENDING
-        self._result = None
-        self._exception = None
-        self._waiters = []
-        self._done_callbacks: list[Callable[[Future[Any]], object]] = []
-        self._cond: threading.Condition | None = None
-
-    # Future's _condition is an attribute; here, deliberately, a property made on first use
-    @property
-    def _condition(self) -> threading.Condition:  # type: ignore[override]
-        cond = self._cond
-        if cond is None:
-            with _make_condition:
-                cond = self._cond
-                if cond is None:
-                    cond = self._cond = threading.Condition()
-        return cond
-
-    def _settle_locked(self, result: Any, exception: BaseException | None) -> bool:
-        """With _make_condition held: settle if nobody has made a Condition
-        and it is still pending; False otherwise."""
-        if self._cond is not None or self._state in _DONE:
-            return False
-        self._result, self._exception = result, exception
-        self._state = _futures.FINISHED
-        return True
-
-    def _settle_unwatched(self, result: Any, exception: BaseException | None) -> bool:
-        """Settle without a Condition if nobody has made one (so nobody waits
-        and no callback is attached); False if somebody has."""
-        if self._cond is not None:
-            return False
-        with _make_condition:
-            if self._settle_locked(result, exception):
-                return True
-            if self._cond is None:  # settled already, and nobody watching
-                raise InvalidStateError(f"{self._state}: {self!r}")
-            return False
-
-    def set_result(self, result: Any) -> None:
-        if not self._settle_unwatched(result, None):
-            super().set_result(result)
-
-    @staticmethod
-    def settle_all(done: list[tuple[Future[Any], Any]]) -> None:
-        """set_result for each (future, result), taking the lock that
-        _settle_unwatched takes once for all of them, not once each."""
-        watched = []
-        with _make_condition:
-            for fut, result in done:
-                if not (type(fut) is _Future and fut._settle_locked(result, None)):
-                    watched.append((fut, result))
-        for fut, result in watched:
-            fut.set_result(result)
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        if not self._settle_unwatched(None, exception):
-            super().set_exception(exception)
 
 
 class AsyncPipeline:
@@ -298,7 +223,7 @@ class LogAsync:
         else:
             lock.release()
             self._begin()
-        fut: Future[int] = _Future() if future is None else future
+        fut: Future[int] = LazyFuture() if future is None else future
         refused = self.log.conn.blocklisted
         if refused is not None:  # final (zlog revoke): the C++ path must not take a position for it
             self._finish(fut, error=refused)
@@ -358,7 +283,7 @@ class LogAsync:
                 self._room.notify(len(done))
             if not self._in_flight:
                 self._idle.set()
-        _Future.settle_all(done)
+        LazyFuture.settle_all(done)
         top = max(position for _, position in done)
         ahead = self._open_ahead
         if ahead is not None and top >= ahead:
@@ -496,7 +421,7 @@ class LogAsync:
     # ----------------------------------------------------------------- reads
     def read(self, position: int, future: Future[bytes] | None = None) -> Future[bytes]:
         self._begin()
-        fut: Future[bytes] = _Future() if future is None else future
+        fut: Future[bytes] = LazyFuture() if future is None else future
         try:
             self._read(position, fut, None)
         except BaseException as e:

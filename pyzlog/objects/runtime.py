@@ -34,13 +34,13 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter as Tally, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pyzlog import ClusterUnavailable, HoleClock, InvalidRequest, Log, Timeout, ZlogError
+from pyzlog import ClusterUnavailable, HoleClock, InvalidRequest, LazyFuture, Log, Timeout, ZlogError
 
 from . import codec, entry
 from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
@@ -106,6 +106,17 @@ class Stats:
     reloads: int = 0          # checkpoints loaded
     retries: int = 0          # appends retried
     aborted: int = 0          # transactions aborted by replay
+
+
+def _positions(column: Any) -> Sequence[int]:
+    """A batch's positions column as a range when they run without a gap
+    (the usual batch: no int object made per row), else as a list."""
+    n = len(column)
+    if n:
+        first, last = column[0].as_py(), column[n - 1].as_py()
+        if last - first == n - 1:  # positions rise: n of them over n values are all of them
+            return range(first, last + 1)
+    return column.to_pylist()  # type: ignore[no-any-return]
 
 
 class _Trimmed(Exception):
@@ -388,7 +399,7 @@ class Runtime:
                     streams = self._one_stream[stream] = (stream,)
             else:
                 streams = ()
-        p = _Pending(seq, data, Future(), time.monotonic() + self.propose_timeout, retire, streams)
+        p = _Pending(seq, data, LazyFuture(), time.monotonic() + self.propose_timeout, retire, streams)
         self._pending[seq] = p
         return p
 
@@ -857,7 +868,7 @@ class Runtime:
                 nxt = heap[0] if heap else None
             if run:
                 self.stats.from_memory += len(run)
-                self._apply_rows(list(range(at, at + len(run))), run, None)  # type: ignore[arg-type]
+                self._apply_rows(range(at, at + len(run)), run, None)  # type: ignore[arg-type]
                 continue
             with self._cv:
                 if self._grace_left(at) > 0:
@@ -868,7 +879,7 @@ class Runtime:
                 continue
             for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=target,
                                                  hole_clock=self._holes):
-                positions = batch.column(0).to_pylist()
+                positions = _positions(batch.column(0))
                 datas = batch.column(1).to_pylist()
                 self.stats.read += len(positions)
                 kinds = None
@@ -902,7 +913,7 @@ class Runtime:
         if upto < end:
             raise ZlogError(f"the log's tail is at {upto}, below {end}: playing again later")
 
-    def _apply_rows(self, positions: list[int], datas: list[bytes | None], kinds: list[str] | None) -> None:
+    def _apply_rows(self, positions: Sequence[int], datas: list[bytes | None], kinds: list[str] | None) -> None:
         """Apply entries (in position order, from self.applied on) under the
         state lock, then settle the proposals they answered and wake waiters.
         The loop keeps its counts in locals and stores `applied` once at the
@@ -995,14 +1006,16 @@ class Runtime:
                         settled.add(p.seq)
                         if p.retire:
                             settled.update(p.retire)  # a RETIRE settles the seqs it retired
+                answered = []
                 for p in done:
                     result, p.result = p.result, None
                     if p.future.done():
                         continue
                     if p.ok:
-                        p.future.set_result(result)
+                        answered.append((p.future, result))
                     else:
                         p.future.set_exception(result)
+                LazyFuture.settle_all(answered)  # one lock for the lot; a future nobody waits on needs no Condition
             with self._cv:
                 self._cv.notify_all()
 

@@ -1,0 +1,112 @@
+"""LazyFuture (pyzlog.core.futures) against concurrent.futures.Future's
+contract: what async appends, reads and proposals hand out."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, InvalidStateError, as_completed, wait
+from typing import Any
+
+import pytest
+
+from pyzlog.core.futures import LazyFuture
+
+
+def test_a_callback_added_before_settling_runs_once_when_settled() -> None:
+    for settle in ("set_result", "settle_all"):
+        f = LazyFuture()
+        seen: list[Any] = []
+        f.add_done_callback(lambda x: seen.append(x.result()))
+        assert not f.done() and f._cond is None  # no Condition was made for the callback
+        if settle == "set_result":
+            f.set_result(7)
+        else:
+            LazyFuture.settle_all([(f, 7)])
+        assert seen == [7] and f.done() and f.result() == 7
+
+
+def test_a_callback_added_after_settling_runs_at_once() -> None:
+    f = LazyFuture()
+    f.set_result(1)
+    seen: list[int] = []
+    f.add_done_callback(lambda x: seen.append(x.result()))
+    assert seen == [1]
+
+
+def test_an_exception_reaches_callbacks_and_result() -> None:
+    f = LazyFuture()
+    seen: list[BaseException | None] = []
+    f.add_done_callback(lambda x: seen.append(x.exception()))
+    f.set_exception(KeyError("k"))
+    assert isinstance(seen[0], KeyError)
+    with pytest.raises(KeyError):
+        f.result()
+
+
+def test_a_failing_callback_does_not_stop_the_others() -> None:
+    f = LazyFuture()
+    seen: list[int] = []
+    f.add_done_callback(lambda x: 1 / 0)
+    f.add_done_callback(lambda x: seen.append(x.result()))
+    LazyFuture.settle_all([(f, 3)])
+    assert seen == [3]
+
+
+def test_waiters_in_other_threads_wake() -> None:
+    futures = [LazyFuture() for _ in range(3)]
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(futures[0].result(10)))
+    t.start()
+    waited: list[Any] = []
+    completed: list[Any] = []
+    w = threading.Thread(target=lambda: waited.append(wait(futures[1:], timeout=10, return_when=FIRST_COMPLETED)))
+    w.start()
+    c = threading.Thread(target=lambda: completed.extend(as_completed(futures[1:], timeout=10)))
+    c.start()
+    threading.Event().wait(0.1)  # let them start waiting (they pass without, only sooner)
+    LazyFuture.settle_all([(futures[0], "a"), (futures[1], "b")])
+    futures[2].set_result("c")
+    for th in (t, w, c):
+        th.join(10)
+    assert got == ["a"]
+    assert futures[1] in waited[0].done
+    assert set(completed) == set(futures[1:])
+    assert {f.result() for f in futures} == {"a", "b", "c"}
+
+
+def test_settling_twice_is_refused_and_a_cancelled_future_stays_cancelled() -> None:
+    f = LazyFuture()
+    f.set_result(1)
+    with pytest.raises(InvalidStateError):  # before the fix: a hang (repr() under the lock it takes)
+        f.set_result(2)
+    with pytest.raises(InvalidStateError):
+        f.set_exception(KeyError("k"))
+    assert f.result() == 1
+    g = LazyFuture()
+    assert g.cancel()
+    LazyFuture.settle_all([(g, 5)])  # the pipeline's settle: a cancelled future is left alone
+    with pytest.raises(CancelledError):
+        g.result()
+    plain: Future[Any] = Future()
+    plain.cancel()
+    LazyFuture.settle_all([(plain, 5)])
+    assert plain.cancelled()
+
+
+def test_many_threads_adding_callbacks_while_it_is_settled_run_each_once() -> None:
+    for _ in range(200):
+        f = LazyFuture()
+        runs: list[int] = []
+        start = threading.Barrier(5)
+
+        def add(i: int) -> None:
+            start.wait()
+            f.add_done_callback(lambda x, i=i: runs.append(i))
+
+        threads = [threading.Thread(target=add, args=(i,)) for i in range(4)]
+        for th in threads:
+            th.start()
+        start.wait()
+        f.set_result(0)
+        for th in threads:
+            th.join()
+        assert sorted(runs) == [0, 1, 2, 3]
