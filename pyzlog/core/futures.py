@@ -20,7 +20,9 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures
 from typing import Any
 
-_make_condition = threading.Lock()
+#: reentrant: a finalizer or a signal handler that runs on a thread holding
+#: it (say, during an allocation in settle_all) may touch a future too
+_make_condition = threading.RLock()
 _DONE = (_futures.CANCELLED, _futures.CANCELLED_AND_NOTIFIED, _futures.FINISHED)
 
 
@@ -52,10 +54,11 @@ class LazyFuture(Future[Any]):
     def _condition(self) -> threading.Condition:  # type: ignore[override]
         cond = self._cond
         if cond is None:
+            made = threading.Condition()  # made before the lock: nothing allocated under it
             with _make_condition:
                 cond = self._cond
                 if cond is None:
-                    cond = self._cond = threading.Condition()
+                    cond = self._cond = made
         return cond
 
     def done(self) -> bool:
@@ -113,6 +116,8 @@ class LazyFuture(Future[Any]):
         """set_result for each (future, result), taking the lock that
         _settle_unwatched takes once for all of them, not once each. A
         future its owner cancelled meanwhile stays cancelled."""
+        if not isinstance(done, list):
+            done = list(done)  # the caller's iterable is not run under the lock
         watched = []
         called = []
         with _make_condition:
@@ -125,11 +130,10 @@ class LazyFuture(Future[Any]):
         for fut in called:
             fut._run_callbacks()
         for fut, result in watched:
-            if not fut.cancelled():
-                try:
-                    fut.set_result(result)
-                except InvalidStateError:  # cancelled since the look
-                    pass
+            try:  # no cancelled() first: it would make a Condition for every subclass's future (aio's _Sent)
+                fut.set_result(result)
+            except InvalidStateError:  # its owner cancelled it
+                pass
 
 
 __all__ = ["LazyFuture"]

@@ -110,3 +110,35 @@ def test_many_threads_adding_callbacks_while_it_is_settled_run_each_once() -> No
         for th in threads:
             th.join()
         assert sorted(runs) == [0, 1, 2, 3]
+
+
+def test_a_subclass_that_forwards_its_outcome_makes_no_condition_in_settle_all() -> None:
+    """aio's _Sent forwards set_result to its event loop: settling it must
+    not make a Condition (a cancelled() look did, 5 us per aio call)."""
+    got: list[Any] = []
+
+    class Forward(LazyFuture):
+        def set_result(self, result: Any) -> None:
+            got.append(result)
+
+    f = Forward()
+    LazyFuture.settle_all([(f, 1)])
+    assert got == [1] and f._cond is None
+
+
+def test_the_lock_can_be_taken_again_on_its_own_thread() -> None:
+    """A finalizer or signal handler may run while a thread holds the
+    settling lock (an allocation in settle_all), and touch a future."""
+    from pyzlog.core import futures
+
+    def touch() -> None:
+        with futures._make_condition:
+            f = LazyFuture()
+            f.add_done_callback(lambda _: None)
+            assert f.cancel() and repr(f)
+            LazyFuture.settle_all(iter([(LazyFuture(), 1)]))
+
+    t = threading.Thread(target=touch, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "a future touched under the settling lock, on its thread, hung"
