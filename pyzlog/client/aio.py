@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from ..core import offsets
 from ..core.cluster import connect as _connect
 from ..core.errors import ZlogError
+from ..core.futures import LazyFuture
 from ..core.layout import check_position
 from . import metrics
 from .aio_stream import AsyncBatches, AsyncBatchStream, AsyncRecords
 from .appending import stored_form
 from .consumer import Consumer, Start
 from .log import STREAM_BATCH_ROWS, Log
-from ..core.futures import LazyFuture
 from .reader import HOLE_WAIT_SECONDS, Record, check_stream_args
 
 if TYPE_CHECKING:

@@ -68,7 +68,7 @@ class LazyFuture(Future[Any]):
         if self._cond is None:
             with _make_condition:
                 if self._cond is None and self._state not in _DONE:
-                    self._done_callbacks.append(fn)  # run by whoever settles it (_settled)
+                    self._done_callbacks.append(fn)  # run by whoever settles it (_run_callbacks)
                     return
         super().add_done_callback(fn)  # settled (fn runs now), or watched: Future's own way
 

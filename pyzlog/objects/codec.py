@@ -207,25 +207,10 @@ def _dec(data: bytes, off: int, depth: int) -> tuple[Any, int]:
                 k, off = _dec(data, off, depth + 1)
                 d[k], off = _dec(data, off, depth + 1)  # an unhashable key: TypeError, caught above
             return d, off
-        items: list[Any] = []
-        append, end = items.append, len(data)
+        items = []
         for _ in range(n):
-            # short str, short bytes and small ints (a checkpoint's map rows
-            # are lists of them) are read here, not by a call each
-            t = data[off]
-            if t == _SSTR or t == _SBYTES:
-                o = off + 2 + data[off + 1]
-                if o > end:
-                    raise IndexError(f"a length of {data[off + 1]} runs past the end")
-                append(data[off + 2:o].decode() if t == _SSTR else data[off + 2:o])
-                off = o
-            elif t == _SINT:
-                v = data[off + 1]
-                append(v - 256 if v > 127 else v)
-                off += 2
-            else:
-                x, off = _dec(data, off, depth + 1)
-                append(x)
+            x, off = _dec(data, off, depth + 1)
+            items.append(x)
         return (items if tag == _LIST else tuple(items)), off
     if tag == _MISSING:
         return MISSING, off

@@ -108,17 +108,6 @@ class Stats:
     aborted: int = 0          # transactions aborted by replay
 
 
-def _positions(column: Any) -> Sequence[int]:
-    """A batch's positions column as a range when they run without a gap
-    (the usual batch: no int object made per row), else as a list."""
-    n = len(column)
-    if n:
-        first, last = column[0].as_py(), column[n - 1].as_py()
-        if last - first == n - 1:  # positions rise: n of them over n values are all of them
-            return range(first, last + 1)
-    return column.to_pylist()  # type: ignore[no-any-return]
-
-
 class _Trimmed(Exception):
     def __init__(self, position: int) -> None:
         self.position = position
@@ -879,7 +868,7 @@ class Runtime:
                 continue
             for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=target,
                                                  hole_clock=self._holes):
-                positions = _positions(batch.column(0))
+                positions = batch.column(0).to_pylist()
                 datas = batch.column(1).to_pylist()
                 self.stats.read += len(positions)
                 kinds = None
