@@ -25,6 +25,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     m, c, q, acct = rt.map("m"), rt.counter("c"), rt.queue("q"), rt.map("acct")
     ctx = rt.counter("c-txn")
     rt.start()
+    # the position of this thread's last sync append (a put's), recorded with the
+    # put: a failed linearizability check then names where each write landed
+    last_pos = [-1]
+    me_thread = threading.get_ident()
+    plain_append = lg.append
+
+    def append(data: bytes) -> int:
+        pos = plain_append(data)
+        if threading.get_ident() == me_thread:
+            last_pos[0] = pos
+        return pos
+
+    lg.append = append  # type: ignore[method-assign]
     hist = open(out / f"history-{pid}.jsonl", "a", buffering=1)
     me = f"w{args.seed}-{pid}"
     n = 0
@@ -89,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
                 op["arg"] = [enc(seen) if rnd.random() < 0.7 else "nobody", f"{me}-{n}"]
         elif kind == "qput":
             op["arg"] = f"{me}-{n}"
+        last_pos[0] = -1
         record(ev="inv", t=time.monotonic(), **op)
         try:
             if kind == "lin":
                 if op["sub"] == "put":
                     res: Any = m.put(op["key"], op["arg"], timeout=OP_TIMEOUT)
                 elif op["sub"] == "get":
-                    rt.sync(OP_TIMEOUT)
+                    op["tail"] = rt.sync(OP_TIMEOUT)  # recorded: a stale read names the tail it played to
                     res = enc(m.get(op["key"], MISSING))
                 elif op["sub"] == "cas":
                     exp = MISSING if op["arg"][0] == "<MISSING>" else op["arg"][0]
@@ -125,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             record(ev="fail" if isinstance(e, NotApplied) else "unknown", t=time.monotonic(), id=op["id"],
                    error=f"{type(e).__name__}: {e}")
             continue
-        record(ev="ok", t=time.monotonic(), id=op["id"], res=res)
+        where = {"tail": op["tail"], "applied": rt.applied} if "tail" in op else {"pos": last_pos[0]}
+        record(ev="ok", t=time.monotonic(), id=op["id"], res=res, **where)
     (out / f"stopped-{pid}").touch()
     while not (out / "final").exists():
         time.sleep(0.05)
@@ -139,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             "decisions": {str(k): v for k, v in (rt.decisions or {}).items()},
             "stats": rt.stats.__dict__,
         }
-    (out / f"final-{pid}.json").write_text(json.dumps(state))
+    (out / f"final-{pid}.json.tmp").write_text(json.dumps(state))
+    (out / f"final-{pid}.json.tmp").replace(out / f"final-{pid}.json")  # the test polls for it: never half written
     rt.close()
     lg.close()
     cluster.shutdown()

@@ -257,3 +257,60 @@ def test_a_standby_started_after_the_owner_died_takes_over_when_asked(rados_clus
     wait_until(lambda: client.append(b"z") and client.positions.sequencer_usable()
                and client.sequencer is not None and client.sequencer.address == b.address, 10,
                "the client to use the new daemon")
+
+
+# ------------------------------------------- the tail counts every stored entry
+def test_an_entry_stored_without_the_sequencer_is_below_its_tail(rados_cluster, ceph, log_name, daemons) -> None:  # type: ignore[no-untyped-def]
+    """Slow tail finding (a client that cannot reach the sequencer, here
+    append_slow) stores past the sequencer's counter: it first takes an
+    epoch of its own, so the sequencer's answer at its old epoch is not
+    believed and every tail after the append lies above the entry (before
+    the fix, tail() answered the stale counter: a replica's sync() then
+    missed an acknowledged put, test_objects_faults)."""
+    a = daemons(standby=False)
+    writer = Log.create(rados_cluster, ceph.pool, log_name, sequencer=a.address)
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    for i in range(3):
+        writer.append(b"by the sequencer %d" % i)
+    assert reader.tail() == 3  # the reader holds the sequencer's epoch
+    served = reader.refresh().sequencer_epoch
+    pos = writer.append_slow(b"without it")
+    assert pos == 3
+    assert reader.tail() > pos
+    assert reader.refresh().epoch > served
+    nxt = writer.append(b"by the sequencer again")
+    assert nxt > pos and reader.read(pos) == b"without it" and reader.read(nxt) == b"by the sequencer again"
+
+
+def test_positions_are_written_at_the_epoch_they_were_handed_out_under(rados_cluster, ceph, log_name, daemons) -> None:  # type: ignore[no-untyped-def]
+    """The sequencer hands out a position, then takes the log over again at a
+    newer epoch (counting only what is stored) before the writer writes it,
+    while another thread of the writer reads the newer metadata. The write
+    must go at the old epoch, be refused, and take a new position: written
+    at the newer one, the sequencer's tail would stay at an acknowledged
+    entry and hand its position out again."""
+    a = daemons(standby=False)
+    lg = Log.create(rados_cluster, ceph.pool, log_name, sequencer=a.address)
+    other = Log.open(rados_cluster, ceph.pool, log_name)
+    lg.append(b"first")
+    take = lg.positions.take
+    moved: list[int] = []
+
+    def take_then_move_on(count: int) -> Any:
+        got = take(count)
+        if not moved:
+            moved.append(got[0])
+            other.seal_and_find_tail()  # an epoch without the sequencer ...
+            other.tail()  # ... which the sequencer then takes the log over from
+            assert other.refresh().sequencer_epoch > got[1].epoch
+            lg.refresh()  # what another thread of this client would do meanwhile
+        return got
+
+    lg.positions.take = take_then_move_on  # type: ignore[method-assign]
+    pos = lg.append(b"second")
+    assert moved == [1]
+    # refused at its epoch, the entry took a position from the sequencer that
+    # took the log over (position 1 again: it was never stored), so that
+    # sequencer counts it
+    assert other.tail() > pos, "the entry was written at the newer epoch, past the sequencer's counter"
+    assert other.read(pos) == b"second"

@@ -199,7 +199,8 @@ def stop_workers(workers: list[Worker], out: Path, observer: Runtime, timeout: f
     wait_for(lambda: all((out / f"stopped-{w.proc.pid}").exists() or not w.alive for w in live),  # type: ignore
              timeout, "the workers to stop")
     tail = observer.log.tail()
-    (out / "final").write_text(str(tail))
+    (out / "final.tmp").write_text(str(tail))
+    (out / "final.tmp").replace(out / "final")  # a worker polling for it never reads it half written
     wait_for(lambda: all((out / f"final-{w.proc.pid}.json").exists() or not w.alive for w in live),  # type: ignore
              timeout, "the workers' final states")
     observer.wait_applied(tail, timeout)
@@ -226,6 +227,8 @@ def test_replicas_converge_under_a_nemesis(rados_cluster, ceph, log_name, tmp_pa
             action = rnd.choice(["seqr_kill", "seqr_pause", "reconfigure", "worker_pause", "worker_kill",
                                  "checkpoint_trim"])
             actions[action] += 1
+            with open(out / "nemesis.jsonl", "a") as f:  # when each fault began, to read a failure against
+                f.write(json.dumps({"t": time.monotonic(), "action": action}) + "\n")
             if action == "seqr_kill":
                 seqr.kill(signal.SIGKILL)
                 time.sleep(rnd.uniform(0.2, 1.5))

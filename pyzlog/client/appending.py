@@ -88,18 +88,19 @@ def store(log: LogState, positions: Positions, entries: list[bytes], what: str,
     with `slow` by slow tail finding only). Returns each entry's position:
     increasing in entry order, except that an entry refused at its first
     position is stored later, at a new one."""
-    def take(todo: list[int]) -> tuple[int, list[tuple[int, bytes]]]:
-        first = positions.take_slow(len(todo)) if slow else positions.take(len(todo))
-        return first, [(i, entries[i]) for i in todo]
+    def take(todo: list[int]) -> tuple[int, list[tuple[int, bytes]], wire.Meta]:
+        first, meta = positions.take_slow(len(todo)) if slow else positions.take(len(todo))
+        return first, [(i, entries[i]) for i in todo], meta
 
     return store_rounds(log, what, len(entries), take)
 
 
 def store_rounds(log: LogState, what: str, count: int,
-                 take: Callable[[list[int]], tuple[int, list[tuple[int, bytes]]]]) -> list[int]:
+                 take: Callable[[list[int]], tuple[int, list[tuple[int, bytes]], wire.Meta]]) -> list[int]:
     """The rounds of every sync append of `count` entries: take(todo) takes
     positions for the entries still to store (their indices) and returns
-    (first, [(index, stored bytes), ...]) to write at first, first + 1, ...;
+    (first, [(index, stored bytes), ...], the metadata the positions were
+    handed out under) to write at first, first + 1, ... at its epoch;
     the refused ones go round again at new positions (after StaleWait if
     the epoch was refused), until APPEND_DEADLINE_SECONDS. Returns each
     entry's position."""
@@ -111,8 +112,7 @@ def store_rounds(log: LogState, what: str, count: int,
         if time.monotonic() > deadline:
             raise ZlogError(f"{what} to {log.name!r}: {len(todo)} of {count} entries not stored in "
                             f"{APPEND_DEADLINE_SECONDS:.0f}s")
-        first, items = take(todo)
-        meta = log.meta
+        first, items, meta = take(todo)
         refused: list[int] = []
         was_stale = False
         for pos, item, ret in _write(log, meta, first, items):

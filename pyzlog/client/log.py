@@ -187,7 +187,7 @@ class Log:
     def take_positions(self, count: int) -> int:
         """First of `count` fresh positions (from the sequencer, or slow tail
         finding), for a writer that will write them itself."""
-        return self.positions.take(count)
+        return self.positions.take(count)[0]
 
     # ---------------------------------------------------------------- append
     def append(self, data: bytes) -> int:

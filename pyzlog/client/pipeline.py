@@ -32,8 +32,9 @@ from typing import Any
 
 from ..core.errors import NotWritten, Timeout, Trimmed, ZlogError
 from ..core.futures import LazyFuture
-from ..core.layout import data_oid_prefix, place, stripe_span, stripe_start
+from ..core.layout import data_oid_prefix, place, place_of, stripe_span, stripe_start
 from ..core.stripes import make
+from ..core import wire
 from ..core.wire import MAX_POSITION
 from ..core.native import Connection, Op, native_call
 from ..core.state import LogState
@@ -355,18 +356,23 @@ class LogAsync:
         try:
             if stale:
                 self._stale(self._refused_epoch)  # refresh; back off, repair or give up if stuck
-            first = self.positions.take(len(todo))
+            first, meta = self.positions.take(len(todo))
         except ZlogError as e:
             for item in todo:
                 self._finish(item[1], error=e)
             return
-        self._write_at([(item, first + k) for k, item in enumerate(todo)])
+        self._write_at([(item, first + k) for k, item in enumerate(todo)], meta)
 
-    def _write_at(self, placed: list[tuple[Item, int]]) -> None:
-        """Write each item at its position; outcomes come back to outcome()."""
+    def _write_at(self, placed: list[tuple[Item, int]], meta: wire.Meta | None = None) -> None:
+        """Write each item at its position, at the epoch of `meta` (the one
+        the positions were handed out under; by default the newest one read):
+        outcomes come back to outcome()."""
         conn, pool = self.log.conn, self.log.data
         for item, pos in placed:
-            epoch, where = self.log.locate(pos)
+            if meta is None:
+                epoch, where = self.log.locate(pos)
+            else:
+                epoch, where = meta.epoch, place_of(self.log.name, meta.views, pos)
             def done(code: int, _v: Any, item: Item = item, pos: int = pos) -> None:
                 self.outcome(item, code, pos)
             try:

@@ -11,6 +11,15 @@ no sooner than SEQUENCER_RECHECK_SECONDS later, and in between every
 position comes from the objects themselves. Positions from slow tail
 finding may already be taken by the time they are written; the class
 refuses such a write and the append takes another (appending.py).
+
+Positions are written at the epoch they were handed out under, never a
+newer one: a sequencer that took the log at a newer epoch counted only what
+was stored before it sealed. For the same reason slow tail finding never
+hands out positions at an epoch a sequencer took the log at: that
+sequencer's counter would not see them, and it would answer a tail below
+an acknowledged entry (sync() in pyzlog.objects then misses it). It takes
+an epoch of its own first (find_tail), at which the sequencer's answers
+count for nothing (tail()) and its positions are refused.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import time
 from typing import Any
 
 from . import metrics
+from ..core import wire
 from ..core.errors import InvalidRequest, SequencerUnavailable, StaleEpoch, StreamsUnsupported, ZlogError
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
@@ -87,7 +97,8 @@ class Positions:
         self._switches = 0
         self._down = False  # the last request found a sequencer unreachable ...
         self._failed = ""  # ... this one
-        self._recheck_at = 0.0  # no request to the sequencer before this (monotonic)
+        self._recheck_at = 0.0  # no request to the sequencer before this (monotonic) ...
+        self._down_epoch = 0  # ... unless one took the log over above this epoch since
         self._slow_lock = threading.Lock()
         self._slow_next = 0  # next position slow tail finding hands out
 
@@ -168,21 +179,39 @@ class Positions:
         if self.sequencer is not None:
             self.sequencer.close()
 
-    def take(self, count: int) -> int:
-        """First of `count` fresh positions: from the sequencer, or without one
-        from slow tail finding."""
-        pos = self._from_sequencer(count)
-        return pos if pos is not None else self.take_slow(count)
+    def take(self, count: int) -> tuple[int, wire.Meta]:
+        """First of `count` fresh positions, from the sequencer or without one
+        from slow tail finding, and the metadata they were handed out under:
+        they are written at its epoch (module docstring)."""
+        got = self._from_sequencer(count)
+        return got if got is not None else self.take_slow(count)
 
-    def take_slow(self, count: int) -> int:
+    def take_slow(self, count: int) -> tuple[int, wire.Meta]:
         """First of `count` positions after the highest one stored (and after
-        any this client handed out that way), asking no sequencer."""
-        hint = next_position_hint(self.log)
+        any this client handed out that way), asking no sequencer, and the
+        metadata to write them under: never at an epoch a sequencer took."""
+        stale = StaleWait(self.log, "slow tail finding")
+        while True:
+            meta = self.log.refresh()
+            if meta.sequencer and meta.sequencer_epoch >= meta.epoch:
+                epoch, hint = find_tail(self.log)  # an epoch of our own (module docstring)
+                meta = self.log.meta
+                if meta.epoch != epoch:
+                    continue  # moved on already
+            else:
+                try:
+                    top = newest_position(self.log, meta)
+                except StaleEpoch:
+                    stale(meta.epoch)
+                    continue
+                start = meta.views[-1].start
+                hint = start if top is None else max(start, top + 1)
+            break
         with self._slow_lock:
             first = max(self._slow_next, hint)
             self._slow_next = first + count
         metrics.SLOW_POSITIONS.inc(count)
-        return first
+        return first, meta
 
     def tail(self) -> int:
         """The next position an append would get (the sequencer's counter, or
@@ -190,7 +219,7 @@ class Positions:
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
-        if seqr is not None and time.monotonic() >= self._recheck_at:
+        if seqr is not None and self._may_ask():
             try:
                 for _ in range(1000):
                     status, seqr_epoch, pos, _ = seqr.tail(self.log.pool, self.log.name, self.log.epoch)
@@ -213,7 +242,7 @@ class Positions:
                 pass
         return next_position_hint(self.log)
 
-    def take_streams(self, count: int, streams: list[int]) -> tuple[int, int, list[Any]]:
+    def take_streams(self, count: int, streams: list[int]) -> tuple[int, int, list[Any], wire.Meta]:
         """First of `count` fresh positions that belong to `streams`, with
         each stream's backpointers: (first, K, [(stream, horizon, positions
         newest first, ordinal, [(level, position)])]) as the sequencer
@@ -221,18 +250,23 @@ class Positions:
         "Streams"). Without a sequencer the positions come from slow tail
         finding with a new epoch (so that the next sequencer to serve the
         log starts its streams above them), and no stream knows anything
-        below them: (first, 0, [(stream, first, [], 0, []) ...]). A sequencer that
+        below them: (first, 0, [(stream, first, [], 0, []) ...]). The last
+        item is the metadata to write them under (take). A sequencer that
         does not know stream requests raises StreamsUnsupported."""
         got = self._from_sequencer(count, streams)
         if got is not None:
-            pos, k, bps = got
-            return int(pos), int(k), bps
-        _epoch, first = find_tail(self.log)
+            pos, k, bps, meta = got
+            return int(pos), int(k), bps, meta
+        while True:
+            epoch, first = find_tail(self.log)
+            meta = self.log.meta
+            if meta.epoch == epoch:
+                break
         with self._slow_lock:
             first = max(self._slow_next, first)
             self._slow_next = first + count
         metrics.SLOW_POSITIONS.inc(count)
-        return first, 0, [(s, first, [], 0, []) for s in streams]
+        return first, 0, [(s, first, [], 0, []) for s in streams], meta
 
     def tail_streams(self, streams: list[int]) -> tuple[int, int, list[Any]] | None:
         """(tail, K, [(stream, horizon, backpointers, ordinal, levels)]) from the sequencer,
@@ -240,7 +274,7 @@ class Positions:
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
-        if seqr is None or time.monotonic() < self._recheck_at:
+        if seqr is None or not self._may_ask():
             return None
         try:
             for _ in range(1000):
@@ -272,7 +306,7 @@ class Positions:
         With `streams`: (first, K, backpointers) from a stream request."""
         self._refuse_if_blocklisted()
         self.follow()
-        if self.sequencer is None or time.monotonic() < self._recheck_at:
+        if self.sequencer is None or not self._may_ask():
             return None
         log = self.log
         retry_until = time.monotonic() + SEQUENCER_RETRY_SECONDS
@@ -281,11 +315,12 @@ class Positions:
         while True:
             seqr = self.sequencer
             assert seqr is not None
+            meta = log.meta  # OK answers come at its epoch: the positions are written under it
             try:
                 if streams is None:
-                    status, seqr_epoch, pos, n = seqr.next(log.pool, log.name, log.epoch, count)
+                    status, seqr_epoch, pos, n = seqr.next(log.pool, log.name, meta.epoch, count)
                 else:
-                    status, seqr_epoch, pos, n, k, bps = seqr.streams(log.pool, log.name, log.epoch, count, streams)
+                    status, seqr_epoch, pos, n, k, bps = seqr.streams(log.pool, log.name, meta.epoch, count, streams)
             except SequencerUnavailable as e:
                 if not self._down:
                     logger.warning("%s; appending to %r by slow tail finding until it is back", e, log.name)
@@ -293,7 +328,7 @@ class Positions:
                     metrics.SLOW_FALLBACKS.inc()
                 if self._moved_on() or self._detour(seqr.address):
                     continue  # another daemon took the log over, or may: ask it
-                self._recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
+                self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS)
                 return None
             if status == OK:
                 if self._down:
@@ -303,7 +338,7 @@ class Positions:
                         logger.warning("appends to %r use sequencer %s (it serves the log now)", log.name,
                                        seqr.address)
                     self._down = False
-                return int(pos) if streams is None else (pos, k, bps)
+                return (int(pos), meta) if streams is None else (pos, k, bps, meta)
             if status == STALE_EPOCH and time.monotonic() < retry_until:
                 if log.refresh().epoch >= seqr_epoch:
                     behind = 0
@@ -347,9 +382,21 @@ class Positions:
                                 STALE_EPOCH: "its epoch stayed ahead of the log's",
                                 RATE_LIMITED: "this client stayed over its position budget"}[status])
                 metrics.SLOW_FALLBACKS.inc()
-                self._recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
+                self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS)
                 return None
             raise InvalidRequest(f"sequencer {seqr.address} refused the request (status {status})")
+
+    def _not_before(self, when: float) -> None:
+        """Ask the sequencer again no sooner than `when` (monotonic), unless
+        one takes the log over at a newer epoch meanwhile (_may_ask)."""
+        self._recheck_at, self._down_epoch = when, self.log.epoch
+
+    def _may_ask(self) -> bool:
+        """Is the sequencer worth asking now? Not within SEQUENCER_RECHECK_SECONDS
+        of finding it unable to serve, unless the metadata (as last read)
+        shows a sequencer taking the log over since: slow tail finding would
+        take the log back from it (take_slow)."""
+        return time.monotonic() >= self._recheck_at or self.log.meta.sequencer_epoch > self._down_epoch
 
     def _moved_on(self) -> bool:
         """After a failed request: does fresh metadata name another sequencer?"""

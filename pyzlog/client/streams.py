@@ -114,12 +114,12 @@ def append_streams(state: LogState, positions: Positions, streams: list[int], en
             raise EntryTooLarge(f"entry of {len(e)} bytes with the backpointers of {len(streams)} stream(s) is over "
                                 f"the limit of {wire.MAX_ENTRY_BYTES}")
 
-    def take(todo: list[int]) -> tuple[int, list[tuple[int, bytes]]]:
-        first, k, answer = positions.take_streams(len(todo), streams)
+    def take(todo: list[int]) -> tuple[int, list[tuple[int, bytes]], wire.Meta]:
+        first, k, answer, meta = positions.take_streams(len(todo), streams)
         memo: dict[tuple[int, int], list[int]] = {}
         return first, [(idx, stored_form(state, build(entries[idx], first + i, k,
                                                       entry_backpointers(first, i, k, answer, memo))))
-                       for i, idx in enumerate(todo)]
+                       for i, idx in enumerate(todo)], meta
 
     return store_rounds(state, "append_streams", len(entries), take)
 
