@@ -314,3 +314,40 @@ def test_positions_are_written_at_the_epoch_they_were_handed_out_under(rados_clu
     # sequencer counts it
     assert other.tail() > pos, "the entry was written at the newer epoch, past the sequencer's counter"
     assert other.read(pos) == b"second"
+
+
+def test_a_slow_append_during_a_reconfiguration_lands_in_one_view(rados_cluster, ceph, log_name, daemons) -> None:  # type: ignore[no-untyped-def]
+    """A reconfiguration of a data-format view installs its first epoch, then
+    closes the old view at its end. A slow append in between used to store
+    at that end at that epoch: the close refused it (EINVAL) and every later
+    attempt did too, a log no reconfiguration or sequencer could move again.
+    The first epoch now records the log's sequencer, so slow tail finding
+    installs a newer one before storing, the reconfiguration's close is
+    refused as stale, and it starts over. (A log that never had a sequencer
+    records none: see the closing note of this change.)"""
+    from pyzlog.core import tailfind
+
+    a = daemons(standby=False)
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=a.address)
+    other = Log.open(rados_cluster, ceph.pool, log_name)
+    for i in range(3):
+        lg.append(b"before %d" % i)
+    close = tailfind.close_places
+    slipped: list[int] = []
+
+    def close_after_a_slow_append(log, places, epoch, end):  # type: ignore[no-untyped-def]
+        if not slipped:
+            slipped.append(other.append_slow(b"in between"))
+        return close(log, places, epoch, end)
+
+    tailfind.close_places = close_after_a_slow_append  # type: ignore[assignment]
+    try:
+        view = lg.reconfigure(3)
+    finally:
+        tailfind.close_places = close
+    assert view.width == 3 and slipped
+    assert other.read(slipped[0]) == b"in between"
+    assert view.start > slipped[0]
+    after = lg.append(b"after")
+    assert after >= view.start and lg.read(after) == b"after"
+    assert [r.data for r in lg.stream(0, after + 1) if r.data is not None][-2:] == [b"in between", b"after"]

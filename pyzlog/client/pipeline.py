@@ -160,7 +160,7 @@ class LogAsync:
         self._refused_epoch = 0
         self._retries: list[Item] = []
         #: (item, position) whose write found its data-format object missing
-        self._remake: list[tuple[Item, int]] = []
+        self._remake: list[tuple[Item, int, wire.Meta]] = []
         #: the position past which appends open the next stripe (None: no stripes, or asked already)
         self._open_ahead: int | None = None
         #: entries that went the retry path (refused, handed back, or no sequencer)
@@ -171,6 +171,9 @@ class LogAsync:
         self._pipe: AsyncPipeline | None = None
         self._id = 0  # the log's id in the C++ pipeline
         self._meta: Any = None  # the metadata snapshot the C++ pipeline has
+        #: the last one told to it, and when: an entry queued after that was written at its epoch
+        self._told: tuple[wire.Meta, float] | None = None
+        self._tell_lock = threading.Lock()  # the C++ view and _told change together
         self._generation = -1  # the positions.generation it has
         metrics.ASYNC.track(self)
 
@@ -256,8 +259,10 @@ class LogAsync:
         """Give the C++ pipeline the newest view and the sequencer to ask."""
         self.positions.follow()
         view = meta.views[-1]
-        pipe.native.set_view(self._id, meta.epoch, data_oid_prefix(self.log.name, view), view.width, view.start,
-                             view.format, view.slots)
+        with self._tell_lock:
+            pipe.native.set_view(self._id, meta.epoch, data_oid_prefix(self.log.name, view), view.width, view.start,
+                                 view.format, view.slots)
+            self._told = (meta, time.monotonic())
         # appends reaching the last quarter of the last open stripe open the next one ahead of them
         span, opened = stripe_span(view), self.log.open_stripes(view)
         self._open_ahead = stripe_start(view, opened) - span // 4 if span and opened else None
@@ -291,8 +296,9 @@ class LogAsync:
             self._open_ahead = None  # once: _tell sets it again for the next stripe
             (self._pipe or self._pipeline()).later(lambda: self._open_next(top))
 
-    def outcome(self, item: Item, code: int, position: int) -> None:
-        """An entry's outcome (the completion thread, or a retry's write)."""
+    def outcome(self, item: Item, code: int, position: int, meta: wire.Meta | None = None) -> None:
+        """An entry's outcome (the completion thread, or a retry's write made
+        under `meta`)."""
         if code == 0:
             metrics.APPENDS.inc()
             metrics.APPEND_SECONDS["async"].observe(time.monotonic() - item[3])
@@ -307,9 +313,16 @@ class LogAsync:
             self._retry(item, stale=False)
             return
         if code == -errno.ENOENT and self.log.meta.views[-1].bounded:
-            # its object is not made yet: make it and write there again, off this thread
+            # its object is not made yet: make it and write there again, off
+            # this thread, at the epoch the position was handed out under
+            # (positions.py); at an epoch not known here, the entry takes a
+            # new position instead (the old one is left a hole)
+            meta = self._written_under(item, meta)
+            if meta is None:
+                self._retry(item, stale=False)
+                return
             with self._retry_lock:
-                self._remake.append((item, position))
+                self._remake.append((item, position, meta))
             (self._pipe or self._pipeline()).later(self._run_remakes)
             return
         try:
@@ -320,8 +333,22 @@ class LogAsync:
         if outcome is Outcome.TAKEN:
             self._send(item)  # a new position, next batch
         else:
-            self._refused_epoch = self.log.epoch
+            # the epoch refused, not the newest one known: told that one is
+            # refused, StaleWait would wait for a newer one and then repair
+            # the log (take an epoch from a sequencer that serves it)
+            meta = self._written_under(item, meta)
+            self._refused_epoch = meta.epoch if meta is not None else 0
             self._retry(item, stale=True)
+
+    def _written_under(self, item: Item, meta: wire.Meta | None) -> wire.Meta | None:
+        """The metadata a write of `item` was made under: `meta`, given for
+        the retry path's writes; for the C++ pipeline's, the view told to it
+        last if the entry was queued after that, else not known (None)."""
+        if meta is None:
+            told = self._told
+            if told is not None and item[3] >= told[1]:
+                return told[0]
+        return meta
 
     def stats(self) -> dict[str, int]:
         """The connection's append pipeline counters (shared by its logs)."""
@@ -363,18 +390,15 @@ class LogAsync:
             return
         self._write_at([(item, first + k) for k, item in enumerate(todo)], meta)
 
-    def _write_at(self, placed: list[tuple[Item, int]], meta: wire.Meta | None = None) -> None:
+    def _write_at(self, placed: list[tuple[Item, int]], meta: wire.Meta) -> None:
         """Write each item at its position, at the epoch of `meta` (the one
-        the positions were handed out under; by default the newest one read):
-        outcomes come back to outcome()."""
+        the positions were handed out under): outcomes come back to outcome()."""
         conn, pool = self.log.conn, self.log.data
+        epoch = meta.epoch
         for item, pos in placed:
-            if meta is None:
-                epoch, where = self.log.locate(pos)
-            else:
-                epoch, where = meta.epoch, place_of(self.log.name, meta.views, pos)
+            where = place_of(self.log.name, meta.views, pos)
             def done(code: int, _v: Any, item: Item = item, pos: int = pos) -> None:
-                self.outcome(item, code, pos)
+                self.outcome(item, code, pos, meta)
             try:
                 conn.submit(pool, where.oid, Op.WRITE, done,
                             epoch=epoch, position=pos, data=item[2], format=where.format)
@@ -389,16 +413,16 @@ class LogAsync:
             batch, self._remake = self._remake, []
         if not batch:
             return
-        made: dict[tuple[int, int], int] = {}
-        again: list[tuple[Item, int]] = []
-        for item, pos in batch:
-            epoch, where = self.log.locate(pos)
-            key = (where.view.epoch, where.stripe)
+        made: dict[tuple[int, int, int], int] = {}
+        again: list[tuple[Item, int, wire.Meta]] = []
+        for item, pos, meta in batch:
+            epoch, where = meta.epoch, place_of(self.log.name, meta.views, pos)
+            key = (epoch, where.view.epoch, where.stripe)
             if key not in made:
                 made[key] = make(self.log, epoch, where) if where.view.bounded else -errno.ENOENT
             code = made[key]
             if code == 0:
-                again.append((item, pos))
+                again.append((item, pos, meta))
             elif code == -errno.ESTALE:
                 self._refused_epoch = epoch
                 self._retry(item, stale=True)
@@ -406,7 +430,8 @@ class LogAsync:
                 self._finish(item[1], error=self.log.conn.error(code, f"append to {self.log.name!r}",
                                                                 pool=self.log.data, oid=where.oid))
         self._meta = None  # _tell again: stripes were opened
-        self._write_at(again)
+        for item, pos, meta in again:
+            self._write_at([(item, pos)], meta)
 
     def _open_next(self, top: int) -> None:
         """On the retry thread: open the stripe after the one holding `top`,

@@ -15,11 +15,16 @@ refuses such a write and the append takes another (appending.py).
 Positions are written at the epoch they were handed out under, never a
 newer one: a sequencer that took the log at a newer epoch counted only what
 was stored before it sealed. For the same reason slow tail finding never
-hands out positions at an epoch a sequencer took the log at: that
-sequencer's counter would not see them, and it would answer a tail below
-an acknowledged entry (sync() in pyzlog.objects then misses it). It takes
-an epoch of its own first (find_tail), at which the sequencer's answers
-count for nothing (tail()) and its positions are refused.
+hands out positions at an epoch the metadata records a sequencer taking
+the log over at: its counter would not see them, and it would answer a
+tail below an acknowledged entry (sync() in pyzlog.objects then misses
+it). It installs an epoch first (find_tail), at which that sequencer's
+answers count for nothing (tail()) and its positions are refused. Epochs
+other clients installed by slow tail finding are joined: clients without
+a sequencer would otherwise take the log from each other at every append.
+(A reconfiguration's first epoch records the log's sequencer too, so that
+no slow append lands past the end it is about to close the view at:
+tailfind.py.)
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ from typing import Any
 
 from . import metrics
 from ..core import wire
-from ..core.errors import InvalidRequest, SequencerUnavailable, StaleEpoch, StreamsUnsupported, ZlogError
+from ..core.errors import (InvalidRequest, SequencerRefused, SequencerUnavailable, StaleEpoch, StreamsUnsupported,
+                           ZlogError)
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
 from ..core.sequencer import (BAD_REQUEST, OK, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
@@ -47,6 +53,9 @@ logger = logging.getLogger("pyzlog")
 SEQUENCER_RETRY_SECONDS = 10.0
 #: after the sequencer failed, go back to it no sooner than this
 SEQUENCER_RECHECK_SECONDS = 1.0
+#: epochs slow tail finding installs for one request before giving up (each
+#: one raced: someone else moved the log on right after it)
+SLOW_EPOCH_ATTEMPTS = 20
 #: look in the pool's registry for a sequencer no more often than this
 DISCOVER_EVERY_SECONDS = 2.0
 #: a recorded sequencer found unreachable is not asked again for this long
@@ -189,29 +198,37 @@ class Positions:
     def take_slow(self, count: int) -> tuple[int, wire.Meta]:
         """First of `count` positions after the highest one stored (and after
         any this client handed out that way), asking no sequencer, and the
-        metadata to write them under: never at an epoch a sequencer took."""
-        stale = StaleWait(self.log, "slow tail finding")
-        while True:
-            meta = self.log.refresh()
-            if meta.sequencer and meta.sequencer_epoch >= meta.epoch:
-                epoch, hint = find_tail(self.log)  # an epoch of our own (module docstring)
-                meta = self.log.meta
-                if meta.epoch != epoch:
-                    continue  # moved on already
-            else:
-                try:
-                    top = newest_position(self.log, meta)
-                except StaleEpoch:
-                    stale(meta.epoch)
-                    continue
-                start = meta.views[-1].start
-                hint = start if top is None else max(start, top + 1)
-            break
+        metadata to write them under (never a sequencer's epoch: module docstring)."""
+        hint, meta = self._slow_tail()
         with self._slow_lock:
             first = max(self._slow_next, hint)
             self._slow_next = first + count
         metrics.SLOW_POSITIONS.inc(count)
         return first, meta
+
+    def _slow_tail(self) -> tuple[int, wire.Meta]:
+        """(the position after the highest one stored, the metadata to write
+        it under), at the log's epoch unless the metadata records a sequencer
+        taking the log over there; then at a new one (find_tail)."""
+        delay = 0.005
+        for _ in range(SLOW_EPOCH_ATTEMPTS):
+            meta = self.log.refresh()
+            if not (meta.sequencer and meta.sequencer_epoch >= meta.epoch):
+                try:
+                    top = newest_position(self.log, meta)
+                    start = meta.views[-1].start
+                    return (start if top is None else max(start, top + 1)), meta
+                except StaleEpoch:  # sealed above it (an epoch change begun, or left half done): a newer one
+                    pass
+            epoch, nxt = find_tail(self.log)
+            meta = self.log.meta
+            if meta.epoch == epoch:
+                return nxt, meta
+            time.sleep(delay * random.uniform(0.5, 1.5))  # moved on at once: let the other settle
+            delay = min(delay * 2, 0.5)
+        raise ZlogError(f"log {self.log.name!r}: slow tail finding installed {SLOW_EPOCH_ATTEMPTS} epochs and "
+                        "someone moved the log on right after each (other clients without a sequencer, "
+                        "or reconfigurations, racing)")
 
     def tail(self) -> int:
         """The next position an append would get (the sequencer's counter, or
@@ -239,7 +256,7 @@ class Positions:
                     else:
                         break
             except SequencerUnavailable:
-                pass
+                self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS)  # no timeout per sync()
         return next_position_hint(self.log)
 
     def take_streams(self, count: int, streams: list[int]) -> tuple[int, int, list[Any], wire.Meta]:
@@ -257,11 +274,7 @@ class Positions:
         if got is not None:
             pos, k, bps, meta = got
             return int(pos), int(k), bps, meta
-        while True:
-            epoch, first = find_tail(self.log)
-            meta = self.log.meta
-            if meta.epoch == epoch:
-                break
+        first, meta = self._slow_tail()
         with self._slow_lock:
             first = max(self._slow_next, first)
             self._slow_next = first + count
@@ -291,6 +304,7 @@ class Positions:
                 else:
                     return None
         except SequencerUnavailable:
+            self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS)
             return None
         return None
 
@@ -375,12 +389,17 @@ class Positions:
                 return None
             if status == RECOVERY_FAILED and self._moved_on():
                 continue  # this daemon does not serve the log (any more): ask the one that does
-            if status in (RETRY, RECOVERY_FAILED, STALE_EPOCH, RATE_LIMITED):
+            if status == RATE_LIMITED:
+                # not slow tail finding: it would take the log from a sequencer
+                # that serves everyone else (module docstring)
+                raise SequencerRefused(f"sequencer {seqr.address} kept this client over its position budget for "
+                                       f"{SEQUENCER_RETRY_SECONDS:.0f}s (zlog-seqr --max-rate); appending to "
+                                       f"{log.name!r} slower, or from fewer clients, keeps it under")
+            if status in (RETRY, RECOVERY_FAILED, STALE_EPOCH):
                 logger.warning("sequencer %s cannot serve %r (%s); using slow tail finding",
                                seqr.address, log.name,
                                {RETRY: "still initialising", RECOVERY_FAILED: "its recovery failed",
-                                STALE_EPOCH: "its epoch stayed ahead of the log's",
-                                RATE_LIMITED: "this client stayed over its position budget"}[status])
+                                STALE_EPOCH: "its epoch stayed ahead of the log's"}[status])
                 metrics.SLOW_FALLBACKS.inc()
                 self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS)
                 return None

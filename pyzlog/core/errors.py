@@ -158,8 +158,9 @@ class StreamsUnsupported(ZlogError):
 
 class SequencerRefused(SequencerUnavailable):
     """A sequencer answered but refused this client: no key or a wrong key for
-    the pool, a pool it does not serve, TLS required; or the client refused
-    the sequencer (it could not prove it holds the pool's key)."""
+    the pool, a pool it does not serve, TLS required, or it kept the client
+    over its position budget; or the client refused the sequencer (it could
+    not prove it holds the pool's key)."""
 
 
 class CommitRefused(ZlogError):

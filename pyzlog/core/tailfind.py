@@ -184,7 +184,11 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
                 close_places(log, places, epoch, nxt)
                 log.meta_store.propose_view(meta.epoch, epoch, nxt, width or view.width, sequencer)
             else:
-                log.meta_store.new_epoch(meta.epoch, epoch, stripes=cas_stripes)
+                # the log's sequencer recorded at this first epoch too: slow
+                # tail finding (client/positions.py) then stores nothing at
+                # it, past the end the view is closed at next
+                log.meta_store.new_epoch(meta.epoch, epoch, sequencer or meta.sequencer or None,
+                                         stripes=cas_stripes)
                 close_places(log, places, epoch, nxt)
                 log.meta_store.propose_view(epoch, epoch + 1, nxt, width or view.width, sequencer,
                                             Geometry.of(view))
