@@ -242,6 +242,34 @@ def test_read_positions_in_one_call_per_object(logs: Logs) -> None:
     assert code == 0 and [e.position for e in window.entries()] == [2, 5, 8]
 
 
+def test_read_positions_cuts_apart_entries_read_together(logs: Logs) -> None:
+    """The class reads the bytes of entries lying close together in an
+    object in one read and cuts them apart (cls_zlog/store.cc,
+    DataStore::get_many): any set of positions reads back what each
+    position read alone does, with entries of many sizes (some further
+    apart than one read spans), written out of order, and lost fills and
+    unwritten positions among them."""
+    rnd = random.Random(11)
+    lg = logs.log
+    first = lg.take_positions(600)
+    late = list(range(first + 300, first + 600))
+    rnd.shuffle(late)
+    order = list(range(first, first + 300)) + late  # bytes in position order, then not
+    for p in order:
+        r = rnd.random()
+        if r < 0.05:
+            lg.fill_lost(p)
+        elif r > 0.1:
+            size = rnd.choice([1, 40, 700, 3000, 5000, 30000])
+            lg.write(p, p.to_bytes(4, "little") + rnd.randbytes(size))
+    alone = {p: lg.read_positions([p])[p] for p in order}
+    assert sum(type(v) is bytes for v in alone.values()) > 450
+    everything = sorted(order)
+    for subset in (everything, everything[::3], everything[1::7],
+                   sorted(rnd.sample(everything, 200)), sorted(rnd.sample(everything, 20))):
+        assert lg.read_positions(subset) == {p: alone[p] for p in subset}
+
+
 def test_a_bad_entry_in_a_batch_fails_alone_with_streams(logs: Logs) -> None:
     """An entry too large is refused before any position is taken: the
     others of its batch are appended, and no position is left a hole."""
