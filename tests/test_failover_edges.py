@@ -197,6 +197,26 @@ def test_garbage_bytes_in_the_registry(rados_cluster, ceph, log_name, daemons) -
             io.remove_object(k)
 
 
+def settles(lg: Log, quiet: float = 3 * LEASE, timeout: float = 60.0) -> None:
+    """The log ends up on one owner: its (sequencer, epoch) stays the same for
+    `quiet` seconds, within `timeout` (appenders running). A take-over that
+    a last pause had already begun may land after the appends resumed; a
+    log changing hands again and again never goes quiet."""
+    deadline = time.monotonic() + timeout
+    seen: list[tuple[str, int]] = []
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        meta = lg.refresh()
+        now = (meta.sequencer, meta.epoch)
+        if not seen or now != seen[-1]:
+            seen.append(now)
+            since = time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the log did not settle on one owner in {timeout:.0f}s: {seen[-10:]}")
+
+
 def test_restart_at_the_same_port_under_appenders(rados_cluster, ceph, log_name, daemons, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The owner killed -9 and restarted at once on the same port while a
     standby watches and sync/async appenders run: no error, no hang, no
@@ -215,10 +235,7 @@ def test_restart_at_the_same_port_under_appenders(rados_cluster, ceph, log_name,
                             args=("--pool", ceph.pool, "--lease", str(LEASE))).start()
             n = len(w.acked)
             wait_until(lambda: len(w.acked) > n + 200, 30, "appends after the restart")
-        settled = lg.refresh()
-        time.sleep(3 * LEASE)
-        later = lg.refresh()
-        assert (later.sequencer, later.epoch) == (settled.sequencer, settled.epoch), (settled, later)
+        settles(lg)
     finally:
         try:
             w.stop_and_check(rados_cluster, ceph.pool, log_name)
@@ -345,10 +362,7 @@ def test_pauses_around_the_lease(rados_cluster, ceph, log_name, daemons) -> None
             victim.resume()
             n = len(w.acked)
             wait_until(lambda: len(w.acked) > n + 100, 30, f"appends after pause {i}")
-        settled = lg.refresh()
-        time.sleep(3 * LEASE)
-        later = lg.refresh()
-        assert (later.sequencer, later.epoch) == (settled.sequencer, settled.epoch), (settled, later)
+        settles(lg)
     finally:
         a.resume()
         b.resume()

@@ -260,6 +260,9 @@ class LogAsync:
         self.positions.follow()
         view = meta.views[-1]
         with self._tell_lock:
+            told = self._told
+            if told is not None and told[0].epoch > meta.epoch:
+                meta, view = told[0], told[0].views[-1]  # a slower thread's older snapshot: keep the newer view
             pipe.native.set_view(self._id, meta.epoch, data_oid_prefix(self.log.name, view), view.width, view.start,
                                  view.format, view.slots)
             self._told = (meta, time.monotonic())
@@ -345,7 +348,8 @@ class LogAsync:
         the retry path's writes; for the C++ pipeline's, the view told to it
         last if the entry was queued after that, else not known (None)."""
         if meta is None:
-            told = self._told
+            with self._tell_lock:
+                told = self._told
             if told is not None and item[3] >= told[1]:
                 return told[0]
         return meta
@@ -419,7 +423,11 @@ class LogAsync:
             epoch, where = meta.epoch, place_of(self.log.name, meta.views, pos)
             key = (epoch, where.view.epoch, where.stripe)
             if key not in made:
-                made[key] = make(self.log, epoch, where) if where.view.bounded else -errno.ENOENT
+                try:
+                    made[key] = make(self.log, epoch, where) if where.view.bounded else -errno.ENOENT
+                except ZlogError as e:  # told to the entry, never left waiting
+                    self._finish(item[1], error=e)
+                    continue
             code = made[key]
             if code == 0:
                 again.append((item, pos, meta))

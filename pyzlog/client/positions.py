@@ -108,6 +108,7 @@ class Positions:
         self._failed = ""  # ... this one
         self._recheck_at = 0.0  # no request to the sequencer before this (monotonic) ...
         self._down_epoch = 0  # ... unless one took the log over above this epoch since
+        self._tail_recheck_at = 0.0  # no tail request before this (its own: appends ask on)
         self._slow_lock = threading.Lock()
         self._slow_next = 0  # next position slow tail finding hands out
 
@@ -211,19 +212,28 @@ class Positions:
         it under), at the log's epoch unless the metadata records a sequencer
         taking the log over there; then at a new one (find_tail)."""
         delay = 0.005
-        for _ in range(SLOW_EPOCH_ATTEMPTS):
+        stale = StaleWait(self.log, "slow tail finding")
+        races = 0
+        while True:
             meta = self.log.refresh()
             if not (meta.sequencer and meta.sequencer_epoch >= meta.epoch):
                 try:
                     top = newest_position(self.log, meta)
-                    start = meta.views[-1].start
-                    return (start if top is None else max(start, top + 1)), meta
-                except StaleEpoch:  # sealed above it (an epoch change begun, or left half done): a newer one
-                    pass
+                except StaleEpoch:
+                    # sealed above it: an epoch change under way (wait for it,
+                    # not take the log from it), or left half done (StaleWait
+                    # repairs that after REPAIR_AFTER_SECONDS)
+                    stale(meta.epoch)
+                    continue
+                start = meta.views[-1].start
+                return (start if top is None else max(start, top + 1)), meta
             epoch, nxt = find_tail(self.log)
             meta = self.log.meta
             if meta.epoch == epoch:
                 return nxt, meta
+            races += 1
+            if races >= SLOW_EPOCH_ATTEMPTS:
+                break
             time.sleep(delay * random.uniform(0.5, 1.5))  # moved on at once: let the other settle
             delay = min(delay * 2, 0.5)
         raise ZlogError(f"log {self.log.name!r}: slow tail finding installed {SLOW_EPOCH_ATTEMPTS} epochs and "
@@ -236,7 +246,7 @@ class Positions:
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
-        if seqr is not None and self._may_ask():
+        if seqr is not None and self._may_ask() and time.monotonic() >= self._tail_recheck_at:
             try:
                 for _ in range(1000):
                     status, seqr_epoch, pos, _ = seqr.tail(self.log.pool, self.log.name, self.log.epoch)
@@ -255,8 +265,8 @@ class Positions:
                         time.sleep(0.01)
                     else:
                         break
-            except SequencerUnavailable:
-                self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS)  # no timeout per sync()
+            except SequencerUnavailable:  # no timeout per sync(); appends find out for themselves
+                self._tail_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
         return next_position_hint(self.log)
 
     def take_streams(self, count: int, streams: list[int]) -> tuple[int, int, list[Any], wire.Meta]:
@@ -265,9 +275,9 @@ class Positions:
         newest first, ordinal, [(level, position)])]) as the sequencer
         answered (docs/seqr-protocol.md,
         "Streams"). Without a sequencer the positions come from slow tail
-        finding with a new epoch (so that the next sequencer to serve the
-        log starts its streams above them), and no stream knows anything
-        below them: (first, 0, [(stream, first, [], 0, []) ...]). The last
+        finding (at an epoch no sequencer took over at: the next sequencer
+        to serve the log starts its streams above them), and no stream
+        knows anything below them: (first, 0, [(stream, first, [], 0, []) ...]). The last
         item is the metadata to write them under (take). A sequencer that
         does not know stream requests raises StreamsUnsupported."""
         got = self._from_sequencer(count, streams)
@@ -287,7 +297,7 @@ class Positions:
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
-        if seqr is None or not self._may_ask():
+        if seqr is None or not self._may_ask() or time.monotonic() < self._tail_recheck_at:
             return None
         try:
             for _ in range(1000):
@@ -304,7 +314,7 @@ class Positions:
                 else:
                     return None
         except SequencerUnavailable:
-            self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS)
+            self._tail_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
             return None
         return None
 
@@ -342,7 +352,10 @@ class Positions:
                     metrics.SLOW_FALLBACKS.inc()
                 if self._moved_on() or self._detour(seqr.address):
                     continue  # another daemon took the log over, or may: ask it
-                self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS)
+                # refused (no key for the pool, TLS): asking again at once
+                # after it takes the log back would be refused again
+                self._not_before(time.monotonic() + SEQUENCER_RECHECK_SECONDS,
+                                 again_on_takeover=not isinstance(e, SequencerRefused))
                 return None
             if status == OK:
                 if self._down:
@@ -405,10 +418,13 @@ class Positions:
                 return None
             raise InvalidRequest(f"sequencer {seqr.address} refused the request (status {status})")
 
-    def _not_before(self, when: float) -> None:
+    def _not_before(self, when: float, again_on_takeover: bool = True) -> None:
         """Ask the sequencer again no sooner than `when` (monotonic), unless
-        one takes the log over at a newer epoch meanwhile (_may_ask)."""
-        self._recheck_at, self._down_epoch = when, self.log.epoch
+        (`again_on_takeover`) one takes the log over at a newer epoch
+        meanwhile (_may_ask)."""
+        meta = self.log.meta
+        self._recheck_at = when
+        self._down_epoch = max(meta.epoch, meta.sequencer_epoch) if again_on_takeover else 1 << 63
 
     def _may_ask(self) -> bool:
         """Is the sequencer worth asking now? Not within SEQUENCER_RECHECK_SECONDS
