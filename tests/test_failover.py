@@ -351,3 +351,26 @@ def test_a_slow_append_during_a_reconfiguration_lands_in_one_view(rados_cluster,
     after = lg.append(b"after")
     assert after >= view.start and lg.read(after) == b"after"
     assert [r.data for r in lg.stream(0, after + 1) if r.data is not None][-2:] == [b"in between", b"after"]
+
+
+def test_a_taken_position_is_written_at_the_epoch_it_was_handed_out_under(rados_cluster, ceph, log_name, daemons) -> None:  # type: ignore[no-untyped-def]
+    """take_positions() and write(): a writer that holds a position while the
+    sequencer takes the log over at a newer epoch is refused (StaleEpoch) and
+    takes a new one. Written at the newer epoch, the entry would lie at the
+    new sequencer's counter: its tail below an acknowledged entry."""
+    a = daemons(standby=False)
+    lg = Log.create(rados_cluster, ceph.pool, log_name, sequencer=a.address)
+    other = Log.open(rados_cluster, ceph.pool, log_name)
+    lg.append(b"first")
+    held = lg.take_positions(1)
+    other.seal_and_find_tail()
+    assert other.tail() == held  # the sequencer took the log over; `held` was never stored
+    lg.refresh()
+    with pytest.raises(pyzlog.StaleEpoch, match="handed out at epoch"):
+        lg.write(held, b"late")
+    again = lg.take_positions(1)
+    lg.write(again, b"in time")
+    assert other.tail() > again and other.read(again) == b"in time"
+    # a position nobody handed out through this Log is written as before, at the newest epoch
+    lg.write(again + 1, b"chosen")
+    assert other.read(again + 1) == b"chosen"

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import builtins
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Self
@@ -42,6 +44,8 @@ _SYNC_SECONDS = metrics.APPEND_SECONDS["sync"]
 #: stream()'s batches on the native path: small enough that a record is
 #: handed out soon after its object's reply, large enough to amortize a batch
 STREAM_BATCH_ROWS = 4096
+#: take_positions calls whose metadata a Log keeps, for write() (the newest)
+TAKEN_KEPT = 256
 
 
 class Log:
@@ -54,6 +58,8 @@ class Log:
         self.positions = Positions(self.state, SequencerClient(sequencer, cluster=cluster)
                                    if isinstance(sequencer, str) else sequencer)
         self._async = LogAsync(self.state, self.positions, max_in_flight, coalesce)
+        self._taken: OrderedDict[int, tuple[int, wire.Meta]] = OrderedDict()  # take_positions: first -> (count, meta)
+        self._taken_lock = threading.Lock()
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -138,8 +144,11 @@ class Log:
 
     # ---------------------------------------------------- position operations
     def write(self, position: int, data: bytes) -> None:
-        """Store `data` at `position` (write-once). Most users want append()."""
-        ops.write(self.state, position, stored_form(self.state, data))
+        """Store `data` at `position` (write-once). Most users want append().
+        A position this Log handed out (take_positions) is written at the
+        epoch it was handed out under: StaleEpoch if the log moved on since
+        (take a new one)."""
+        ops.write(self.state, position, stored_form(self.state, data), self._handed_out_under(position))
 
     def read(self, position: int) -> bytes:
         """The entry at `position`; NotWritten, Filled or Trimmed otherwise."""
@@ -186,8 +195,22 @@ class Log:
 
     def take_positions(self, count: int) -> int:
         """First of `count` fresh positions (from the sequencer, or slow tail
-        finding), for a writer that will write them itself."""
-        return self.positions.take(count)[0]
+        finding), for a writer that will write them itself (write())."""
+        first, meta = self.positions.take(count)
+        with self._taken_lock:
+            self._taken[first] = (count, meta)
+            while len(self._taken) > TAKEN_KEPT:
+                self._taken.popitem(last=False)
+        return first
+
+    def _handed_out_under(self, position: int) -> wire.Meta | None:
+        """The metadata take_positions handed `position` out under (None if
+        it did not, or too many calls ago)."""
+        with self._taken_lock:
+            for first, (count, meta) in reversed(self._taken.items()):
+                if first <= position < first + count:
+                    return meta
+        return None
 
     # ---------------------------------------------------------------- append
     def append(self, data: bytes) -> int:

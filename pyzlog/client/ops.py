@@ -8,8 +8,8 @@ from typing import Any
 
 from . import metrics
 from ..core import wire
-from ..core.errors import Filled, ReadOnly, Trimmed
-from ..core.layout import Place, check_position, stripe_of, view_end, view_places
+from ..core.errors import Filled, ReadOnly, StaleEpoch, Trimmed
+from ..core.layout import Place, check_position, place_of, stripe_of, view_end, view_places
 from ..core.native import Op
 from ..core.state import LogState
 from ..core.stripes import make
@@ -18,16 +18,23 @@ from .positions import max_position
 from .stale import StaleWait
 
 
-def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int = 0) -> Any:
+def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int = 0,
+            meta: wire.Meta | None = None) -> Any:
     """`op` on the object holding `position`, at the current epoch; a refused
     epoch refreshes the view and retries, a data-format object not made yet
     is made (stripes.make) for any op but a read. Raises the typed error for
-    any other failure."""
+    any other failure. With `meta` (the metadata a position was handed out
+    under): at its epoch only, and a refused epoch raises StaleEpoch (a
+    sequencer that took the log over since may not count the position:
+    client/positions.py)."""
     check_position(position)
     stale: StaleWait | None = None
     made = False
     while True:
-        epoch, where = log.locate(position)
+        if meta is None:
+            epoch, where = log.locate(position)
+        else:
+            epoch, where = meta.epoch, place_of(log.name, meta.views, position)
         code, value = log.conn.call_pos(log.data, where.oid, op, epoch, position, data, reason, where.format)
         if code == -errno.ENOENT and op == Op.READ and position < log.meta.trim_below:
             code = -errno.EIDRM  # below the log's trim point: its object is gone or was never made
@@ -38,6 +45,10 @@ def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int
                 continue
         if code != -errno.ESTALE:
             break
+        if meta is not None:
+            raise StaleEpoch(f"{op.name.lower()} at position {position} of {log.name!r}: the position was handed "
+                             f"out at epoch {epoch} and the log has moved on since; take a new one",
+                             errno=errno.ESTALE)
         stale = stale or StaleWait(log, f"{op.name.lower()} at {position}")
         stale(epoch)
         made = False
@@ -54,8 +65,8 @@ def read(log: LogState, position: int) -> bytes:
     return log.decode(raw)
 
 
-def write(log: LogState, position: int, stored: bytes) -> None:
-    call_at(log, Op.WRITE, position, stored)
+def write(log: LogState, position: int, stored: bytes, meta: wire.Meta | None = None) -> None:
+    call_at(log, Op.WRITE, position, stored, meta=meta)
 
 
 def fill(log: LogState, position: int, reason: int = wire.FILL_JUNK) -> None:
