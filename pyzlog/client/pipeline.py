@@ -30,11 +30,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from ..core import wire
 from ..core.errors import NotWritten, Timeout, Trimmed, ZlogError
 from ..core.futures import LazyFuture
 from ..core.layout import data_oid_prefix, place, place_of, stripe_span, stripe_start
 from ..core.stripes import make
-from ..core import wire
 from ..core.wire import MAX_POSITION
 from ..core.native import Connection, Op, native_call
 from ..core.state import LogState

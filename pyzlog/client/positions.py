@@ -80,8 +80,13 @@ def max_position(log: LogState) -> int | None:
 
 def next_position_hint(log: LogState) -> int:
     """The next position an append would try, from max_position (no seal)."""
-    top = max_position(log)
-    start = log.views[-1].start
+    return _after(max_position(log), log.meta)
+
+
+def _after(top: int | None, meta: wire.Meta) -> int:
+    """The position after `top` (the highest stored), and never below the
+    start of meta's newest view."""
+    start = meta.views[-1].start
     return start if top is None else max(start, top + 1)
 
 
@@ -225,8 +230,7 @@ class Positions:
                     # repairs that after REPAIR_AFTER_SECONDS)
                     stale(meta.epoch)
                     continue
-                start = meta.views[-1].start
-                return (start if top is None else max(start, top + 1)), meta
+                return _after(top, meta), meta
             epoch, nxt = find_tail(self.log)
             meta = self.log.meta
             if meta.epoch == epoch:
@@ -246,7 +250,7 @@ class Positions:
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
-        if seqr is not None and self._may_ask() and time.monotonic() >= self._tail_recheck_at:
+        if seqr is not None and self._may_ask_tail():
             try:
                 for _ in range(1000):
                     status, seqr_epoch, pos, _ = seqr.tail(self.log.pool, self.log.name, self.log.epoch)
@@ -284,11 +288,7 @@ class Positions:
         if got is not None:
             pos, k, bps, meta = got
             return int(pos), int(k), bps, meta
-        first, meta = self._slow_tail()
-        with self._slow_lock:
-            first = max(self._slow_next, first)
-            self._slow_next = first + count
-        metrics.SLOW_POSITIONS.inc(count)
+        first, meta = self.take_slow(count)
         return first, 0, [(s, first, [], 0, []) for s in streams], meta
 
     def tail_streams(self, streams: list[int]) -> tuple[int, int, list[Any]] | None:
@@ -297,7 +297,7 @@ class Positions:
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
-        if seqr is None or not self._may_ask() or time.monotonic() < self._tail_recheck_at:
+        if seqr is None or not self._may_ask_tail():
             return None
         try:
             for _ in range(1000):
@@ -432,6 +432,10 @@ class Positions:
         shows a sequencer taking the log over since: slow tail finding would
         take the log back from it (take_slow)."""
         return time.monotonic() >= self._recheck_at or self.log.meta.sequencer_epoch > self._down_epoch
+
+    def _may_ask_tail(self) -> bool:
+        """_may_ask, and no tail request failed within SEQUENCER_RECHECK_SECONDS."""
+        return self._may_ask() and time.monotonic() >= self._tail_recheck_at
 
     def _moved_on(self) -> bool:
         """After a failed request: does fresh metadata name another sequencer?"""
