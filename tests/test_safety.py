@@ -88,6 +88,49 @@ def test_trimmed_positions_are_never_handed_out_again(rados_cluster, ceph, log_n
             fresh.read(q)
 
 
+@pytest.mark.parametrize("with_seqr", [False, True], ids=["no-sequencer", "sequencer"])
+def test_a_trim_above_a_view_nobody_wrote_to_yet_is_never_handed_out(rados_cluster, ceph, log_name, seqr,
+                                                                     with_seqr) -> None:  # type: ignore[no-untyped-def]
+    """trim_to above the tail right after a reconfiguration, before any
+    append opened a stripe of the new view (no object of it holds the
+    watermark): the next views and the sequencer still start above it.
+    (CI on 99583e3: data at positions trimmed by trim_to(tail() + 50).)"""
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=3,
+                    sequencer=seqr.address if with_seqr else None)
+    assert lg.append_many([b"e%d" % i for i in range(10)]) == list(range(10))
+    lg.reconfigure(width=2)
+    lg.trim_to(60)
+    other = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address if with_seqr else None)
+    assert other.append(b"before the next view") > 60
+    lg.reconfigure(width=3)
+    p = lg.append(b"after the trim")
+    assert p > 60, f"position {p} was trimmed, and is handed out again"
+    assert other.append(b"another") > 60
+    recs = list(Log.open(rados_cluster, ceph.pool, log_name).stream(0, hole_wait=0.2))
+    assert kinds(recs[:61]) == [RecordKind.TRIMMED] * 61
+    assert sorted(r.data for r in recs if r.kind == RecordKind.DATA) == [b"after the trim", b"another",
+                                                                         b"before the next view"]
+
+
+def test_a_stripe_opened_after_the_trim_point_rose_refuses_what_lies_below_it(rados_cluster, ceph,
+                                                                               log_name) -> None:  # type: ignore[no-untyped-def]
+    """A trimmer between raising the log's trim point and trimming the
+    objects (it lists the stripes open then) while a writer opens the next
+    stripe for a position handed out before: the objects the writer makes
+    carry the watermark, so the write is refused, not stored under it."""
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, slots=4)  # 8 positions a stripe
+    assert lg.append_many([b"e%d" % i for i in range(3)]) == [0, 1, 2]
+    first = lg.take_positions(20)  # 3..22: stripes 0, 1, 2
+    lg.state.meta_store.trim(12)  # the trimmer's first step, and nothing more yet
+    with pytest.raises(pyzlog.Trimmed):
+        lg.write(first + 7, b"handed out before the trim")  # 10, in stripe 1, not open yet
+    lg.write(first + 12, b"above the trim")  # 15
+    for q in (10, 12):  # in the stripe the writer made
+        with pytest.raises(pyzlog.Trimmed):
+            Log.open(rados_cluster, ceph.pool, log_name).read(q)
+    assert Log.open(rados_cluster, ceph.pool, log_name).read(15) == b"above the trim"
+
+
 def test_a_trim_while_appends_are_in_flight_never_comes_back(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
     """The realistic form: trim_to(tail() - 1) with async appends in flight,
     then a reconfiguration. No position at or below the watermark is ever

@@ -100,11 +100,15 @@ def trim_to(log: LogState, position: int) -> None:
     counter above it instead of handing out trimmed positions."""
     check_position(position)
     stored_top = max_position(log)
+    done_below = log.meta.trim_below  # stripes wholly below it were trimmed by an earlier trim_to
     log.meta_store.trim(position)
+    # read after the trim point rose: a stripe opened later is made with the
+    # watermark by its writer (stripes.make); one opened before is listed here
+    log.refresh()
     stale = StaleWait(log, f"trim_to {position}")
     while True:
         meta = log.meta
-        places = _trimmed_places(log, meta, position)
+        places = _trimmed_places(log, meta, position, done_below)
         results = log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position,
                                                                  "format": p.format}) for p in places])
         if any(code == -errno.ESTALE for code, _ in results):
@@ -124,11 +128,11 @@ def trim_to(log: LogState, position: int) -> None:
         find_tail(log)
 
 
-def _trimmed_places(log: LogState, meta: wire.Meta, position: int) -> list[Place]:
+def _trimmed_places(log: LogState, meta: wire.Meta, position: int, done_below: int) -> list[Place]:
     """The objects that may hold a position <= `position` and are not wholly
     trimmed already: an omap view's every object; a data-format view's
-    stripes from the one holding the log's old trim point to the one holding
-    `position` (or its last open one)."""
+    stripes from the one holding `done_below` (the log's trim point before
+    this trim) to the one holding `position` (or its last open one)."""
     out: list[Place] = []
     for v in meta.views:
         if v.start > position:
@@ -136,7 +140,7 @@ def _trimmed_places(log: LogState, meta: wire.Meta, position: int) -> list[Place
         if not v.bounded:
             out += view_places(log.name, v)
             continue
-        first = stripe_of(v, max(v.start, meta.trim_below))
+        first = stripe_of(v, max(v.start, done_below))
         last = min(stripe_of(v, position), log.open_stripes(v) - 1)
         end = view_end(meta.views, v)
         if end is not None:

@@ -85,8 +85,9 @@ def next_position_hint(log: LogState) -> int:
 
 def _after(top: int | None, meta: wire.Meta) -> int:
     """The position after `top` (the highest stored), and never below the
-    start of meta's newest view."""
-    start = meta.views[-1].start
+    start of meta's newest view or the log's trim point (a trim above the
+    tail may have found no object of the newest view to raise)."""
+    start = max(meta.views[-1].start, meta.trim_below)
     return start if top is None else max(start, top + 1)
 
 

@@ -8,12 +8,14 @@ it makes at that epoch, store into a stripe opened after an epoch change
 began: tail finding counts the open stripes in its own compare-and-swap
 (tailfind.py). A writer, filler or trimmer meets a missing object as
 ENOENT, makes it here, and sends its call again to the same position.
+Objects made after the log's trim point rose get its watermark here: the
+trim_to that raised it listed only the stripes open then (client/ops.py).
 """
 from __future__ import annotations
 
 import errno
 
-from .layout import Place, stripe_end, stripe_places, view_end
+from .layout import Place, stripe_end, stripe_places, stripe_start, view_end
 from .native import Op
 from .state import LogState
 
@@ -41,6 +43,14 @@ def make(log: LogState, epoch: int, place: Place) -> int:
                                                     for p in places])):
         if code < 0:
             return code
+    trim_below = log.meta.trim_below
+    if trim_below > stripe_start(view, place.stripe):
+        # the log's trim point rose before the stripe opened (read after it
+        # opened, so no trim_to listed it): its objects refuse what lies below
+        for code, _ in log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": epoch, "position": trim_below - 1,
+                                                                      "format": p.format}) for p in places]):
+            if code < 0:
+                return code
     last = stripe_end(view, place.stripe)
     if end is not None and last is not None and end < last:
         # what a reconfiguration closed, an object made after it must refuse

@@ -160,8 +160,8 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
     back-off, and `failure` is the error after `attempts`.
 
     Returns (new_epoch, next_position): no client at an older epoch can write
-    to the newest view's objects, and every position stored so far is below
-    next_position."""
+    to the newest view's objects, and every position stored or trimmed so
+    far is below next_position."""
     delay = 0.005
     for _ in range(attempts):
         meta = log.refresh()
@@ -198,8 +198,9 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay = min(delay * 2, 0.5)
             continue
-        log.refresh()
-        return epoch, nxt
+        # never below the log's trim point: a trim above the tail raises the
+        # objects it finds, and the newest view may have had none yet
+        return epoch, max(nxt, log.refresh().trim_below)
     raise ZlogError(failure)
 
 
