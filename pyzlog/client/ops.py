@@ -4,18 +4,22 @@ rule for a refused epoch (stale.StaleWait)."""
 from __future__ import annotations
 
 import errno
+import logging
 from typing import Any
 
 from . import metrics
 from ..core import wire
+from ..core.cluster import open_ioctx
 from ..core.errors import Filled, ReadOnly, StaleEpoch, Trimmed
-from ..core.layout import Place, check_position, place_of, stripe_of, view_end, view_places
+from ..core.layout import META_NAMESPACE, Place, check_position, place_of, stripe_of, view_end, view_places
 from ..core.native import Op
 from ..core.state import LogState
 from ..core.stripes import make
 from ..core.tailfind import find_tail, stat_objects
 from .positions import max_position
 from .stale import StaleWait
+
+logger = logging.getLogger("pyzlog")
 
 
 def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int = 0,
@@ -95,12 +99,14 @@ def trim_to(log: LogState, position: int) -> None:
     data-format logs: first_position, and readers, start there). The
     objects' max rises to `position` with the watermark, so tail finding
     never hands out a trimmed position again; a data-format object wholly
-    trimmed keeps only its header. A trim beyond what is stored also moves
-    the log to a new epoch, so a sequencer counting below it recovers its
-    counter above it instead of handing out trimmed positions."""
+    trimmed keeps only its header. Only stripes from where the last finished
+    trim_to stopped are asked (a trim_to cut short is finished by the next).
+    A trim beyond what is stored also moves the log to a new epoch, so a
+    sequencer counting below it recovers its counter above it instead of
+    handing out trimmed positions."""
     check_position(position)
     stored_top = max_position(log)
-    done_below = log.meta.trim_below  # stripes wholly below it were trimmed by an earlier trim_to
+    done_below = _objects_trimmed_below(log)
     log.meta_store.trim(position)
     # read after the trim point rose: a stripe opened later is made with the
     # watermark by its writer (stripes.make); one opened before is listed here
@@ -108,31 +114,73 @@ def trim_to(log: LogState, position: int) -> None:
     stale = StaleWait(log, f"trim_to {position}")
     while True:
         meta = log.meta
-        places = _trimmed_places(log, meta, position, done_below)
+        code = _trim_places(log, meta, _trimmed_places(log, meta, position, done_below), position)
+        if code != -errno.ESTALE:
+            break
+        stale(meta.epoch)
+    _note_objects_trimmed_below(log, done_below, position + 1)
+    if stored_top is None or position > stored_top:
+        find_tail(log)
+
+
+def _trim_places(log: LogState, meta: wire.Meta, places: list[Place], position: int) -> int:
+    """trim_to `position` on each of `places` at meta's epoch, making the
+    objects of an open stripe nobody made yet: 0, or -ESTALE if the log
+    moved on; raises any other failure."""
+    while places:
         results = log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position,
                                                                  "format": p.format}) for p in places])
         if any(code == -errno.ESTALE for code, _ in results):
-            stale(meta.epoch)
-            continue
-        # an open stripe whose objects nobody made yet: make them, then trim
+            return -errno.ESTALE
         missing = {(p.view.epoch, p.stripe): p for p, (code, _) in zip(places, results)
                    if code == -errno.ENOENT and p.view.bounded}
-        if not missing:
-            break
+        for p, (code, _) in zip(places, results):
+            if code < 0 and (p.view.epoch, p.stripe) not in missing:
+                raise log.conn.error(code, f"trim_to {position} on {p.oid}", pool=log.data, oid=p.oid,
+                                     op=Op.TRIM_TO)
         if any(make(log, meta.epoch, p) == -errno.ESTALE for p in missing.values()):
-            stale(meta.epoch)
-    for p, (code, _) in zip(places, results):
-        if code < 0:
-            raise log.conn.error(code, f"trim_to {position} on {p.oid}", pool=log.data, oid=p.oid, op=Op.TRIM_TO)
-    if stored_top is None or position > stored_top:
-        find_tail(log)
+            return -errno.ESTALE
+        places = [p for p in places if (p.view.epoch, p.stripe) in missing]
+    return 0
+
+
+#: an xattr of a log's metadata object: every object has been trimmed below
+#: this position (by trim_to calls that finished). The metadata's trim point
+#: rises first and runs ahead of it while a trim_to is under way, or forever
+#: if one was cut short: the next one then asks the stripes from here.
+TRIMMED_XATTR = "zlog.objects_trimmed_below"
+
+
+def _objects_trimmed_below(log: LogState) -> int:
+    import rados
+
+    try:
+        return int(open_ioctx(log.cluster, log.pool, META_NAMESPACE).get_xattr(log.name, TRIMMED_XATTR))
+    except (rados.Error, ValueError):
+        return 0  # never recorded (or unreadable): ask every stripe
+
+
+def _note_objects_trimmed_below(log: LogState, before: int, below: int) -> None:
+    """Record `below` if it is higher (a racing trim_to may record a lower one
+    after it: later trims then ask more stripes than needed, never fewer)."""
+    import rados
+
+    if below <= before:
+        return
+    try:
+        ioctx = open_ioctx(log.cluster, log.pool, META_NAMESPACE)
+        if _objects_trimmed_below(log) < below:
+            ioctx.set_xattr(log.name, TRIMMED_XATTR, str(below).encode())
+    except rados.Error as e:
+        logger.warning("log %r: could not record that it is trimmed below %d (%s): the next trim_to asks "
+                       "every stripe", log.name, below, e)
 
 
 def _trimmed_places(log: LogState, meta: wire.Meta, position: int, done_below: int) -> list[Place]:
     """The objects that may hold a position <= `position` and are not wholly
     trimmed already: an omap view's every object; a data-format view's
-    stripes from the one holding `done_below` (the log's trim point before
-    this trim) to the one holding `position` (or its last open one)."""
+    stripes from the one holding `done_below` (every object is trimmed below
+    it) to the one holding `position` (or its last open one)."""
     out: list[Place] = []
     for v in meta.views:
         if v.start > position:
