@@ -294,6 +294,9 @@ int do_seal(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
 // close: epoch, end. Records where this object's view ends, as part of a
 // reconfiguration: the caller must have sealed the object at exactly `epoch`
 // (ESTALE otherwise), and nothing may be stored at or past `end` (EINVAL).
+// A max past `end` that only a trim watermark raised (everything up to it
+// trimmed: a trim_to above the tail at the reconfiguration's epoch) comes
+// down to end - 1 instead: what lies past the end is the next view's.
 // The end is set once: closing again at the same end succeeds (a proposer
 // finishing another's reconfiguration), at another end is EINVAL.
 int do_close(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
@@ -308,7 +311,11 @@ int do_close(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) 
   Header& h = st->h;
   if (!st->exists || q.epoch == 0 || q.epoch != h.sealed_epoch) return -ZLOG_ERR_STALE;  // 0: never sealed
   if (h.has_end) return h.view_end == end ? 0 : -EINVAL;
-  if (h.has_max && h.max_pos >= end) return -EINVAL;
+  if (h.has_max && h.max_pos >= end) {
+    if (h.max_pos >= h.trim_below) return -EINVAL;  // an entry is stored at or past the end
+    h.has_max = end > 0;
+    h.max_pos = end > 0 ? end - 1 : 0;
+  }
   h.has_end = true;
   h.view_end = end;
   return st->save();

@@ -200,7 +200,10 @@ class Model:
         if self.view_end is not None:
             return OK if end == self.view_end else EINVAL
         if self.max_pos is not None and self.max_pos >= end:
-            return EINVAL
+            if self.max_pos >= self.trim_below:
+                return EINVAL  # an entry is stored at or past the end
+            # only a trim watermark reached past it: max comes down to the end
+            self.max_pos = end - 1 if end > 0 else None
         self.view_end = end
         self.headerless = False
         return OK

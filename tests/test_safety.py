@@ -21,7 +21,8 @@ import pyzlog.client.ops
 from pyzlog import Log, RecordKind
 from pyzlog.core import wire
 from pyzlog.core.cluster import open_ioctx
-from pyzlog.core.layout import META_NAMESPACE, view_objects
+from pyzlog.core.layout import META_NAMESPACE, Place, view_objects
+from pyzlog.core.native import Op
 
 #: a wait that a dead process can cause must end well within this (the
 #: client finishes a half-done epoch change after a few seconds)
@@ -132,6 +133,54 @@ def test_a_stripe_opened_after_the_trim_point_rose_refuses_what_lies_below_it(ra
         with pytest.raises(pyzlog.Trimmed):
             Log.open(rados_cluster, ceph.pool, log_name).read(q)
     assert Log.open(rados_cluster, ceph.pool, log_name).read(15) == b"above the trim"
+
+
+@pytest.mark.parametrize("order", ["before-close", "between-closes"])
+def test_a_trim_above_the_tail_inside_a_reconfiguration_does_not_wedge_the_log(
+        rados_cluster, ceph, log_name, seqr, order, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """trim_to(12) above the tail (9) at the epoch a reconfiguration has just
+    installed, reaching the objects it is about to close at 10 before the
+    close (or one of them before, one after): the trim's watermark raised
+    their max past the end, and every later epoch change failed to close
+    them (InvalidRequest for ever, appends included). Found by an adversarial
+    review; the class now lowers a max only a trim raised to the end."""
+    import pyzlog.core.tailfind as tailfind
+
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=2, slots=4, sequencer=seqr.address)
+    assert lg.append_many([b"e%d" % i for i in range(10)]) == list(range(10))
+    trimmer = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    close = tailfind.close_places
+    late: list[Place] = []
+
+    def trim(places: list[Place], epoch: int) -> None:
+        for p, (code, _) in zip(places, trimmer.state.conn.calls(
+                [(trimmer.state.data, p.oid, Op.TRIM_TO, {"epoch": epoch, "position": 12, "format": p.format})
+                 for p in places])):
+            assert code == 0, (p.oid, code)
+
+    def trim_then_close(log, places, epoch, end):  # type: ignore[no-untyped-def]
+        if places[0].view.width == 2 and not late:  # the trimmer's steps, up to its object trims
+            trimmer.state.meta_store.trim(12)
+            meta = trimmer.state.refresh()
+            listed = pyzlog.client.ops._trimmed_places(trimmer.state, meta, 12, 0)
+            late.extend(p for p in listed if order == "between-closes" and p.oid.endswith(".1"))
+            trim([p for p in listed if p not in late], meta.epoch)
+            try:
+                return close(log, places, epoch, end)
+            finally:
+                trim(late, meta.epoch)
+        return close(log, places, epoch, end)
+
+    monkeypatch.setattr(tailfind, "close_places", trim_then_close)
+    assert lg.reconfigure(width=3).width == 3
+    monkeypatch.setattr(tailfind, "close_places", close)
+    pyzlog.client.ops.trim_to(trimmer.state, 12)  # the trimmer goes on
+    assert Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address).append(b"after") > 12
+    assert lg.append(b"after, too") > 12
+    assert lg.reconfigure(width=2).width == 2
+    for q in (0, 9, 10, 12):
+        with pytest.raises(pyzlog.Trimmed):
+            Log.open(rados_cluster, ceph.pool, log_name).read(q)
 
 
 def test_a_trim_while_appends_are_in_flight_never_comes_back(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]

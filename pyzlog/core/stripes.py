@@ -43,10 +43,11 @@ def make(log: LogState, epoch: int, place: Place) -> int:
                                                     for p in places])):
         if code < 0:
             return code
-    trim_below = log.meta.trim_below
+    trim_below = log.refresh().trim_below
     if trim_below > stripe_start(view, place.stripe):
-        # the log's trim point rose before the stripe opened (read after it
-        # opened, so no trim_to listed it): its objects refuse what lies below
+        # the log's trim point rose before the stripe opened or its objects
+        # were made (read after both, so a trim_to that did not list the
+        # stripe raised it before): its objects refuse what lies below
         for code, _ in log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": epoch, "position": trim_below - 1,
                                                                       "format": p.format}) for p in places]):
             if code < 0:
