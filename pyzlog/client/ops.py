@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import metrics
 from ..core import wire
@@ -18,6 +18,9 @@ from ..core.stripes import make
 from ..core.tailfind import find_tail, stat_objects
 from .positions import max_position
 from .stale import StaleWait
+
+if TYPE_CHECKING:
+    import rados
 
 logger = logging.getLogger("pyzlog")
 
@@ -138,8 +141,13 @@ def _trim_places(log: LogState, meta: wire.Meta, places: list[Place], position: 
             if code < 0 and (p.view.epoch, p.stripe) not in missing:
                 raise log.conn.error(code, f"trim_to {position} on {p.oid}", pool=log.data, oid=p.oid,
                                      op=Op.TRIM_TO)
-        if any(make(log, meta.epoch, p) == -errno.ESTALE for p in missing.values()):
-            return -errno.ESTALE
+        for p in missing.values():
+            code = make(log, meta.epoch, p)
+            if code == -errno.ESTALE:
+                return code
+            if code < 0:  # not asked again: it would find the object missing for ever
+                raise log.conn.error(code, f"trim_to {position}: making {p.oid}", pool=log.data, oid=p.oid,
+                                     op=Op.INIT)
         places = [p for p in places if (p.view.epoch, p.stripe) in missing]
     return 0
 
@@ -151,11 +159,12 @@ def _trim_places(log: LogState, meta: wire.Meta, places: list[Place], position: 
 TRIMMED_XATTR = "zlog.objects_trimmed_below"
 
 
-def _objects_trimmed_below(log: LogState) -> int:
+def _objects_trimmed_below(log: LogState, ioctx: rados.Ioctx | None = None) -> int:
     import rados
 
     try:
-        return int(open_ioctx(log.cluster, log.pool, META_NAMESPACE).get_xattr(log.name, TRIMMED_XATTR))
+        meta_ioctx = ioctx or open_ioctx(log.cluster, log.pool, META_NAMESPACE)
+        return int(meta_ioctx.get_xattr(log.name, TRIMMED_XATTR))
     except (rados.Error, ValueError):
         return 0  # never recorded (or unreadable): ask every stripe
 
@@ -169,7 +178,7 @@ def _note_objects_trimmed_below(log: LogState, before: int, below: int) -> None:
         return
     try:
         ioctx = open_ioctx(log.cluster, log.pool, META_NAMESPACE)
-        if _objects_trimmed_below(log) < below:
+        if _objects_trimmed_below(log, ioctx) < below:
             ioctx.set_xattr(log.name, TRIMMED_XATTR, str(below).encode())
     except rados.Error as e:
         logger.warning("log %r: could not record that it is trimmed below %d (%s): the next trim_to asks "

@@ -33,7 +33,6 @@ def make(log: LogState, epoch: int, place: Place) -> int:
             if code:
                 return code
             log.opened(view, place.stripe)
-            log.refresh()  # once per stripe: the client's metadata shows what it opened
         end = None
     else:
         # a closed view's positions all lie in stripes opened before it closed
@@ -43,6 +42,8 @@ def make(log: LogState, epoch: int, place: Place) -> int:
                                                     for p in places])):
         if code < 0:
             return code
+    # once per stripe: the client's metadata shows what it opened, and the
+    # trim point as it was once the objects existed
     trim_below = log.refresh().trim_below
     if trim_below > stripe_start(view, place.stripe):
         # the log's trim point rose before the stripe opened or its objects
