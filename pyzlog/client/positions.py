@@ -22,9 +22,9 @@ it). It installs an epoch first (find_tail), at which that sequencer's
 answers count for nothing (tail()) and its positions are refused. Epochs
 other clients installed by slow tail finding are joined: clients without
 a sequencer would otherwise take the log from each other at every append.
-(A reconfiguration's first epoch records the log's sequencer too, so that
-no slow append lands past the end it is about to close the view at:
-tailfind.py.)
+(A reconfiguration's first epoch cannot be joined: the objects are sealed
+above it, so that no slow append lands past the end it is about to close
+the view at; tailfind.py.)
 """
 from __future__ import annotations
 

@@ -156,7 +156,8 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
     ones; a data-format view is closed only once a first compare-and-swap
     has installed the new epoch, since no stripe can be opened after that
     (closing first would let a stripe opened meanwhile hold positions past
-    the end). Races (a seal refused, a CAS lost) retry with jittered
+    the end), and its objects are sealed above that first epoch, so that no
+    one stores anything at it. Races (a seal refused, a CAS lost) retry with jittered
     back-off, and `failure` is the error after `attempts`.
 
     Returns (new_epoch, next_position): no client at an older epoch can write
@@ -184,14 +185,16 @@ def seal_new_epoch(log: LogState, width: int | None, failure: str, attempts: int
                 close_places(log, places, epoch, nxt)
                 log.meta_store.propose_view(meta.epoch, epoch, nxt, width or view.width, sequencer)
             else:
-                # the log's sequencer recorded at this first epoch too: slow
-                # tail finding (client/positions.py) then stores nothing at
-                # it, past the end the view is closed at next
-                log.meta_store.new_epoch(meta.epoch, epoch, sequencer or meta.sequencer or None,
-                                         stripes=cas_stripes)
-                close_places(log, places, epoch, nxt)
+                # The objects are sealed one above the epoch installed first,
+                # so nothing is stored at that epoch: a slow append joining it
+                # would land past the end the view is closed at next, or in a
+                # stripe it opens that nobody closes (the install then expects
+                # the stripes as sealed, and retries if one was opened).
+                seal_places(log, places, epoch + 1)
+                log.meta_store.new_epoch(meta.epoch, epoch, sequencer, stripes=cas_stripes)
+                close_places(log, places, epoch + 1, nxt)
                 log.meta_store.propose_view(epoch, epoch + 1, nxt, width or view.width, sequencer,
-                                            Geometry.of(view))
+                                            Geometry.of(view), stripes=cas_stripes)
                 epoch += 1
         except (StaleEpoch, EpochChanged) as e:
             above = max(above, getattr(e, "sealed", 0))
