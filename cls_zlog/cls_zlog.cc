@@ -466,9 +466,10 @@ int do_stat(cls_method_context_t hctx, bufferlist* in, bufferlist* out, int prot
   return rep.to(out);
 }
 
-// init: epoch, base, width, slots, byte_bound. Makes a data-format object,
-// sealed at `epoch`, holding the positions base, base + width, ... (slots of
-// them); one that exists with this geometry is left as it is. A writer calls
+// init: epoch, base, width, slots, byte_bound [, unit]. Makes a data-format
+// object, sealed at `epoch`, holding `slots` positions from base on, in runs
+// of `unit` one run in every `width` (ops.h, "layout"); one that exists with
+// this geometry is left as it is. A writer calls
 // it once the object's stripe is open in the log's metadata (its write came
 // back ENOENT), a tail finder before it seals.
 int do_init(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
@@ -477,12 +478,12 @@ int do_init(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto) {
   if (r < 0) return r;
   if (q.epoch > ZLOG_MAX_EPOCH) return -EINVAL;
   DataStore st(hctx);
-  return st.init(q.epoch, q.position, q.width, q.slots, q.byte_bound);
+  return st.init(q.epoch, q.position, q.width, q.slots, q.byte_bound, q.unit);
 }
 
 // repair: sealed epoch, view end (with reason ZLOG_REPAIR_HAS_END), trim
-// point, and for the data format base (in `last`), width, slots and
-// byte_bound. An operator's tool (zlog repair), never a client's: rebuilds
+// point, and for the data format base (in `last`), width, slots,
+// byte_bound and unit. An operator's tool (zlog repair), never a client's: rebuilds
 // the header of an object whose header is lost next to its entries, from
 // the entries and what the log's metadata says; acts only on such an object
 // (EEXIST if its header is usable, ENOENT if it holds nothing, EIO if an
@@ -503,6 +504,7 @@ int do_repair(cls_method_context_t hctx, bufferlist* in, bufferlist*, int proto)
   want.width = q.width;
   want.slots = q.slots;
   want.byte_bound = q.byte_bound;
+  want.unit = q.unit;
   return store_for(hctx, q.format)->repair(want);
 }
 
@@ -569,12 +571,13 @@ int store_meta(cls_method_context_t hctx, const Meta& m) {
 // A view of `width` objects from `start` at `epoch`, in the request's format.
 // EINVAL for a data-format geometry out of range.
 int view_of(const zlog_req& q, uint64_t epoch, uint64_t start, zlog_view* v) {
-  *v = zlog_view{epoch, start, q.width, ZLOG_FORMAT_OMAP, 0, 0, 0};
-  if (q.format != ZLOG_FORMAT_DATA) return 0;
-  if (q.slots == 0 || q.slots > (1u << 22) || q.byte_bound == 0 || q.byte_bound > (1ull << 31)) return -EINVAL;
+  *v = zlog_view{epoch, start, q.width, ZLOG_FORMAT_OMAP, 0, 0, 0, 1};
+  if (q.format != ZLOG_FORMAT_DATA) return q.unit == 1 ? 0 : -EINVAL;
+  if (!DataStore::geometry_ok(q.width, q.slots, q.byte_bound, q.unit)) return -EINVAL;
   v->format = ZLOG_FORMAT_DATA;
   v->slots = q.slots;
   v->byte_bound = q.byte_bound;
+  v->unit = q.unit;
   return 0;
 }
 

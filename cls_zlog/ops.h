@@ -49,10 +49,14 @@ extern "C" {
 
 /* The version of the fields this build encodes (struct_v) and the oldest
  * decoder that can read them (compat_v), for every op of protocol 2. Raise
- * ZLOG_STRUCT_V when an op gains a trailing field (zlog_req_fields_v2).
- * Version 2 added the object format and its geometry. */
-#define ZLOG_STRUCT_V 2
+ * ZLOG_STRUCT_V when an op gains a trailing field (zlog_req_fields_v2, _v3).
+ * Version 2 added the object format and its geometry, version 3 the
+ * geometry's unit. A request whose unit is above 1 is sent with compat_v 3:
+ * an older class, which would take it for unit 1 and put positions in the
+ * wrong objects, refuses it (-EPROTONOSUPPORT) instead. */
+#define ZLOG_STRUCT_V 3
 #define ZLOG_COMPAT_V 1
+#define ZLOG_COMPAT_V_UNIT 3
 #define ZLOG_ENVELOPE_BYTES 6
 
 /* ----------------------------------------------------------------- errors
@@ -83,6 +87,57 @@ enum { ZLOG_FILL_JUNK = 0, ZLOG_FILL_LOST = 1 };
  *    objects; created by init, never by a write. */
 enum { ZLOG_FORMAT_OMAP = 1, ZLOG_FORMAT_DATA = 3 };
 #define ZLOG_ANY_STRIPES 0xFFFFFFFFu /* a metadata CAS that does not check the stripe count */
+
+/* ----------------------------------------------------------------- layout
+ * Where a data-format view keeps position p: in stripe (p - start) /
+ * (width * slots), starting at position `ss`. The stripe is cut into runs
+ * of `unit` consecutive positions, dealt to its `width` objects in turn, so
+ * that a batch of consecutive positions is one write to one object (as
+ * Ceph's RBD stripes by stripe_unit). Unit 1 is round 2's striping, which
+ * names objects by absolute position: object p % width. An object holds
+ * `slots` positions (a multiple of unit): slot k is the (k % unit)-th
+ * position of its (k / unit)-th run. The class knows only the base-relative
+ * half (an object's base, width, unit); the client both. */
+#define ZLOG_MAX_UNIT 65536u
+
+/* The object (index in its stripe) holding position p of a stripe starting at ss. */
+static inline uint32_t zlog_index_of(uint64_t p, uint64_t ss, uint32_t width, uint32_t unit) {
+  return unit <= 1 ? (uint32_t)(p % width) : (uint32_t)(((p - ss) / unit) % width);
+}
+/* The first position of object `index` of a stripe starting at ss. */
+static inline uint64_t zlog_base_of(uint64_t ss, uint32_t index, uint32_t width, uint32_t unit) {
+  return unit <= 1 ? ss + (index + width - ss % width) % width : ss + (uint64_t)index * unit;
+}
+/* The slot of the position `off` past its object's base (the object holds it:
+ * (off / unit) % width == 0), and back. */
+static inline uint64_t zlog_slot_of(uint64_t off, uint32_t width, uint32_t unit) {
+  return unit <= 1 ? off / width : off / ((uint64_t)unit * width) * unit + off % unit;
+}
+static inline uint64_t zlog_offset_of(uint64_t slot, uint32_t width, uint32_t unit) {
+  return unit <= 1 ? slot * width : slot / unit * unit * (uint64_t)width + slot % unit;
+}
+/* Whether the position `off` past an object's base is one of the object's. */
+static inline int zlog_object_holds(uint64_t off, uint32_t width, uint32_t unit) {
+  return unit <= 1 ? off % width == 0 : (off / unit) % width == 0;
+}
+/* The first position at or past `off` (past the base) that the object
+ * holds, as an offset past its base. */
+static inline uint64_t zlog_next_held(uint64_t off, uint32_t width, uint32_t unit) {
+  if (unit <= 1) return off + (width - off % width) % width;
+  const uint64_t run = off / unit;
+  return run % width == 0 ? off : (run / width + 1) * (uint64_t)width * unit;
+}
+/* The last position at or before `off` that the object holds (its base, 0, at least). */
+static inline uint64_t zlog_prev_held(uint64_t off, uint32_t width, uint32_t unit) {
+  if (unit <= 1) return off - off % width;
+  const uint64_t run = off / unit;
+  return run % width == 0 ? off : run / width * (uint64_t)width * unit + unit - 1;
+}
+/* Whether a data-format geometry is one the class keeps. */
+static inline int zlog_geometry_ok(uint32_t width, uint32_t slots, uint32_t unit) {
+  return width >= 1 && width <= ZLOG_MAX_WIDTH && slots >= 1 && unit >= 1 && unit <= ZLOG_MAX_UNIT &&
+         slots % unit == 0;
+}
 
 /* ---------------------------------------------------------------- the ops */
 typedef enum {
@@ -160,11 +215,14 @@ typedef struct {
   uint64_t byte_bound;
   uint32_t stripe;
   uint32_t expected_stripes;
+  /* struct_v 3: the data format's unit (meta_create, propose_view, init,
+   * repair); 0 or 1 means 1 */
+  uint32_t unit;
 } zlog_req;
 
 enum { ZF_END = 0, ZF_EPOCH, ZF_POSITION, ZF_LAST, ZF_MAX_ENTRIES, ZF_MAX_BYTES, ZF_REASON, ZF_DATA,
        ZF_EXPECTED, ZF_NEXT_EPOCH, ZF_START, ZF_WIDTH, ZF_SEQR_OPT, ZF_ENTRIES, ZF_FORMAT, ZF_SLOTS,
-       ZF_BYTE_BOUND, ZF_STRIPE, ZF_EXPECTED_STRIPES };
+       ZF_BYTE_BOUND, ZF_STRIPE, ZF_EXPECTED_STRIPES, ZF_UNIT };
 
 /* The request layout of every op (both protocols: protocol 2 wraps the same
  * fields in an envelope). ZF_SEQR_OPT is an optional trailing u32 length +
@@ -209,6 +267,19 @@ static const uint8_t zlog_req_fields_v2[ZLOG_OP_COUNT][5] = {
     /* version, init, meta_open_stripe, meta_trim */ {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END},
     /* repair: the object's format and (data format) its geometry */ {ZF_FORMAT, ZF_SLOTS, ZF_BYTE_BOUND},
     /* read_set */ {ZF_FORMAT},
+};
+/* The fields struct_v 3 appended: the data format's unit. */
+static const uint8_t zlog_req_fields_v3[ZLOG_OP_COUNT][2] = {
+    /* write .. stat */ {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END}, {ZF_END},
+    {ZF_END}, {ZF_END},
+    /* meta_create */ {ZF_UNIT},
+    /* meta_get, meta_new_epoch */ {ZF_END}, {ZF_END},
+    /* meta_propose_view */ {ZF_UNIT},
+    /* version */ {ZF_END},
+    /* init */ {ZF_UNIT},
+    /* meta_open_stripe, meta_trim */ {ZF_END}, {ZF_END},
+    /* repair */ {ZF_UNIT},
+    /* read_set */ {ZF_END},
 };
 #define ZLOG_REPAIR_HAS_END 1 /* repair's reason: the object's view has ended at `position` */
 
@@ -260,15 +331,17 @@ static inline void zw_free(zw_writer *w) {
   w->len = w->cap = 0;
 }
 
-/* Starts an envelope (protocol 2); returns where its length goes. */
-static inline size_t zw_begin(zw_writer *w, int proto) {
+/* Starts an envelope (protocol 2) that decoders of `compat` and later
+ * read; returns where its length goes. */
+static inline size_t zw_begin_compat(zw_writer *w, int proto, uint8_t compat) {
   if (proto != ZLOG_PROTO_CURRENT) return (size_t)-1;
   zw_u8(w, ZLOG_STRUCT_V);
-  zw_u8(w, ZLOG_COMPAT_V);
+  zw_u8(w, compat);
   const size_t at = w->len;
   zw_u32(w, 0);
   return at;
 }
+static inline size_t zw_begin(zw_writer *w, int proto) { return zw_begin_compat(w, proto, ZLOG_COMPAT_V); }
 static inline void zw_finish(zw_writer *w, size_t at) {
   if (at == (size_t)-1 || w->oom) return;
   const uint32_t n = (uint32_t)(w->len - at - 4);
@@ -347,7 +420,9 @@ static inline int zw_close(const zw_reader *outer, const zw_reader *body, int pr
 /* ------------------------------------------------------------- requests */
 static inline int zlog_req_encode(zw_writer *w, zlog_op op, int proto, const zlog_req *q) {
   if ((unsigned)op >= ZLOG_OP_COUNT || !zlog_method(op, proto)) return -EINVAL;
-  const size_t at = zw_begin(w, proto);
+  /* (protocol 1 has no geometry at all: its meta_create makes an omap log) */
+  const int units = q->unit > 1 && zlog_req_fields_v3[op][0] == ZF_UNIT;
+  const size_t at = zw_begin_compat(w, proto, units ? ZLOG_COMPAT_V_UNIT : ZLOG_COMPAT_V);
   for (const uint8_t *f = zlog_req_fields[op]; *f != ZF_END && f < zlog_req_fields[op] + 6; ++f) {
     switch (*f) {
       case ZF_EPOCH: zw_u64(w, q->epoch); break;
@@ -386,6 +461,7 @@ static inline int zlog_req_encode(zw_writer *w, zlog_op op, int proto, const zlo
         case ZF_EXPECTED_STRIPES: zw_u32(w, q->expected_stripes); break;
       }
     }
+    if (zlog_req_fields_v3[op][0] == ZF_UNIT) zw_u32(w, q->unit ? q->unit : 1);
   }
   zw_finish(w, at);
   return w->oom ? -ENOMEM : 0;
@@ -399,6 +475,7 @@ static inline int zlog_req_decode(const char *in, size_t len, zlog_op op, int pr
   memset(q, 0, sizeof *q);
   q->format = ZLOG_FORMAT_OMAP;
   q->expected_stripes = ZLOG_ANY_STRIPES;
+  q->unit = 1;
   zw_reader outer = zw_reader_of(in, len), r;
   uint8_t struct_v = 0;
   int ret = zw_open(&outer, proto, &r, &struct_v);
@@ -455,6 +532,10 @@ static inline int zlog_req_decode(const char *in, size_t len, zlog_op op, int pr
       }
     }
     if (q->format != ZLOG_FORMAT_OMAP && q->format != ZLOG_FORMAT_DATA) return -EINVAL;
+  }
+  if (proto == ZLOG_PROTO_CURRENT && struct_v >= 3 && zlog_req_fields_v3[op][0] == ZF_UNIT) {
+    q->unit = zr_u32(&r);
+    if (q->unit == 0) return -EINVAL;
   }
   if (!r.ok) return -EINVAL;
   return zw_close(&outer, &r, proto);
@@ -682,6 +763,7 @@ static inline int zlog_range_decode(const char *in, size_t len, int proto, zlog_
 #define ZLOG_META_V1 1
 #define ZLOG_META_V2 2
 #define ZLOG_META_V3 3
+#define ZLOG_META_V4 4 /* version 3 and each view's unit (written once a view has a unit above 1) */
 #define ZLOG_MAX_VIEWS 100000u
 
 typedef struct {
@@ -694,6 +776,7 @@ typedef struct {
   uint32_t slots;
   uint64_t byte_bound;
   uint32_t stripes;
+  uint32_t unit; /* version 4; before it (and 0) 1 */
 } zlog_view;
 
 typedef struct {
@@ -711,10 +794,12 @@ typedef struct {
 /* Version 3 once a view has the data format or the log has a trim point;
  * before that the versions round 2's clients read. */
 static inline void zlog_meta_encode(zw_writer *w, const zlog_meta *m) {
-  int v3 = m->trim_below != 0;
-  for (uint32_t i = 0; i < m->nviews; ++i)
+  int v3 = m->trim_below != 0, v4 = 0;
+  for (uint32_t i = 0; i < m->nviews; ++i) {
     if (m->views[i].format && m->views[i].format != ZLOG_FORMAT_OMAP) v3 = 1;
-  zw_u8(w, v3 ? ZLOG_META_V3 : (m->seqr_len ? ZLOG_META_V2 : ZLOG_META_V1));
+    if (m->views[i].unit > 1) v3 = v4 = 1;
+  }
+  zw_u8(w, v4 ? ZLOG_META_V4 : v3 ? ZLOG_META_V3 : (m->seqr_len ? ZLOG_META_V2 : ZLOG_META_V1));
   zw_u64(w, m->epoch);
   zw_blob(w, m->config, m->config_len);
   zw_u32(w, m->nviews);
@@ -727,6 +812,7 @@ static inline void zlog_meta_encode(zw_writer *w, const zlog_meta *m) {
       zw_u32(w, m->views[i].slots);
       zw_u64(w, m->views[i].byte_bound);
       zw_u32(w, m->views[i].stripes);
+      if (v4) zw_u32(w, m->views[i].unit ? m->views[i].unit : 1);
     }
   }
   if (v3 || m->seqr_len) {
@@ -743,8 +829,9 @@ static inline int zlog_meta_decode(const char *in, size_t len, zlog_meta *m) {
   m->epoch = zr_u64(&r);
   m->config = zr_blob(&r, &m->config_len);
   m->nviews = zr_u32(&r);
-  const size_t view_bytes = ver == ZLOG_META_V3 ? 37 : 20;
-  if (!r.ok || (ver != ZLOG_META_V1 && ver != ZLOG_META_V2 && ver != ZLOG_META_V3) || m->nviews == 0 ||
+  const int v3 = ver == ZLOG_META_V3 || ver == ZLOG_META_V4;
+  const size_t view_bytes = ver == ZLOG_META_V4 ? 41 : v3 ? 37 : 20;
+  if (!r.ok || (ver != ZLOG_META_V1 && ver != ZLOG_META_V2 && !v3) || m->nviews == 0 ||
       m->nviews > ZLOG_MAX_VIEWS || m->nviews > (r.len - r.off) / view_bytes)
     return -EIO;
   m->views = (zlog_view *)calloc(m->nviews, sizeof *m->views);
@@ -754,11 +841,20 @@ static inline int zlog_meta_decode(const char *in, size_t len, zlog_meta *m) {
     m->views[i].start = zr_u64(&r);
     m->views[i].width = zr_u32(&r);
     m->views[i].format = ZLOG_FORMAT_OMAP;
-    if (ver == ZLOG_META_V3) {
+    m->views[i].unit = 1;
+    if (v3) {
       m->views[i].format = zr_u8(&r);
       m->views[i].slots = zr_u32(&r);
       m->views[i].byte_bound = zr_u64(&r);
       m->views[i].stripes = zr_u32(&r);
+    }
+    if (ver == ZLOG_META_V4) m->views[i].unit = zr_u32(&r);
+    /* a geometry no request could have made is damage, not a layout to follow */
+    const zlog_view *v = &m->views[i];
+    if (v->format == ZLOG_FORMAT_DATA ? !zlog_geometry_ok(v->width, v->slots, v->unit) : v->unit != 1) {
+      free(m->views);
+      m->views = NULL;
+      return -EIO;
     }
   }
   if (ver >= ZLOG_META_V2) {
@@ -766,7 +862,7 @@ static inline int zlog_meta_decode(const char *in, size_t len, zlog_meta *m) {
     m->seqr = zr_blob(&r, &m->seqr_len);
     if (m->seqr_len == 0) m->seqr = NULL;
   }
-  if (ver == ZLOG_META_V3) m->trim_below = zr_u64(&r);
+  if (v3) m->trim_below = zr_u64(&r);
   if (!zr_done(&r)) {
     free(m->views);
     m->views = NULL;

@@ -294,6 +294,10 @@ namespace {
 
 constexpr char kMagic[4] = {'Z', 'L', 'G', '3'};
 constexpr uint8_t kDataHeaderVersion = 3;
+// An object with a unit above 1: an older class build must not take it for
+// unit 1 (it would put positions in the wrong slots), so it finds no header
+// it knows and refuses every call (as corrupt) instead.
+constexpr uint8_t kDataHeaderVersionUnit = 4;
 constexpr uint32_t kMaxSlots = 1u << 22;
 constexpr uint64_t kMaxByteBound = 1ull << 31;
 constexpr uint32_t kLenMask = (1u << 28) - 1;
@@ -319,13 +323,20 @@ Entry decode_slot(const char* p) {
 }  // namespace
 
 bool DataStore::holds(uint64_t pos) const {
-  return pos >= h.base && (pos - h.base) % h.width == 0 && (pos - h.base) / h.width < h.slots;
+  return pos >= h.base && zlog_object_holds(pos - h.base, h.width, h.unit) && slot_of(pos) < h.slots;
+}
+
+bool DataStore::geometry_ok(uint32_t width, uint32_t slots, uint64_t byte_bound, uint32_t unit) {
+  return zlog_geometry_ok(width, slots, unit) && slots <= kMaxSlots && byte_bound != 0 &&
+         byte_bound <= kMaxByteBound;
 }
 
 bool DataStore::full() const { return exists && h.data_end >= data_start() + h.byte_bound; }
 
 bool DataStore::parse_header(const char* p) {
-  if (!p || memcmp(p, kMagic, 4) != 0 || static_cast<uint8_t>(p[4]) != kDataHeaderVersion) return false;
+  if (!p || memcmp(p, kMagic, 4) != 0) return false;
+  const uint8_t version = static_cast<uint8_t>(p[4]);
+  if (version != kDataHeaderVersion && version != kDataHeaderVersionUnit) return false;
   const uint8_t flags = static_cast<uint8_t>(p[5]);
   h.has_max = flags & 1;
   h.has_end = flags & 2;
@@ -340,7 +351,9 @@ bool DataStore::parse_header(const char* p) {
   h.data_end = get_le(p + 64, 8);
   h.entries = get_le(p + 72, 8);
   h.bytes = get_le(p + 80, 8);
-  return h.width != 0 && h.slots != 0 && h.slots <= kMaxSlots && h.data_end >= data_start();
+  h.unit = version == kDataHeaderVersionUnit ? static_cast<uint32_t>(get_le(p + 88, 4)) : 1;
+  if (version == kDataHeaderVersionUnit && h.unit < 2) return false;
+  return zlog_geometry_ok(h.width, h.slots, h.unit) && h.slots <= kMaxSlots && h.data_end >= data_start();
 }
 
 bool DataStore::valid_slot(const char* raw, const Entry& e, uint64_t data_end) const {
@@ -394,7 +407,7 @@ int DataStore::save() {
   char p[kHeaderBytes];
   memset(p, 0, sizeof p);
   memcpy(p, kMagic, 4);
-  p[4] = static_cast<char>(kDataHeaderVersion);
+  p[4] = static_cast<char>(h.unit > 1 ? kDataHeaderVersionUnit : kDataHeaderVersion);
   p[5] = static_cast<char>((h.has_max ? 1 : 0) | (h.has_end ? 2 : 0));
   put_le(p + 8, h.sealed_epoch, 8);
   put_le(p + 16, h.max_pos, 8);
@@ -407,26 +420,29 @@ int DataStore::save() {
   put_le(p + 64, h.data_end, 8);
   put_le(p + 72, h.entries, 8);
   put_le(p + 80, h.bytes, 8);
+  if (h.unit > 1) put_le(p + 88, h.unit, 4);
   bufferlist bl;
   bl.append(p, kHeaderBytes);
   exists = true;
   return cls_cxx_write(hctx_, 0, kHeaderBytes, &bl);
 }
 
-int DataStore::init(uint64_t epoch, uint64_t base, uint32_t width, uint32_t slots, uint64_t byte_bound) {
-  if (width == 0 || width > ZLOG_MAX_WIDTH || slots == 0 || slots > kMaxSlots || byte_bound == 0 ||
-      byte_bound > kMaxByteBound || base > ZLOG_MAX_POSITION)
-    return -EINVAL;
+int DataStore::init(uint64_t epoch, uint64_t base, uint32_t width, uint32_t slots, uint64_t byte_bound,
+                    uint32_t unit) {
+  if (!geometry_ok(width, slots, byte_bound, unit) || base > ZLOG_MAX_POSITION) return -EINVAL;
   int r = load(false);
   if (r < 0) return r;
   if (exists)  // made already (by a writer, or sealed by a tail finder): keep it
-    return h.base == base && h.width == width && h.slots == slots && h.byte_bound == byte_bound ? 0 : -EINVAL;
+    return h.base == base && h.width == width && h.slots == slots && h.byte_bound == byte_bound && h.unit == unit
+               ? 0
+               : -EINVAL;
   h = Header{};
   h.sealed_epoch = epoch;
   h.base = base;
   h.width = width;
   h.slots = slots;
   h.byte_bound = byte_bound;
+  h.unit = unit;
   h.data_end = data_start();
   return save();
 }
@@ -620,8 +636,7 @@ int DataStore::drop_trimmed() {
   // once every position of the object is trimmed, its index and entries go:
   // the space returns to the pool (the header stays, so the object keeps
   // refusing stale requests and reports its positions trimmed)
-  const uint64_t top = h.base + uint64_t(h.slots - 1) * h.width;
-  if (!exists || h.trim_below <= top || h.data_end == kHeaderBytes) return 0;
+  if (!exists || h.trim_below <= top() || h.data_end == kHeaderBytes) return 0;
   int r = cls_cxx_truncate(hctx_, kHeaderBytes);
   if (r < 0) return r;
   h.data_end = data_start();
@@ -632,28 +647,28 @@ int DataStore::drop_trimmed() {
 int DataStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_t max_bytes, Listed* out) {
   out->next = last + 1;
   if (!exists) return 0;
-  uint64_t lo = std::max({first, h.trim_below, h.base});
-  const uint64_t top = h.base + uint64_t(h.slots - 1) * h.width;
-  const uint64_t hi = std::min(last, top);
+  const uint64_t lo = std::max({first, h.trim_below, h.base});
+  const uint64_t hi = std::min(last, top());
   if (lo > hi) return 0;
-  uint64_t s = (lo - h.base + h.width - 1) / h.width;  // first slot at or after lo
-  const uint64_t s_end = (hi - h.base) / h.width;    // last slot at or before hi
+  uint64_t s = zlog_slot_of(zlog_next_held(lo - h.base, h.width, h.unit), h.width, h.unit);  // first at or after lo
+  const uint64_t s_last = zlog_slot_of(zlog_prev_held(hi - h.base, h.width, h.unit), h.width, h.unit);  // last at or before hi
+  if (s > s_last) return 0;
   uint64_t bytes = 0;
   std::vector<std::pair<uint64_t, uint32_t>> extents;  // (offset, len) of the data to send
   constexpr uint64_t kChunk = 1024;
   bool stop = false;
-  while (s <= s_end && !stop) {
-    const uint64_t n = std::min(kChunk, s_end - s + 1);
+  while (s <= s_last && !stop) {
+    const uint64_t n = std::min(kChunk, s_last - s + 1);
     std::string raw;
     int r = read_slots(s, n, &raw);
     if (r < 0) return r;
     for (uint64_t k = 0; k < n; ++k) {
       Entry e = decode_slot(&raw[k * kSlotBytes]);
       if (!valid_slot(&raw[k * kSlotBytes], e, h.data_end)) {
-        cls_log(0, "zlog: the slot of position %" PRIu64 " is damaged: corrupt entry", h.base + (s + k) * h.width);
+        cls_log(0, "zlog: the slot of position %" PRIu64 " is damaged: corrupt entry", pos_of(s + k));
         return -ZLOG_ERR_CORRUPT;
       }
-      const uint64_t pos = h.base + (s + k) * h.width;
+      const uint64_t pos = pos_of(s + k);
       if (e.state == 0) {
         if (!bound_filled(pos)) continue;
         e.state = ZLOG_FILLED;  // a full object's unwritten position: listed as filled
@@ -758,14 +773,14 @@ int DataStore::repair(const Header& want) {
     r = load(false);
     return r < 0 ? r : -EEXIST;
   }
-  if (want.width == 0 || want.width > ZLOG_MAX_WIDTH || want.slots == 0 || want.slots > kMaxSlots ||
-      want.byte_bound == 0 || want.byte_bound > kMaxByteBound || want.base > ZLOG_MAX_POSITION)
+  if (!geometry_ok(want.width, want.slots, want.byte_bound, want.unit) || want.base > ZLOG_MAX_POSITION)
     return -EINVAL;
   h = Header{};
   h.base = want.base;
   h.width = want.width;
   h.slots = want.slots;
   h.byte_bound = want.byte_bound;
+  h.unit = want.unit;
   uint64_t data_end = data_start();
   bool any = false;
   uint64_t top = 0;
@@ -777,7 +792,7 @@ int DataStore::repair(const Header& want) {
     for (uint64_t k = 0; k < n; ++k) {
       const char* p = &raw[k * kSlotBytes];
       Entry e = decode_slot(p);
-      const uint64_t pos = h.base + (s + k) * h.width;
+      const uint64_t pos = pos_of(s + k);
       if (!valid_slot(p, e, std::max(size, data_start()))) {  // (empty entries lie at the data's start)
         cls_log(0, "zlog: repair: the slot of position %" PRIu64 " is damaged too: not repairing", pos);
         return -ZLOG_ERR_CORRUPT;

@@ -8,7 +8,9 @@
 //    state, u64 epoch, data. The header in the omap header.
 //  - DataStore (ZLOG_FORMAT_DATA): everything in the object's data, which
 //    Ceph counts (pool usage, quotas). A 128-byte header, then an index of
-//    `slots` 16-byte slots (the positions base, base + width, ...), then the
+//    `slots` 16-byte slots (runs of `unit` consecutive positions, one run in
+//    every `width`: base .. base + unit - 1, then base + width * unit, ...;
+//    unit 1 is base, base + width, ...), then the
 //    entries' bytes, appended in the order they are written, so the entries
 //    of a range are mostly one extent. The object is made by init (with its
 //    geometry), never by a write; it holds at most `slots` positions, and
@@ -42,6 +44,7 @@ struct Header {
   // the data format's geometry and counts
   uint64_t base = 0;
   uint32_t width = 1, slots = 0;
+  uint32_t unit = 1;  // consecutive positions per run (slots is a multiple of it)
   uint64_t byte_bound = 0;
   uint64_t data_end = 0;  // where the next entry's bytes go
   uint64_t entries = 0, bytes = 0;
@@ -158,13 +161,19 @@ class DataStore : public Store {
 
   // Creates the object with its geometry, sealed at `epoch`; an object that
   // exists with the same geometry is left as it is.
-  int init(uint64_t epoch, uint64_t base, uint32_t width, uint32_t slots, uint64_t byte_bound);
+  int init(uint64_t epoch, uint64_t base, uint32_t width, uint32_t slots, uint64_t byte_bound, uint32_t unit);
+  // Whether a geometry is one this class keeps (zlog_geometry_ok).
+  static bool geometry_ok(uint32_t width, uint32_t slots, uint64_t byte_bound, uint32_t unit);
 
   static constexpr uint32_t kHeaderBytes = 128;
   static constexpr uint32_t kSlotBytes = 16;
 
  private:
-  uint64_t slot_of(uint64_t pos) const { return (pos - h.base) / h.width; }
+  // position <-> slot: run (slot / unit) of the object is the object's
+  // (width * run)-th run of the stripe (zlog_slot_of in ops.h)
+  uint64_t slot_of(uint64_t pos) const { return zlog_slot_of(pos - h.base, h.width, h.unit); }
+  uint64_t pos_of(uint64_t slot) const { return h.base + zlog_offset_of(slot, h.width, h.unit); }
+  uint64_t top() const { return pos_of(h.slots - 1); }  // the last position it holds
   uint64_t index_at(uint64_t slot) const { return kHeaderBytes + slot * kSlotBytes; }
   uint64_t data_start() const { return kHeaderBytes + uint64_t(h.slots) * kSlotBytes; }
   // Reads slots [first, first + n) (unwritten ones read as zero).

@@ -60,9 +60,10 @@ struct Pipeline::WriteOp {
 };
 
 uint64_t View::object(uint64_t position) const {
-  const uint64_t stripe =
-      format == ZLOG_FORMAT_DATA ? (position - start) / (uint64_t(width) * slots) : 0;
-  return stripe * width + position % width;
+  if (format != ZLOG_FORMAT_DATA) return position % width;
+  const uint64_t span = uint64_t(width) * slots;
+  const uint64_t stripe = (position - start) / span;
+  return stripe * width + zlog_index_of(position, start + stripe * span, width, unit);
 }
 
 std::string View::oid_of(uint64_t object) const {
@@ -115,7 +116,8 @@ void Pipeline::set_sequencer(uint32_t id, const std::string& host, uint16_t port
 
 void Pipeline::set_view(uint32_t id, const View& view) {
   if (view.width == 0) throw std::invalid_argument("width must be at least 1");
-  if (view.format == ZLOG_FORMAT_DATA && view.slots == 0) throw std::invalid_argument("a data-format view has slots");
+  if (view.format == ZLOG_FORMAT_DATA && !zlog_geometry_ok(view.width, view.slots, view.unit))
+    throw std::invalid_argument("a data-format view's geometry is out of range");
   std::lock_guard<std::mutex> l(mu_);
   auto it = logs_.find(id);
   if (it == logs_.end()) throw std::invalid_argument("no such log in the pipeline");

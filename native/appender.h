@@ -50,8 +50,8 @@ struct Stats {
 // Where a log's new positions go: positions >= start, striped over `width`
 // objects. In the omap format object i of the view is prefix + i; in the
 // data format the view is a sequence of stripes of `slots` positions per
-// object, and position p's object is prefix + "s" + stripe + "." + (p % width)
-// (pyzlog.core.layout). A data-format object not made yet answers ENOENT,
+// object, dealt in runs of `unit`, and position p's object is prefix + "s" +
+// stripe + "." + index (cls_zlog/ops.h, "layout"; pyzlog.core.layout). A data-format object not made yet answers ENOENT,
 // which Python handles (it opens the stripe and writes there again).
 struct View {
   uint64_t epoch = 0, start = 0;
@@ -59,6 +59,7 @@ struct View {
   std::string prefix;
   uint8_t format = ZLOG_FORMAT_OMAP;
   uint32_t slots = 0;
+  uint32_t unit = 1;
 
   // the view's object holding `position`: stripe * width + index (stripe 0 in the omap format)
   uint64_t object(uint64_t position) const;

@@ -53,7 +53,7 @@ PYBIND11_MODULE(_appender, m) {
       .def(
           "set_view",
           [](Pipeline& self, uint32_t log, uint64_t epoch, const std::string& oid_prefix, uint32_t width,
-             uint64_t start, uint8_t format, uint32_t slots) {
+             uint64_t start, uint8_t format, uint32_t slots, uint32_t unit) {
             zlog_native::View v;
             v.epoch = epoch;
             v.prefix = oid_prefix;
@@ -61,10 +61,12 @@ PYBIND11_MODULE(_appender, m) {
             v.start = start;
             v.format = format;
             v.slots = slots;
+            v.unit = unit;
             self.set_view(log, v);
           },
           py::arg("log"), py::arg("epoch"), py::arg("oid_prefix"), py::arg("width"), py::arg("start"),
-          py::arg("format") = static_cast<uint8_t>(ZLOG_FORMAT_OMAP), py::arg("slots") = 0u)
+          py::arg("format") = static_cast<uint8_t>(ZLOG_FORMAT_OMAP), py::arg("slots") = 0u,
+          py::arg("unit") = 1u)
       .def("remove_log", &Pipeline::remove_log, py::arg("log"))
       .def(
           "append",

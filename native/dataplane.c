@@ -1257,9 +1257,9 @@ dp_batch *dp_window_batch(const dp_window *w) {
   return b;
 }
 
-dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint64_t start, uint64_t end, uint64_t step,
-                   uint32_t max_rows, uint64_t max_bytes) {
-  if (width == 0 || step == 0) return NULL;
+dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint32_t unit, uint64_t stripe_start, uint64_t start,
+                   uint64_t end, uint64_t step, uint32_t max_rows, uint64_t max_bytes) {
+  if (width == 0 || step == 0 || unit == 0 || (unit > 1 && start < stripe_start)) return NULL;
   if (max_bytes > INT32_MAX) max_bytes = INT32_MAX; /* int32 offsets */
   if (max_rows == 0) max_rows = 1;
   size_t cap = max_rows < 4096 ? max_rows : 4096;
@@ -1286,7 +1286,7 @@ dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint64_t start, ui
       stop = DP_STOP_FULL;
       break;
     }
-    const uint32_t obj = (uint32_t)(p % width);
+    const uint32_t obj = zlog_index_of(p, stripe_start, width, unit);
     const dp_window *w = windows[obj];
     if (!w || p < w->first || p >= w->next) {
       stop = DP_STOP_NEED;

@@ -42,7 +42,8 @@ typedef struct {
   uint8_t reason; const char *data; uint32_t len; uint64_t expected; uint64_t next_epoch;
   uint64_t start; uint32_t width; const char *seqr; uint32_t seqr_len; uint32_t count;
   const uint64_t *positions; const char *const *datas; const uint32_t *lens;
-  uint8_t format; uint32_t slots; uint64_t byte_bound; uint32_t stripe; uint32_t expected_stripes; ...;
+  uint8_t format; uint32_t slots; uint64_t byte_bound; uint32_t stripe; uint32_t expected_stripes;
+  uint32_t unit; ...;
 } zlog_req;
 typedef struct {
   uint64_t sealed_epoch; uint8_t has_max; uint64_t max_position; uint64_t trim_below;
@@ -50,7 +51,7 @@ typedef struct {
 } zlog_stat;
 typedef struct {
   uint64_t epoch; uint64_t start; uint32_t width; uint8_t format; uint32_t slots; uint64_t byte_bound;
-  uint32_t stripes; ...;
+  uint32_t stripes; uint32_t unit; ...;
 } zlog_view;
 typedef struct {
   uint64_t epoch; const char *config; uint32_t config_len; uint32_t nviews; zlog_view *views;
@@ -63,7 +64,16 @@ static const int ZLOG_OP_WRITE, ZLOG_OP_WRITE_MANY, ZLOG_OP_READ, ZLOG_OP_READ_R
     ZLOG_OP_VERSION, ZLOG_OP_INIT, ZLOG_OP_META_OPEN_STRIPE, ZLOG_OP_META_TRIM, ZLOG_OP_REPAIR,
     ZLOG_OP_READ_SET, ZLOG_OP_COUNT;
 static const int ZLOG_FORMAT_OMAP, ZLOG_FORMAT_DATA;
-static const uint32_t ZLOG_ANY_STRIPES;
+static const uint32_t ZLOG_ANY_STRIPES, ZLOG_MAX_UNIT;
+/* ops.h's layout of a data-format view (the unit tier checks core.layout against them) */
+uint32_t zlog_index_of(uint64_t p, uint64_t ss, uint32_t width, uint32_t unit);
+uint64_t zlog_base_of(uint64_t ss, uint32_t index, uint32_t width, uint32_t unit);
+uint64_t zlog_slot_of(uint64_t off, uint32_t width, uint32_t unit);
+uint64_t zlog_offset_of(uint64_t slot, uint32_t width, uint32_t unit);
+int zlog_object_holds(uint64_t off, uint32_t width, uint32_t unit);
+uint64_t zlog_next_held(uint64_t off, uint32_t width, uint32_t unit);
+uint64_t zlog_prev_held(uint64_t off, uint32_t width, uint32_t unit);
+int zlog_geometry_ok(uint32_t width, uint32_t slots, uint32_t unit);
 static const int ZLOG_PROTO_LEGACY, ZLOG_PROTO_CURRENT, ZLOG_STRUCT_V, ZLOG_COMPAT_V;
 static const int ZLOG_WRITTEN, ZLOG_FILLED, ZLOG_TRIMMED, ZLOG_FILL_JUNK, ZLOG_FILL_LOST;
 static const int ZLOG_MAX_BATCH_ENTRIES, ZLOG_MAX_RANGE_ENTRIES, ZLOG_MAX_RANGE_BYTES, ZLOG_MAX_WIDTH,
@@ -268,16 +278,17 @@ int dp_window_entry(const dp_window *w, uint32_t i, uint64_t *position, uint8_t 
 /* ---------------------------------------------------------------- batches */
 /* Every entry of w from head on, in order, as rows (w is not consumed). */
 dp_batch *dp_window_batch(const dp_window *w);
-/* Rows for positions start, start + step, ... (< end) of one view striped
- * over `width` objects: position p is object p % width, whose current window
- * is windows[p % width] (NULL: none yet). A listed entry becomes a row of its
+/* Rows for positions start, start + step, ... (< end) of one stripe of a
+ * view striped over `width` objects in runs of `unit` (ops.h, "layout"; the
+ * stripe starts at `stripe_start`): position p is object zlog_index_of(p),
+ * whose current window is windows[that index] (NULL: none yet). A listed entry becomes a row of its
  * kind, a position below the window's trim_below a TRIMMED row (epoch 0).
  * Stops at the first position that is unwritten (DP_STOP_MISSING), outside
  * its object's window (DP_STOP_NEED), at end, or when max_rows rows or
  * max_bytes bytes of data are in the batch (at least one row is). Consumes
  * the windows' entries it passes. NULL only when out of memory. */
-dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint64_t start, uint64_t end, uint64_t step,
-                   uint32_t max_rows, uint64_t max_bytes);
+dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint32_t unit, uint64_t stripe_start, uint64_t start,
+                   uint64_t end, uint64_t step, uint32_t max_rows, uint64_t max_bytes);
 void dp_batch_free(dp_batch *b);
 
 /* ------------------------------------------------------------------ stats */

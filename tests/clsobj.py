@@ -48,7 +48,9 @@ class RangeReply:
 
 
 #: the data format's geometry in the class tests: one object holding positions 0..4095
-DATA_GEOMETRY = (0, 1, 4096, 32 << 20)  # base, width, slots, byte_bound
+DATA_GEOMETRY = (0, 1, 4096, 32 << 20)  # base, width, slots, byte_bound[, unit]
+#: one object of a stripe of 3 dealt in runs of 4: it holds 0..3, 12..15, 24..27, ...
+RUNS_GEOMETRY = (0, 3, 4096, 32 << 20, 4)
 
 
 class Raw:
@@ -57,8 +59,19 @@ class Raw:
     with `geometry`) as an Obj is, since no write can make them."""
 
     def __init__(self, conn: Connection, pool: Pool, protocol: int, fmt: int = wire.FORMAT_OMAP,
-                 geometry: tuple[int, int, int, int] = DATA_GEOMETRY) -> None:
+                 geometry: tuple[int, ...] = DATA_GEOMETRY) -> None:
         self.conn, self.pool, self.protocol, self.fmt, self.geometry = conn, pool, protocol, fmt, geometry
+
+    @property
+    def unit(self) -> int:
+        return self.geometry[4] if len(self.geometry) > 4 else 1
+
+    def held(self, i: int) -> int:
+        """The object's i-th position (its slot i)."""
+        from pyzlog.core.layout import held_after
+
+        base, width = self.geometry[0], self.geometry[1]
+        return held_after(base, width, self.unit, base, i)
 
     def call_raw(self, oid: str, method: str, payload: bytes = b"", out_len: int = 0) -> tuple[int, bytes]:
         """(0 or -errno, reply) of `method` with `payload` as given."""
@@ -82,9 +95,10 @@ class Obj:
         if io.data_format and made:
             assert self.init(0) == 0
 
-    def init(self, epoch: int, geometry: tuple[int, int, int, int] | None = None) -> int:
-        base, width, slots, byte_bound = geometry or self.io.geometry
-        return self.op(Op.INIT, epoch=epoch, position=base, width=width, slots=slots, byte_bound=byte_bound)[0]
+    def init(self, epoch: int, geometry: tuple[int, ...] | None = None) -> int:
+        base, width, slots, byte_bound, *unit = geometry or self.io.geometry
+        return self.op(Op.INIT, epoch=epoch, position=base, width=width, slots=slots, byte_bound=byte_bound,
+                       unit=unit[0] if unit else 1)[0]
 
     @property
     def protocol(self) -> int:

@@ -78,6 +78,17 @@ def parse_range_reply2(buf: bytes) -> tuple[int, int | None, int, list[wire.Rang
     return trim_below, (max_pos if has_max else None), nxt, entries
 
 
+def object_index(view: wire.View, position: int) -> int:
+    """Which of its stripe's objects holds `position` (docs/storage.md,
+    "Stripes"): position % width, or in a view dealt in runs of `unit`, the
+    run's turn."""
+    if view.format != _DATA_FORMAT or view.unit == 1:
+        return position % view.width
+    span = view.width * view.slots
+    stripe_start = view.start + (position - view.start) // span * span
+    return (position - stripe_start) // view.unit % view.width
+
+
 def segment(log: LogState, view: wire.View, position: int) -> tuple[list[str], int | None]:
     """The objects holding `position`'s part of `view` (by position % width),
     and where that part ends (None: with the view): a data-format view's
@@ -146,7 +157,7 @@ class ObjectCursor:
         self._pending: Future[tuple[int, bytes]] | None = None
         self._pending_from = first
         self._pending_epoch = 0
-        self._stride = stride  # the object holds every stride-th position
+        self._stride = stride  # a span of stride x per_call positions holds about per_call of its own
         self.max_fresh = False  # has a fetch completed since the last forget_from?
         self._stale = StaleWait(log, f"read_range on {oid}")
 
@@ -304,7 +315,7 @@ class Stream:
                                          for e in (self._view_end, self._segment_end)):
                 self._enter_view()
                 continue
-            cursor = self._cursors[self.position % self._view.width]
+            cursor = self._cursors[object_index(self._view, self.position)]
             entry = cursor.lookup(self.position)
             rec = self._record(entry) if entry is not None else self._unwritten(cursor)
             if rec is not None:

@@ -247,10 +247,10 @@ def test_scans_sharing_a_queue_never_take_each_others_replies(rados_cluster, cep
     oids = view_objects(log_name, lg.views[-1])
     try:
         for start in (0, 1500, 700, 1900, 10):
-            fmt = lg.views[-1].format
-            abandoned = fr.ViewScan(queue, pool, oids, lg.epoch, 0, 2000, per_call=64, format=fmt)
+            fmt, unit = lg.views[-1].format, lg.views[-1].unit
+            abandoned = fr.ViewScan(queue, pool, oids, lg.epoch, 0, 2000, per_call=64, format=fmt, unit=unit)
             abandoned.start()  # its calls are in flight when the next scan starts
-            scan = fr.ViewScan(queue, pool, oids, lg.epoch, start, 2000, per_call=64, format=fmt)
+            scan = fr.ViewScan(queue, pool, oids, lg.epoch, start, 2000, per_call=64, format=fmt, unit=unit)
             rows = [d for b in scan.batches() for d in b.column(1).to_pylist()]
             assert rows == [b"e%d" % i for i in range(start, 2000)]
     finally:

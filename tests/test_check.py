@@ -40,7 +40,7 @@ def test_status_and_info_show_the_sequencer(ceph, log_name, tmp_path: Path) -> N
         mine = [entry for entry in doc["logs"] if entry["name"] == log_name]
         assert len(mine) == 1 and mine[0]["tail"] == 3 and mine[0]["width"] == 2
         assert mine[0]["views"] == [{"epoch": 1, "start": 0, "width": 2, "format": "data", "slots": 16384,
-                                     "byte_bound": 32 << 20, "stripes": 1}] and mine[0]["epoch"] == info["epoch"]
+                                     "byte_bound": 32 << 20, "stripes": 1, "unit": 128}] and mine[0]["epoch"] == info["epoch"]
         assert doc["log_count"] == len(doc["logs"]) >= 1
         seen = {s["address"]: s for s in doc["sequencers"]}
         assert seen[seqr.address]["answers"] is True and seen[seqr.address]["logs"] >= 1

@@ -64,7 +64,8 @@ def test_create_append_read_info_ls_tail(ceph, log_name: str) -> None:  # type: 
     info = json.loads(ok(run(ceph, "info", log_name, "--json")))
     assert info["name"] == log_name and info["tail"] == 7 and info["width"] == 3
     assert info["epoch"] >= 1 and info["views"][0] == {
-        "epoch": 1, "start": 0, "width": 3, "format": "data", "slots": 16384, "byte_bound": 32 << 20, "stripes": 1}
+        "epoch": 1, "start": 0, "width": 3, "format": "data", "slots": 16384, "byte_bound": 32 << 20, "stripes": 1,
+        "unit": 128}
     assert info["config"]["compression"] == "zstd"
     text = ok(run(ceph, "info", log_name))
     assert "tail:   7" in text and "width:  3" in text

@@ -59,8 +59,10 @@ def test_only_init_makes_an_object(raw: Raw, oid: str) -> None:
 
 @pytest.mark.parametrize("geometry", [(0, 0, 16, 1 << 20), (0, 1, 0, 1 << 20), (0, 1, 16, 0),
                                       (0, 1, (1 << 22) + 1, 1 << 20), (0, 1, 16, (1 << 31) + 1),
-                                      (wire.MAX_POSITION + 1, 1, 16, 1 << 20)])
-def test_init_refuses_a_bad_geometry(raw: Raw, oid: str, geometry: tuple[int, int, int, int]) -> None:
+                                      (wire.MAX_POSITION + 1, 1, 16, 1 << 20),
+                                      (0, 2, 16, 1 << 20, 3), (0, 2, 1 << 17, 1 << 20, (1 << 16) + 1)])
+def test_init_refuses_a_bad_geometry(raw: Raw, oid: str, geometry: tuple[int, ...]) -> None:
+    """Out of range, and (with a unit) slots that are not whole runs or a unit over 65536."""
     assert Obj(raw, oid, made=False).init(1, geometry) == EINVAL
 
 
@@ -78,6 +80,44 @@ def test_an_object_holds_its_slots_only(raw: Raw, oid: str) -> None:
     assert ret == OK and rng is not None
     assert [(e.position, e.data) for e in rng.entries] == [(p, b"%d" % p) for p in (10, 13, 16, 19)]
     assert o.max_position(0) == (OK, 19)
+
+
+def test_an_object_of_a_stripe_in_runs_holds_its_runs_only(rados_cluster, ceph, raw: Raw,  # type: ignore[no-untyped-def]
+                                                           oid: str) -> None:
+    """Object 1 of a stripe from 100 over width 3 in runs of 4, 12 slots: it
+    holds 104..107, 116..119 and 128..131 (cls_zlog/ops.h, "layout"); a
+    range read lists exactly those, cut anywhere, even with bounds in the
+    other objects' runs; its header says unit 4 in a version that a class
+    without runs refuses (it would put positions in the wrong slots)."""
+    own = [104, 105, 106, 107, 116, 117, 118, 119, 128, 129, 130, 131]
+    o = Obj(raw, oid, made=False)
+    assert o.init(0, (104, 3, 12, 1 << 20, 4)) == OK
+    assert o.init(0, (104, 3, 12, 1 << 20, 4)) == OK and o.init(0, (104, 3, 12, 1 << 20, 2)) == EINVAL
+    assert o.init(0, (104, 3, 12, 1 << 20)) == EINVAL  # unit 1 is another geometry
+    assert o.write_many(0, [(p, b"%d" % p) for p in own[:5]]) == OK  # one run and the next's first
+    for p in own[5:]:
+        assert o.write(0, p, b"%d" % p) == OK
+    for pos in (100, 103, 108, 115, 120, 127, 132, 140):  # other objects' runs, and past its last slot
+        assert o.write(0, pos, b"x") == EINVAL
+        assert o.read(0, pos)[0] == EINVAL
+    assert o.write_many(0, [(108, b"a")]) == EINVAL
+    assert [e.position for e in o.read_range(0, 0, 1000)[1].entries] == own  # type: ignore[union-attr]
+    for first in range(100, 133):
+        for last in (first, first + 3, first + 9, 140):
+            ret, rng = o.read_range(0, first, last)
+            assert ret == OK and rng is not None
+            assert [(e.position, e.data) for e in rng.entries] == [(p, b"%d" % p) for p in own if first <= p <= last]
+    ret, rng = o.read_range(0, 100, 140, max_entries=5)
+    assert ret == OK and rng is not None and [e.position for e in rng.entries] == own[:5] and rng.next == 117
+    assert o.max_position(0) == (OK, 131)
+    assert o.trim_to(0, 117) == OK
+    assert [e.position for e in o.read_range(0, 0, 1000)[1].entries] == own[6:]  # type: ignore[union-attr]
+    io = rados_cluster.open_ioctx(ceph.pool)
+    try:
+        header = io.read(oid, 128, 0)
+    finally:
+        io.close()
+    assert header[:5] == b"ZLG3\x04" and int.from_bytes(header[88:92], "little") == 4
 
 
 def test_a_full_object_takes_nothing_more_and_its_unwritten_positions_are_filled(raw: Raw, oid: str) -> None:

@@ -7,8 +7,11 @@ asserts the same return code and the same bytes for every step. The object's
 header is lost now and then (from outside, as damage would): an object that
 holds anything is then corrupt (every method EIO) until `repair` rebuilds
 the header; one that holds nothing is new again. Positions are
-0..15 and epochs small so that collisions, trims over data and stale epochs
-are common; request epochs are drawn, not always the sealed one.
+the object's first 16 and epochs small so that collisions, trims over data
+and stale epochs are common; request epochs are drawn, not always the sealed
+one. The data format runs twice: an object holding every position, and one
+of a stripe dealt in runs (RUNS_GEOMETRY: its positions are 0..3, 12..15, ...,
+so range reads cross the other objects' runs).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from pyzlog.core import wire
 from pyzlog.core.wire import EntryState, ObjectStat, RangeEntry
 
+from clsobj import RUNS_GEOMETRY
 from clsobj import Raw as ClassIO
 from clsobj import RangeReply
 from clsobj import CORRUPT, EINVAL, FILLED, NOENT, OK, STALE, TOO_BIG, TRIMMED, UNWRITTEN, WRITTEN, Obj
@@ -319,8 +323,13 @@ class ClsZlogMachine(RuleBasedStateMachine):
     def pos(self, p: Pos) -> int:
         if isinstance(p, Held):
             held = sorted(self.model.entries)
-            return held[p.i % len(held)] if held else p.i
-        return p
+            return held[p.i % len(held)] if held else self.at(p.i)
+        return self.at(p)
+
+    def at(self, i: int) -> int:
+        """The object's i-th position (i itself unless its stripe is dealt in runs)."""
+        assert self.io is not None
+        return self.io.held(i)
 
     @rule(epoch=EPOCHS, pos=TARGETS, data=DATA, oversize=OVERSIZE)
     def write(self, epoch: Epoch, pos: Pos, data: bytes, oversize: bool) -> None:
@@ -333,6 +342,7 @@ class ClsZlogMachine(RuleBasedStateMachine):
     @rule(epoch=EPOCHS, batch=st.lists(st.tuples(POSITIONS, DATA), max_size=4), oversize=OVERSIZE)
     def write_many(self, epoch: Epoch, batch: list[tuple[int, bytes]], oversize: bool) -> None:
         e = self.epoch(epoch)
+        batch = [(self.at(p), d) for p, d in batch]
         if oversize and batch:
             batch = [(batch[0][0], BIG)] + batch[1:]
         got = self.obj.write_many(e, batch)
@@ -362,7 +372,7 @@ class ClsZlogMachine(RuleBasedStateMachine):
 
     @rule(epoch=EPOCHS, pos=POSITIONS)
     def trim_to(self, epoch: Epoch, pos: int) -> None:
-        e = self.epoch(epoch)
+        e, pos = self.epoch(epoch), self.at(pos)
         got = self.obj.trim_to(e, pos)
         event(f"trim_to {errname(got)}")
         assert got == self.model.trim_to(e, pos)
@@ -436,11 +446,11 @@ class ClsZlogMachine(RuleBasedStateMachine):
         above the lost seal, the trim point and the view's end."""
         assert self.io is not None
         e, m = self.model.sealed + delta, self.model
-        base, width, slots, byte_bound = self.io.geometry
+        base, width, slots, byte_bound, *_ = self.io.geometry
         p2 = Obj(ClassIO(self.io.conn, self.io.pool, wire.PROTOCOL, self.io.fmt, self.io.geometry), self.obj.oid,
                  made=False)
         got = p2.op(Op.REPAIR, epoch=e, position=m.view_end or 0, reason=0 if m.view_end is None else 1,
-                    start=m.trim_below, last=base, width=width, slots=slots, byte_bound=byte_bound,
+                    start=m.trim_below, last=base, width=width, slots=slots, byte_bound=byte_bound, unit=self.io.unit,
                     format=self.io.fmt)[0]
         event(f"repair {errname(got)}")
         assert got == self.model.repair(e)
@@ -474,4 +484,24 @@ def machine_io(data_io: ClassIO, rados_cluster, ceph):  # type: ignore[no-untype
 
 
 def test_cls_zlog_matches_model(machine_io: ClassIO) -> None:
+    run_state_machine_as_test(ClsZlogMachine, settings=SETTINGS)
+
+
+@pytest.fixture
+def runs_io(rados_cluster, ceph):  # type: ignore[no-untyped-def]
+    from pyzlog.core.native import Connection
+
+    conn = Connection.of(rados_cluster)
+    ClsZlogMachine.io = io = ClassIO(conn, conn.pool(ceph.pool), wire.PROTOCOL, wire.FORMAT_DATA, RUNS_GEOMETRY)
+    ClsZlogMachine.rados_io = rio = damage.ioctx(rados_cluster, ceph.pool)
+    ClsZlogMachine.conf = ceph.conf
+    yield io
+    ClsZlogMachine.io = ClsZlogMachine.rados_io = None
+    rio.close()
+
+
+def test_cls_zlog_matches_model_in_runs(runs_io: ClassIO) -> None:
+    """The data format, one object of a stripe dealt in runs of 4 over 3
+    objects: the same model, on its own positions."""
+    assert [runs_io.held(i) for i in (0, 3, 4, 8)] == [0, 3, 12, 24]
     run_state_machine_as_test(ClsZlogMachine, settings=SETTINGS)

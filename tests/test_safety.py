@@ -21,7 +21,7 @@ import pyzlog.client.ops
 from pyzlog import Log, RecordKind
 from pyzlog.core import wire
 from pyzlog.core.cluster import open_ioctx
-from pyzlog.core.layout import META_NAMESPACE, Place, view_objects
+from pyzlog.core.layout import META_NAMESPACE, Place, view_objects, view_places
 from pyzlog.core.native import Op
 
 #: a wait that a dead process can cause must end well within this (the
@@ -265,12 +265,12 @@ def test_a_reconfiguration_cut_in_half_is_finished_at_its_recorded_end(rados_clu
     lg.append_many([b"x%d" % i for i in range(5)])
     epoch = lg.epoch + 1
     seal_raw(lg, epoch)
-    oids = view_objects(lg.name, lg.views[-1])
-    assert log_obj(lg, oids[0]).close(epoch, 5) == 0
+    places = view_places(lg.name, lg.views[-1])
+    assert log_obj(lg, places[0].oid).close(epoch, 5) == 0
     p = within(BOUND, lambda: lg.append(b"after"))
     assert p == 5 and lg.views[-1].start == 5 and lg.epoch > epoch
     # the old view's objects keep refusing positions of the new one
-    assert log_obj(lg, oids[2]).write(lg.epoch, 8, b"z") == -errno.ESTALE
+    assert log_obj(lg, places[2].oid).write(lg.epoch, places[2].next_held(8), b"z") == -errno.ESTALE
     assert [r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream(0)] == \
         [b"x%d" % i for i in range(5)] + [b"after"]
 

@@ -157,16 +157,20 @@ def test_earliest_skips_trimmed_prefix(spark, ceph, rados_cluster, log_name):  #
         reader(spark, ceph, log_name, startingPosition=0).collect()
 
 
-def test_partitions_one_per_object_and_min_partitions(spark, ceph, rados_cluster, log_name):  # type: ignore[no-untyped-def]
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=4)
+@pytest.mark.parametrize("unit", [1, None], ids=["unit1", "runs"])
+def test_partitions_one_per_object_and_min_partitions(spark, ceph, rados_cluster, log_name, unit):  # type: ignore[no-untyped-def]
+    """Unit 1: one partition per object (every 4th position); in runs (the
+    default), one per range of consecutive positions, as many as objects."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=4, unit=unit)
     n = 1000
     log.append_many([b"%d" % i for i in range(n)])
     df = reader(spark, ceph, log_name)
     assert df.rdd.getNumPartitions() == 4
     per_part = df.rdd.mapPartitions(lambda it: [sorted(r.position for r in it)]).collect()
-    assert [p[:2] for p in per_part] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [p[:2] for p in per_part] == ([[0, 4], [1, 5], [2, 6], [3, 7]] if unit == 1 else
+                                         [[0, 1], [250, 251], [500, 501], [750, 751]])
     df10 = reader(spark, ceph, log_name, minPartitions=10)
-    assert df10.rdd.getNumPartitions() == 12  # 3 sub-ranges of each of the 4 objects
+    assert df10.rdd.getNumPartitions() == 12  # 3 sub-ranges of each of the 4
     got = sorted((r.position, bytes(r.data)) for r in df10.collect())
     assert got == [(i, b"%d" % i) for i in range(n)]
     counts = df10.rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
@@ -345,12 +349,13 @@ class AppendLoad:
         assert not self.errors, self.errors
 
 
-def _log_with_held_positions(rados_cluster, ceph, name: str, seqr) -> tuple[Log, dict[int, bytes], int]:  # type: ignore[no-untyped-def]
+def _log_with_held_positions(rados_cluster, ceph, name: str, seqr,  # type: ignore[no-untyped-def]
+                             unit: int | None = None) -> tuple[Log, dict[int, bytes], int]:
     """A width-4 log of 203 entries, then 20 positions handed out by the
     sequencer and not written (their writer is slow): the tail is 223 while
     the highest stored position is 202, so a reconfiguration now starts its
     view at 203, below the tail a read plans to."""
-    log = Log.create(rados_cluster, ceph.pool, name, width=4, sequencer=seqr.address)
+    log = Log.create(rados_cluster, ceph.pool, name, width=4, sequencer=seqr.address, unit=unit)
     data = [b"first-%d" % i for i in range(203)]
     stored = dict(zip(log.append_many(data), data))
     held = log.take_positions(20)
@@ -373,20 +378,22 @@ def _batch_rows(batches) -> list[tuple[int, bytes | None, str]]:  # type: ignore
     return [(r["position"], r["data"], r["kind"]) for b in batches for r in b.to_pylist()]
 
 
-@pytest.mark.parametrize("new_width", [3, 8])
+@pytest.mark.parametrize("unit,new_width", [(1, 3), (1, 8), (None, 3)], ids=["unit1-3", "unit1-8", "runs-3"])
 @pytest.mark.parametrize("when", ["before", "while"])
 def test_partitions_deliver_their_planned_positions_across_a_width_change(  # type: ignore[no-untyped-def]
-        ceph, rados_cluster, log_name, seqr, new_width, when):
+        ceph, rados_cluster, log_name, seqr, unit, new_width, when):
     """The reader's contract, without Spark in between: partitions planned at
     width 4 are read after (or while) the log moves to width 3 or 8, under
     append load. Each delivers exactly its planned positions; together they
-    cover the range once, each with its data or its gap kind."""
-    log, stored, end = _log_with_held_positions(rados_cluster, ceph, log_name, seqr)
+    cover the range once, each with its data or its gap kind. Unit 1 plans
+    one partition per object; a view in runs, ranges of consecutive positions."""
+    log, stored, end = _log_with_held_positions(rados_cluster, ceph, log_name, seqr, unit)
     opts = parse_options({"conf": ceph.conf, "pool": ceph.pool, "log": log_name, "sequencer": seqr.address,
                           "holeWait": "8", "onDataLoss": "rows"})
     reader = ZlogBatchReader(opts)
     parts = reader.partitions()
-    assert {(p.width, p.index) for p in parts} == {(4, i) for i in range(4)}
+    assert {(p.width, p.index) for p in parts} == ({(4, i) for i in range(4)} if unit == 1 else {(1, 0)})
+    assert len(parts) == 4
     assert max(p.end for p in parts) == end
     admin = Log.open(rados_cluster, ceph.pool, log_name)
     got: dict[int, list[tuple[int, bytes | None, str]]] = {}
@@ -705,7 +712,7 @@ def test_the_driver_learns_what_writes_stored(spark, writes, ceph, rados_cluster
 # ---------------------------------------------------- admission control (4.2+)
 
 def test_available_now_reads_what_existed_in_capped_batches(spark, ceph, rados_cluster, log_name, tmp_path):  # type: ignore[no-untyped-def]
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=4)
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=4, unit=1)  # every 4th position per object
     log.append_many([b"a%d" % i for i in range(1000)])
     name = "avail_" + log_name.replace("-", "_")
     stop = threading.Event()
@@ -762,7 +769,7 @@ def _as_json(value: Any) -> Any:
 
 def test_behind_latest_over_views() -> None:
     from pyzlog.spark.source import behind_latest
-    from pyzlog.core.wire import View
+    from pyzlog.core.wire import FORMAT_DATA, View
 
     views = (View(1, 0, 4), View(2, 10, 2))
     assert behind_latest(views, 6, 14) == {"entriesBehindLatest": 8, "minEntriesBehindLatest": 1,
@@ -770,6 +777,10 @@ def test_behind_latest_over_views() -> None:
     caught_up = behind_latest(views, 14, 14)
     assert caught_up == {"entriesBehindLatest": 0, "minEntriesBehindLatest": 0,
                          "avgEntriesBehindLatest": 0.0, "maxEntriesBehindLatest": 0}
+    # a view from 14 in runs of 4 over 2 objects: 14..17 and 22..25 in object 0, 18..21 in object 1
+    runs = views + (View(3, 14, 2, FORMAT_DATA, 8, 1 << 20, 1, 4),)
+    assert behind_latest(runs, 16, 22) == {"entriesBehindLatest": 6, "minEntriesBehindLatest": 2,
+                                           "avgEntriesBehindLatest": 3.0, "maxEntriesBehindLatest": 4}
 
 
 # -------------------------------------------------------------------- versions

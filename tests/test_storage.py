@@ -211,11 +211,12 @@ def test_reconfiguration_keeps_the_format_and_closes_the_old_stripes(rados_clust
     lg.append_many([b"a%d" % i for i in range(150)])
     old = lg.refresh().views[-1]
     new = lg.reconfigure(3)
-    assert (new.start, new.width, new.format, new.slots, new.byte_bound, new.stripes) == \
-        (150, 3, wire.FORMAT_DATA, SLOTS, old.byte_bound, 0)
+    assert (new.start, new.width, new.format, new.slots, new.byte_bound, new.stripes, new.unit) == \
+        (150, 3, wire.FORMAT_DATA, SLOTS, old.byte_bound, 0, old.unit)
     # the old view's objects refuse its positions past the end, whatever the epoch
-    last = stripe_places(lg.name, old, 1)
-    assert log_obj(lg, last[1].oid).write(lg.epoch, 151, b"z") == -errno.ESTALE
+    for p in stripe_places(lg.name, old, 1):
+        past = p.next_held(151)  # its first position past the end
+        assert log_obj(lg, p.oid).write(lg.epoch, past, b"z") == -errno.ESTALE, p
     lg.append_many([b"b%d" % i for i in range(400)])
     assert [r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream()] == \
         [b"a%d" % i for i in range(150)] + [b"b%d" % i for i in range(400)]
@@ -232,7 +233,9 @@ def test_omap_logs_stay_readable_and_writable(rados_cluster, ceph, log_name) -> 
 
 
 @pytest.mark.parametrize("kw,message", [({"format": "fifo"}, "format"), ({"slots": 0}, "slots"),
-                                        ({"byte_bound": 1 << 40}, "byte_bound")])
+                                        ({"byte_bound": 1 << 40}, "byte_bound"), ({"unit": 0}, "unit"),
+                                        ({"unit": 3}, "multiple of unit"), ({"unit": 1 << 17}, "unit"),
+                                        ({"unit": True}, "unit"), ({"format": "omap", "unit": 4}, "data-format")])
 def test_bad_geometry_is_refused(rados_cluster, ceph, log_name, kw, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(pyzlog.InvalidRequest, match=message):
         Log.create(rados_cluster, ceph.pool, log_name, **kw)

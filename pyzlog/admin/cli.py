@@ -175,17 +175,21 @@ def cli(ctx: click.Context, conf: str | None, pool: str, seqr: str | None, keyri
               help="positions per object (data format)")
 @click.option("--byte-bound", type=click.IntRange(1, 1 << 31), default=DEFAULT_BYTE_BOUND, show_default=True,
               help="bytes of entries per object (data format)")
+@click.option("--unit", type=click.IntRange(1, 65536), default=None,
+              help="consecutive positions per run of an object (data format; a divisor of --slots) "
+                   "[default: the largest divisor of --slots up to 128]")
 @pass_env
 def create(env: Env, name: str, width: int, compression: str | None, fmt: str, slots: int,
-           byte_bound: int) -> None:
+           byte_bound: int, unit: int | None) -> None:
     """Create log NAME."""
     from ..client.log import Log
 
     config = {"compression": compression} if compression else None
     log = Log.create(env.cluster, env.pool, name, width=width, config=config, format=fmt, slots=slots,
-                     byte_bound=byte_bound)
+                     byte_bound=byte_bound, unit=unit)
     view = log.views[-1]
-    shape = f"{view.slots} positions and {_size(view.byte_bound)} per object" if view.bounded else "omap format"
+    shape = (f"{view.slots} positions and {_size(view.byte_bound)} per object in runs of {view.unit}"
+             if view.bounded else "omap format")
     click.echo(f"created log {name!r} in pool {env.pool!r}: width {width}, {shape}, epoch {log.epoch}")
 
 
@@ -360,8 +364,8 @@ def info(env: Env, name: str, as_json: bool) -> None:
     click.echo(f"stored: {_stored_line(doc['stored'])}")
     click.echo("views:")
     for v in views:
-        shape = (f"data format, {v['slots']} positions and {_size(v['byte_bound'])} per object, "
-                 f"{v['stripes']} stripe(s) open" if v["format"] == "data" else "omap format")
+        shape = (f"data format, {v['slots']} positions and {_size(v['byte_bound'])} per object in runs of "
+                 f"{v['unit']}, {v['stripes']} stripe(s) open" if v["format"] == "data" else "omap format")
         click.echo(f"  epoch {v['epoch']:>4}  from position {v['start']:>10}  width {v['width']}  ({shape})")
     if doc["consumers"]:
         click.echo("consumers:")

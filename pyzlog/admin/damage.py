@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core import wire
 from ..core.errors import Corrupt, InvalidRequest, ZlogError
-from ..core.layout import Place, first_in_stride, view_end, view_places
+from ..core.layout import Place, first_in_stride, held_after, held_count, next_held, view_end, view_places
 from ..core.native import Op
 from ..core.state import LogState
 
@@ -81,53 +81,61 @@ def _scan_object(state: LogState, meta: wire.Meta, p: Place) -> list[Damage]:
         raise conn.error(code, f"stat on {p.oid}", pool=pool, oid=p.oid, op=Op.STAT)
     if st.max_position is None:
         return []
-    width = v.width
-    first = p.base if v.bounded else first_in_stride(v.start, p.index, width)
-    first = max(first, first_in_stride(max(st.trim_below, meta.trim_below), p.index, width))
+    base = _first_of(p)
+    first = next_held(base, v.width, v.unit, max(st.trim_below, meta.trim_below))
     last = st.max_position
     end = view_end(meta.views, v)
     if end is not None:
         last = min(last, end - 1)
     if v.bounded:
-        last = min(last, p.base + width * (v.slots - 1))
+        last = min(last, held_after(base, v.width, v.unit, base, v.slots - 1))
     return [Damage(p.oid, "entry", pos, "the entry does not parse or lies outside the object's data")
             for pos in damaged_positions(state, p, meta.epoch, first, last)]
 
 
+def _first_of(p: Place) -> int:
+    """The first position of object `p` (an omap view's objects start at the view's start)."""
+    v = p.view
+    return p.base if v.bounded else first_in_stride(v.start, p.index, v.width)
+
+
 def damaged_positions(state: LogState, p: Place, epoch: int, first: int, last: int) -> Iterator[int]:
-    """The positions of object `p` in [first, last] (its own: first, first +
-    width, ...) whose read answers EIO."""
-    conn, pool, width = state.conn, state.data, p.view.width
+    """The positions of object `p` in [first, last] (its own, `first` one of
+    them: layout.next_held) whose read answers EIO."""
+    conn, pool = state.conn, state.data
+    base, width, unit = _first_of(p), p.view.width, p.view.unit
+
+    def after(pos: int, k: int) -> int:  # the object's k-th position after pos
+        return held_after(base, width, unit, pos, k)
+
+    def count(lo: int, hi: int) -> int:  # the object's positions in [lo, hi]
+        return held_count(base, width, unit, lo, hi)
 
     def read_range(lo: int, hi: int) -> tuple[int, Any]:
         code, w = conn.call_raw(pool, p.oid, Op.READ_RANGE, epoch=epoch, position=lo, last=hi,
-                                max_entries=min(PER_CALL, (hi - lo) // width + 1), max_bytes=wire.MAX_RANGE_BYTES,
+                                max_entries=min(PER_CALL, count(lo, hi)), max_bytes=wire.MAX_RANGE_BYTES,
                                 format=p.view.format)
         if code < 0 and code != -errno.EIO:
             raise conn.error(code, f"read_range on {p.oid}", pool=pool, oid=p.oid, op=Op.READ_RANGE)
         return code, w
 
-    def index(pos: int, base: int) -> int:
-        return (pos - base + width - 1) // width  # of the first of our positions at or after pos
-
     pos = first
     while pos <= last:
-        n = min(PER_CALL, (last - pos) // width + 1)
-        code, w = read_range(pos, pos + width * (n - 1))
+        n = min(PER_CALL, count(pos, last))
+        code, w = read_range(pos, after(pos, n - 1))
         if code == 0:
-            pos = max(w.next, pos + 1)
-            pos = first_in_stride(pos, p.index, width)
+            pos = next_held(base, width, unit, max(w.next, pos + 1))
             continue
         lo, hi = 0, n - 1  # a damaged position is in [lo, hi] (indexes from pos)
         while lo < hi:
             mid = (lo + hi) // 2
-            code, w = read_range(pos + width * lo, pos + width * mid)
+            code, w = read_range(after(pos, lo), after(pos, mid))
             if code == -errno.EIO:
                 hi = mid
             else:
-                lo = max(index(w.next, pos), lo + 1) if w.next <= pos + width * mid else mid + 1
-        yield pos + width * lo
-        pos += width * (lo + 1)
+                lo = max(count(pos, w.next - 1), lo + 1) if w.next <= after(pos, mid) else mid + 1
+        yield after(pos, lo)
+        pos = after(pos, lo + 1)
 
 
 def find_place(meta: wire.Meta, name: str, oid: str) -> Place:
@@ -148,7 +156,7 @@ def repair(state: LogState, oid: str) -> wire.ObjectStat:
     end = view_end(meta.views, v)
     fields = {"epoch": meta.epoch, "position": end or 0, "reason": REPAIR_HAS_END if end is not None else 0,
               "start": meta.trim_below, "last": p.base if v.bounded else 0, "width": v.width,
-              "slots": v.slots if v.bounded else 0, "byte_bound": v.byte_bound if v.bounded else 0,
+              "slots": v.slots if v.bounded else 0, "byte_bound": v.byte_bound if v.bounded else 0, "unit": v.unit,
               "format": v.format}
     code, _ = state.conn.call_raw(state.data, oid, Op.REPAIR, **fields)
     why = {-errno.EEXIST: "its header is usable: nothing to repair",

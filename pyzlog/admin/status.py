@@ -76,7 +76,7 @@ def view_dict(v: wire.View) -> dict[str, Any]:
     out: dict[str, Any] = {"epoch": v.epoch, "start": v.start, "width": v.width,
                            "format": "data" if v.bounded else "omap"}
     if v.bounded:
-        out.update(slots=v.slots, byte_bound=v.byte_bound, stripes=v.stripes)
+        out.update(slots=v.slots, byte_bound=v.byte_bound, stripes=v.stripes, unit=v.unit)
     return out
 
 

@@ -294,11 +294,13 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                 alog.append_async(data)
             alog.flush()
             layout = _entry_layout(b, log, data)
-            shape = log.append_many([data] * batch)
-            many_objects = len({log.oid_of(p) for p in shape})
+            # objects per append_many call, over a few calls: a stripe in runs
+            # puts a call in one object, or two where it crosses a run's end
+            calls = [log.append_many([data] * batch) for _ in range(8)]
+            many_objects = statistics.mean(len({log.oid_of(p) for p in call}) for call in calls)
             # entries per OSD op of append_many when the stripe splits a call
             # over several objects (0: one op per call, the raw cases' shape)
-            split = batch // many_objects if many_objects > 1 else 0
+            split = round(batch / many_objects) if many_objects > 1 else 0
             olog = b.open(omap_name)
             b.warm_up(olog)
             oalog = b.open(omap_name, max_in_flight=depth)

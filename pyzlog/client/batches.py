@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from ..core import wire
 from ..core.errors import CorruptEntry, StaleEpoch, ZlogError
-from ..core.layout import first_in_stride, stripe_end, stripe_of, stripe_places, view_end, view_of
+from ..core.layout import first_in_stride, stripe_end, stripe_of, stripe_places, stripe_start, view_end, view_of
 from ..core.native import Op, Queue
 from ..core.scan import KIND_NAMES, STOP_CORRUPT, STOP_END, STOP_MISSING, ViewScan, batch_of
 from ..core.state import LogState
@@ -151,14 +151,15 @@ class BatchStream:
         stripe = stripe_of(view, self.position)
         last = min(x for x in (vend, stripe_end(view, stripe), self.end, wire.MAX_POSITION + 1) if x is not None)
         step = 1
-        self._filter = self.stride is not None
-        if self.stride is not None and view.width == self.stride:
+        self._filter = self.stride is not None and self.stride != 1
+        if self.stride is not None and view.width == self.stride and view.unit == 1:
             step = view.width  # one object of the view holds exactly the positions asked for
             self._filter = False
             self.position = first_in_stride(self.position, self.stride_index, self.stride)  # type: ignore[arg-type]
         scan = ViewScan(self._queue, self._pool, [p.oid for p in stripe_places(self.log.name, view, stripe)],
                         meta.epoch, self.position, last, per_call=PER_CALL, step=step, max_rows=self.max_rows,
-                        signed=self.signed, format=view.format, trim_below=meta.trim_below)
+                        signed=self.signed, format=view.format, trim_below=meta.trim_below, unit=view.unit,
+                        stripe_start=stripe_start(view, stripe))
         return scan, view, vend, meta.views
 
     def _walk(self) -> Iterator[Any]:

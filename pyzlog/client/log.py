@@ -21,7 +21,8 @@ from ..core.cluster import open_ioctx
 from ..core.codec import check_codec, codec_for
 from ..core.errors import InvalidRequest, ZlogError
 from ..core.layout import META_NAMESPACE, check_position
-from ..core.metadata import DEFAULT_BYTE_BOUND, DEFAULT_SLOTS, MAX_BYTE_BOUND, MAX_SLOTS, Geometry, MetaStore
+from ..core.metadata import (DEFAULT_BYTE_BOUND, DEFAULT_SLOTS, DEFAULT_UNIT, MAX_BYTE_BOUND, MAX_SLOTS, Geometry,
+                             MetaStore)
 from ..core.sequencer import SequencerClient
 from ..core.state import LogState
 from ..core.tailfind import find_tail, seal_new_epoch
@@ -67,16 +68,19 @@ class Log:
                config: dict[str, Any] | None = None,
                sequencer: SequencerClient | str | None = None, *, compression: str = "none",
                max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, coalesce: bool = True, format: str = "data",
-               slots: int = DEFAULT_SLOTS, byte_bound: int = DEFAULT_BYTE_BOUND) -> Log:
+               slots: int = DEFAULT_SLOTS, byte_bound: int = DEFAULT_BYTE_BOUND, unit: int | None = None) -> Log:
         """A new log striped over `width` objects; LogExists if the name is taken.
         `compression` ("none" or "zstd") is recorded in the log's metadata.
         `format`: "data" (the default: entries in bounded objects' data,
         `slots` positions and `byte_bound` bytes of entries per object,
-        counted by Ceph's usage and quotas; docs/storage.md) or "omap" (round
-        2's unbounded objects; also what an OSD whose class predates the data
+        counted by Ceph's usage and quotas, each stripe dealt to its objects
+        in runs of `unit` consecutive positions (a divisor of `slots`; by
+        default the largest up to 128), so that a batch of appends is one
+        write to one object; docs/storage.md) or "omap" (round 2's
+        unbounded objects; also what an OSD whose class predates the data
         format makes). `max_in_flight` and `coalesce` are as for open()."""
         _check_width(width)
-        geometry = _geometry(format, slots, byte_bound)
+        geometry = _geometry(format, slots, byte_bound, unit)
         config = dict(config or {})
         config.setdefault("compression", check_codec(compression))
         codec_for(config)  # refuse an unknown codec before creating anything
@@ -384,15 +388,23 @@ class Log:
         return self.views[-1]
 
 
-def _geometry(format: str, slots: int, byte_bound: int) -> Geometry | None:
+def _geometry(format: str, slots: int, byte_bound: int, unit: int | None) -> Geometry | None:
     if format == "omap":
+        if unit is not None:
+            raise InvalidRequest("unit is a data-format setting: an omap view holds every width-th position")
         return None
     if format != "data":
         raise InvalidRequest(f"format must be 'data' or 'omap', not {format!r}")
     for what, value, top in (("slots", slots, MAX_SLOTS), ("byte_bound", byte_bound, MAX_BYTE_BOUND)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
             raise InvalidRequest(f"{what} must be 1..{top}, not {value!r}")
-    return Geometry(slots, byte_bound)
+    if unit is None:
+        unit = next(u for u in range(min(DEFAULT_UNIT, slots), 0, -1) if slots % u == 0)
+    if not isinstance(unit, int) or isinstance(unit, bool) or not 1 <= unit <= wire.MAX_UNIT:
+        raise InvalidRequest(f"unit must be 1..{wire.MAX_UNIT}, not {unit!r}")
+    if slots % unit:
+        raise InvalidRequest(f"slots ({slots}) must be a multiple of unit ({unit})")
+    return Geometry(slots, byte_bound, unit)
 
 
 def _check_width(width: int) -> None:

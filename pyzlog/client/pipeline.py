@@ -264,7 +264,7 @@ class LogAsync:
             if told is not None and told[0].epoch > meta.epoch:
                 meta, view = told[0], told[0].views[-1]  # a slower thread's older snapshot: keep the newer view
             pipe.native.set_view(self._id, meta.epoch, data_oid_prefix(self.log.name, view), view.width, view.start,
-                                 view.format, view.slots)
+                                 view.format, view.slots, view.unit)
             self._told = (meta, time.monotonic())
         # appends reaching the last quarter of the last open stripe open the next one ahead of them
         span, opened = stripe_span(view), self.log.open_stripes(view)

@@ -45,9 +45,11 @@ def data_oid(log: str, view: View, index: int, stripe: int = 0) -> str:
 
 # ------------------------------------------------------------------ stripes
 # A data-format view is a sequence of stripes: stripe s holds the positions
-# [start + s * width * slots, start + (s + 1) * width * slots), position p in
-# its object p % width, `slots` positions per object. An omap view is one
-# stripe without end.
+# [start + s * width * slots, start + (s + 1) * width * slots), dealt to its
+# `width` objects in runs of `unit` consecutive positions, `slots` positions
+# per object (cls_zlog/ops.h, "layout", is the definition; the functions
+# below are its Python twins, checked against it in tests/unit). Unit 1 puts
+# position p in object p % width. An omap view is one stripe without end.
 def stripe_span(view: View) -> int:
     """Positions per stripe (0: the view is one unbounded stripe)."""
     return view.width * view.slots if view.bounded else 0
@@ -68,6 +70,55 @@ def stripe_end(view: View, stripe: int) -> int | None:
     return view.start + (stripe + 1) * span if span else None
 
 
+def index_of(view: View, position: int) -> int:
+    """The object (index in its stripe) holding `position` (zlog_index_of)."""
+    if view.unit == 1:
+        return position % view.width
+    return (position - stripe_start(view, stripe_of(view, position))) // view.unit % view.width
+
+
+def object_base(ss: int, index: int, width: int, unit: int) -> int:
+    """The first position of object `index` of a stripe starting at `ss` (zlog_base_of)."""
+    return first_in_stride(ss, index, width) if unit == 1 else ss + index * unit
+
+
+def base_of(view: View, stripe: int, index: int) -> int:
+    """The first position of object `index` of `stripe`."""
+    return object_base(stripe_start(view, stripe), index, view.width, view.unit)
+
+
+def next_held(base: int, width: int, unit: int, position: int) -> int:
+    """The first position at or past `position` of the object whose first is
+    `base` (zlog_next_held): where an object's positions go on."""
+    off = max(position - base, 0)
+    if unit == 1:
+        return base + off + (-off) % width
+    run = off // unit
+    return base + (off if run % width == 0 else (run // width + 1) * width * unit)
+
+
+def held_count(base: int, width: int, unit: int, first: int, last: int) -> int:
+    """How many of the object's positions lie in [first, last] (`first` one of them)."""
+    slot = slot_of(first - base, width, unit)
+    off = last - base  # the last of its own at or before `last` (zlog_prev_held)
+    run = off // unit
+    prev = off - off % width if unit == 1 else (off if run % width == 0 else run // width * width * unit + unit - 1)
+    return max(slot_of(prev, width, unit) - slot + 1, 0)
+
+
+def slot_of(off: int, width: int, unit: int) -> int:
+    """The slot of the object's position `off` past its first (zlog_slot_of)."""
+    return off // width if unit == 1 else off // (unit * width) * unit + off % unit
+
+
+def held_after(base: int, width: int, unit: int, position: int, n: int) -> int:
+    """The object's n-th position after `position` (one of its own)."""
+    if unit == 1:
+        return position + n * width
+    slot = slot_of(position - base, width, unit) + n  # then zlog_offset_of
+    return base + slot // unit * unit * width + slot % unit
+
+
 @dataclass(frozen=True, slots=True)
 class Place:
     """One data object of a view, and what a call on it needs: its name, its
@@ -85,17 +136,25 @@ class Place:
     @property
     def base(self) -> int:
         """Its first position."""
-        return first_in_stride(stripe_start(self.view, self.stripe), self.index, self.view.width)
+        return base_of(self.view, self.stripe, self.index)
 
     def init_fields(self, epoch: int) -> dict[str, int]:
         """An init request's fields for this object, made sealed at `epoch`."""
         v = self.view
         return {"epoch": epoch, "position": self.base, "width": v.width, "slots": v.slots,
-                "byte_bound": v.byte_bound}
+                "byte_bound": v.byte_bound, "unit": v.unit}
+
+    def next_held(self, position: int) -> int:
+        """Its first position at or past `position`."""
+        return next_held(self.base, self.view.width, self.view.unit, position)
+
+    def slot(self, position: int) -> int:
+        """The slot of `position`, one of its own (data format)."""
+        return slot_of(position - self.base, self.view.width, self.view.unit)
 
 
 def place(log: str, view: View, position: int) -> Place:
-    stripe, index = stripe_of(view, position), position % view.width
+    stripe, index = stripe_of(view, position), index_of(view, position)
     return Place(data_oid(log, view, index, stripe), view, stripe, index)
 
 
@@ -128,6 +187,24 @@ def stride_positions(index: int, stride: int, start: int, end: int) -> range:
     return range(first_in_stride(start, index, stride), end, stride)
 
 
+def per_object_counts(view: View, start: int, end: int) -> list[int]:
+    """How many of the positions [start, end) of `view` each of its objects
+    (by index in a stripe, summed over stripes) holds."""
+    if view.unit == 1:
+        return [len(stride_positions(i, view.width, start, end)) for i in range(view.width)]
+    counts = [0] * view.width
+    if start >= end:
+        return counts
+    for stripe in range(stripe_of(view, start), stripe_of(view, end - 1) + 1):
+        top = min(end, stripe_start(view, stripe + 1)) - 1
+        for i in range(view.width):
+            base = base_of(view, stripe, i)
+            first = next_held(base, view.width, view.unit, max(start, base))
+            if first <= top:
+                counts[i] += held_count(base, view.width, view.unit, first, top)
+    return counts
+
+
 def view_of(views: tuple[View, ...], position: int) -> View:
     """The view covering `position`: the last one whose start is <= position."""
     if position >= views[-1].start:
@@ -156,18 +233,31 @@ def by_object(log: str, views: tuple[View, ...], positions: Sequence[int]) -> li
     first, last = positions[0], positions[-1]
     if first >= newest.start and stripe_of(newest, first) == stripe_of(newest, last):
         # one stripe of the newest view (appends, a walk's usual round): by index alone
-        width = newest.width
-        if consecutive:  # every width-th one
-            return [(place(log, newest, first + k), list(positions[k::width]))
-                    for k in range(min(width, len(positions)))]
-        buckets: list[list[int]] = [[] for _ in range(width)]
-        for p in positions:
-            buckets[p % width].append(p)
-        return [(place(log, newest, ps[0]), ps) for ps in buckets if ps]
+        width, unit = newest.width, newest.unit
+        if unit == 1:
+            if consecutive:  # every width-th one
+                return [(place(log, newest, first + k), list(positions[k::width]))
+                        for k in range(min(width, len(positions)))]
+            buckets: list[list[int]] = [[] for _ in range(width)]
+            for p in positions:
+                buckets[p % width].append(p)
+            return [(place(log, newest, ps[0]), ps) for ps in buckets if ps]
+        ss = stripe_start(newest, stripe_of(newest, first))
+        runs: dict[int, list[int]] = {}
+        if consecutive:  # whole runs: one slice each
+            p = first
+            while p <= last:
+                run_end = min(last + 1, p + unit - (p - ss) % unit)
+                runs.setdefault((p - ss) // unit % width, []).extend(range(p, run_end))
+                p = run_end
+        else:
+            for p in positions:
+                runs.setdefault((p - ss) // unit % width, []).append(p)
+        return [(place(log, newest, ps[0]), ps) for ps in runs.values()]
     by_key: dict[tuple[int, int, int], list[int]] = {}
     for p in positions:
         v = view_of(views, p)
-        key = (id(v), stripe_of(v, p), p % v.width)
+        key = (id(v), stripe_of(v, p), index_of(v, p))
         got = by_key.get(key)
         if got is None:
             by_key[key] = [p]

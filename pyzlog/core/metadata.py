@@ -24,6 +24,10 @@ logger = logging.getLogger("pyzlog")
 #: docs/storage.md
 DEFAULT_SLOTS = 16384
 DEFAULT_BYTE_BOUND = 32 << 20
+#: consecutive positions per run of a stripe's object (cls_zlog/ops.h,
+#: "layout"): a batch of appends is one write_many to one or two objects, not
+#: one per object of the stripe; docs/storage.md has the measurements
+DEFAULT_UNIT = 128
 #: what the class accepts (cls_zlog/store.cc)
 MAX_SLOTS = 1 << 22
 MAX_BYTE_BOUND = 1 << 31
@@ -31,17 +35,19 @@ MAX_BYTE_BOUND = 1 << 31
 
 @dataclass(frozen=True, slots=True)
 class Geometry:
-    """A data-format view's bounds: positions per object and bytes per object."""
+    """A data-format view's bounds (positions per object and bytes per
+    object) and the runs its stripes are dealt in (positions per run)."""
 
     slots: int = DEFAULT_SLOTS
     byte_bound: int = DEFAULT_BYTE_BOUND
+    unit: int = DEFAULT_UNIT
 
     @classmethod
     def of(cls, view: wire.View) -> Geometry | None:
-        return cls(view.slots, view.byte_bound) if view.bounded else None
+        return cls(view.slots, view.byte_bound, view.unit) if view.bounded else None
 
     def fields(self) -> dict[str, int]:
-        return {"format": wire.FORMAT_DATA, "slots": self.slots, "byte_bound": self.byte_bound}
+        return {"format": wire.FORMAT_DATA, "slots": self.slots, "byte_bound": self.byte_bound, "unit": self.unit}
 
 
 class MetaStore:
@@ -57,6 +63,14 @@ class MetaStore:
         blob = json.dumps(config, sort_keys=True).encode()
         code, _ = self.conn.call_raw(self.pool, self.name, Op.META_CREATE, width=width, data=blob,
                                      **(geometry.fields() if geometry else {}))
+        if code == -errno.EPROTONOSUPPORT and geometry is not None and geometry.unit > 1:
+            # an OSD whose class predates runs (it refuses the request rather
+            # than take it for unit 1): runs of one position, as that class keeps them
+            logger.warning("log %r: the OSDs' cls_zlog predates striping units; creating it with unit 1 "
+                           "(docs/storage.md)", self.name)
+            geometry = Geometry(geometry.slots, geometry.byte_bound, 1)
+            code, _ = self.conn.call_raw(self.pool, self.name, Op.META_CREATE, width=width, data=blob,
+                                         **geometry.fields())
         if code == -errno.EEXIST:
             raise LogExists(f"log {self.name!r} already exists", errno=errno.EEXIST)
         if code < 0:

@@ -161,7 +161,7 @@ def decode(op: Op | int, payload: bytes, protocol: int = wire.PROTOCOL) -> dict[
         raise error_for(ret, f"decoding {Op(op).name}")
     out: dict[str, Any] = {k: int(getattr(q, k)) for k in (
         "epoch", "position", "last", "max_entries", "max_bytes", "reason", "expected", "next_epoch", "start",
-        "width", "count", "format", "slots", "byte_bound", "stripe", "expected_stripes")}
+        "width", "count", "format", "slots", "byte_bound", "stripe", "expected_stripes", "unit")}
     out["data"] = ffi.unpack(q.data, q.len) if q.data != ffi.NULL else b""
     out["seqr"] = ffi.unpack(q.seqr, q.seqr_len).decode() if q.seqr != ffi.NULL else None
     return out

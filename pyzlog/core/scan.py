@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import wire
 from .errors import InvalidRequest, Timeout, ZlogError
-from .layout import first_in_stride
+from .layout import held_after, held_count, next_held, object_base
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -223,9 +223,11 @@ class Built:
 
 
 def build_batch(windows: Sequence[RangeWindow | None], start: int, end: int, *, step: int = 1,
-                max_rows: int = 65536, max_bytes: int = 64 << 20, signed: bool = False) -> Built:
-    """Rows for positions start, start + step, ... (< end) of a view striped
-    over len(windows) objects, position p coming from windows[p % width]:
+                max_rows: int = 65536, max_bytes: int = 64 << 20, signed: bool = False, unit: int = 1,
+                stripe_start: int = 0) -> Built:
+    """Rows for positions start, start + step, ... (< end) of a stripe
+    striped over len(windows) objects in runs of `unit` from `stripe_start`
+    (layout.index_of), position p coming from the window of its object:
     a listed entry as a row of its kind, a position below its window's
     trim_below as TRIMMED (epoch 0). Stops at the first unwritten position
     (STOP_MISSING: the caller's gap rules decide: hole, tail, or wait), at a
@@ -234,9 +236,10 @@ def build_batch(windows: Sequence[RangeWindow | None], start: int, end: int, *, 
     passes, so the next call goes on from stop_position."""
     width = len(windows)
     arr = ffi.new("dp_window *[]", [ffi.NULL if w is None else w._w for w in windows])
-    b = lib.dp_build(arr, width, start, end, step, max_rows, max_bytes)
+    b = lib.dp_build(arr, width, unit, stripe_start, start, end, step, max_rows, max_bytes)
     if b == ffi.NULL:
-        raise MemoryError("dp_build") if width and step else ValueError("width and step must be positive")
+        raise (MemoryError("dp_build") if width and step and unit and (unit == 1 or start >= stripe_start) else
+               ValueError("width, step and unit must be positive, and start at or past the stripe's"))
     return Built(_record_batch(b, signed), int(b.stop), int(b.stop_position), int(b.stop_object))
 
 
@@ -267,16 +270,17 @@ class _Segment:
 
 
 class ViewScan:
-    """The positions [start, end) of one view, read with read_range from the
-    view's objects (`oids`, index = position % width) and fetched `ahead`
-    calls ahead per object, walked in position order into Arrow batches.
+    """The positions [start, end) of one stripe of a view, read with
+    read_range from its objects (`oids`, by index: layout.index_of, with the
+    stripe's `unit` and `stripe_start`) and fetched `ahead` calls ahead per
+    object, walked in position order into Arrow batches.
 
     This is the mechanical half of a streaming reader: next_batch() returns a
     Built that stops at STOP_END, STOP_FULL, or STOP_MISSING at an unwritten
     position; what that position is (a hole to wait on and fill, or the tail)
     is the caller's to decide, after which it calls forget_from() to read it
     again or skip() past it. `step` = width reads one object only (positions
-    start, start + width, ...). An object that does not exist reads as empty.
+    start, start + width, ...; unit 1 only). An object that does not exist reads as empty.
     A failed call raises its typed error (StaleEpoch on -ESTALE: set `epoch`
     and call again; the scan re-reads from where it stopped). A call that
     meets damage (EIO) is narrowed, halving its range, down to the one
@@ -291,7 +295,7 @@ class ViewScan:
     def __init__(self, queue: Any, pool: Any, oids: Sequence[str | bytes], epoch: int, start: int,
                  end: int, *, per_call: int = 1024, call_bytes: int = 4 << 20, ahead: int = 2, step: int = 1,
                  max_rows: int = 65536, signed: bool = False, format: int = wire.FORMAT_OMAP,
-                 trim_below: int = 0) -> None:
+                 trim_below: int = 0, unit: int = 1, stripe_start: int = 0) -> None:
         if not 1 <= per_call <= wire.MAX_RANGE_ENTRIES or not 1 <= call_bytes <= wire.MAX_RANGE_BYTES:
             raise InvalidRequest("per_call or call_bytes outside the class's limits")
         self.queue, self.pool, self.epoch = queue, pool, epoch
@@ -299,8 +303,10 @@ class ViewScan:
         self.format, self.trim_below = format, trim_below
         self.oids = [_oid(o) for o in oids]
         self.width = len(self.oids)
-        if step not in (1, self.width):
-            raise InvalidRequest("step must be 1 or the view's width")
+        if step not in (1, self.width) or (unit != 1 and step != 1):
+            raise InvalidRequest("step must be 1 or the view's width (of unit 1)")
+        self.unit, self.stripe_start = unit, stripe_start
+        self._bases = [object_base(stripe_start, i, self.width, unit) for i in range(self.width)]
         self.position, self.end, self.step = start, end, step
         self.per_call, self.call_bytes, self.ahead = per_call, call_bytes, max(1, ahead)
         self.max_rows, self.signed = max_rows, signed
@@ -322,7 +328,7 @@ class ViewScan:
 
     def _first_of(self, obj: int, position: int) -> int:
         """The first position of object `obj` at or after `position`."""
-        return first_in_stride(position, obj, self.width)
+        return next_held(self._bases[obj], self.width, self.unit, position)
 
     def _send(self, obj: int, first: int, last: int, max_entries: int) -> _Segment:
         """One read_range call on object `obj`, its reply known by the segment's tag."""
@@ -337,7 +343,7 @@ class ViewScan:
         first = self._first_of(obj, first)
         if first >= self.end:
             return
-        last = min(self.end - 1, first + self.width * (self.per_call - 1))
+        last = min(self.end - 1, held_after(self._bases[obj], self.width, self.unit, first, self.per_call - 1))
         segs = self._segments[obj]
         if obj in self._lost:  # every position damaged: one at a time, no call
             seg = _Segment(first, min(last, first + self.width - 1), -1)
@@ -397,12 +403,13 @@ class ViewScan:
         segs = self._segments[obj]
         if seg not in segs:
             return  # refresh_max's probe: it only wanted the max
-        n = (seg.last - seg.first) // self.width + 1  # this object's positions in it
+        base = self._bases[obj]
+        n = held_count(base, self.width, self.unit, seg.first, seg.last)  # this object's positions in it
         if n == 1:
             seg.corrupt = True
             return
-        segs[segs.index(seg)] = self._send(obj, seg.first, seg.first + self.width * ((n + 1) // 2) - 1,
-                                           self.per_call)
+        half = held_after(base, self.width, self.unit, seg.first, (n + 1) // 2 - 1)
+        segs[segs.index(seg)] = self._send(obj, seg.first, half, self.per_call)
 
     def lose(self, obj: int) -> None:
         """The object `obj` has lost its header (every call on it is EIO):
@@ -449,13 +456,14 @@ class ViewScan:
         while True:
             if self.position >= self.end:
                 return build_batch([None] * self.width, self.position, self.end, step=self.step,
-                                   signed=self.signed)
+                                   signed=self.signed, unit=self.unit, stripe_start=self.stripe_start)
             # the windows the next positions need (every object's at once, so
             # a batch does not end at each object's window boundary in turn)
             self._wait_ready(list(self._objects()), self.position)
             start = self.position
             built = build_batch([s[0].window if s else None for s in self._segments], start, self.end,
-                                step=self.step, max_rows=self.max_rows, signed=self.signed)
+                                step=self.step, max_rows=self.max_rows, signed=self.signed, unit=self.unit,
+                                stripe_start=self.stripe_start)
             self.position = built.stop_position
             if built.stop == STOP_NEED:
                 segs = self._segments[built.stop_object]

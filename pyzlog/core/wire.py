@@ -25,6 +25,7 @@ MAX_BATCH_ENTRIES = int(lib.ZLOG_MAX_BATCH_ENTRIES)
 MAX_RANGE_ENTRIES = int(lib.ZLOG_MAX_RANGE_ENTRIES)
 MAX_RANGE_BYTES = int(lib.ZLOG_MAX_RANGE_BYTES)
 MAX_WIDTH = int(lib.ZLOG_MAX_WIDTH)
+MAX_UNIT = int(lib.ZLOG_MAX_UNIT)
 MAX_CONFIG_BYTES = int(lib.ZLOG_MAX_CONFIG_BYTES)
 #: longest sequencer address the metadata records
 MAX_SEQUENCER_BYTES = int(lib.ZLOG_MAX_SEQR_BYTES)
@@ -78,7 +79,9 @@ class View:
     """From `start` on, positions are striped over `width` objects (until a
     later view). In the data format the objects are bounded: each holds at
     most `slots` positions and `byte_bound` bytes of entries, so the view is a
-    sequence of stripes of `width` objects (`stripes` of them open so far)."""
+    sequence of stripes of `width` objects (`stripes` of them open so far),
+    each stripe dealt to its objects in runs of `unit` consecutive positions
+    (cls_zlog/ops.h, "layout"; unit 1: position p in object p % width)."""
 
     epoch: int
     start: int
@@ -87,6 +90,7 @@ class View:
     slots: int = 0
     byte_bound: int = 0
     stripes: int = 0
+    unit: int = 1
 
     @property
     def bounded(self) -> bool:
@@ -116,7 +120,7 @@ def parse_meta(buf: bytes) -> Meta:
         raise error_for(-errno.EBADMSG, "log metadata")
     try:
         views = tuple(View(int(v.epoch), int(v.start), int(v.width), int(v.format), int(v.slots), int(v.byte_bound),
-                           int(v.stripes)) for v in (m.views[i] for i in range(m.nviews)))
+                           int(v.stripes), int(v.unit)) for v in (m.views[i] for i in range(m.nviews)))
         config = ffi.unpack(m.config, m.config_len) if m.config != ffi.NULL else b""
         seqr = ffi.unpack(m.seqr, m.seqr_len).decode(errors="replace") if m.seqr != ffi.NULL else ""
         return Meta(int(m.epoch), bytes(config), views, seqr, int(m.seqr_epoch), int(m.trim_below))
@@ -131,6 +135,7 @@ def encode_meta(meta: Meta) -> bytes:
         views[i].epoch, views[i].start, views[i].width = v.epoch, v.start, v.width
         views[i].format, views[i].slots, views[i].byte_bound, views[i].stripes = (v.format, v.slots, v.byte_bound,
                                                                                 v.stripes)
+        views[i].unit = v.unit
     m = ffi.new("zlog_meta *")
     config = ffi.from_buffer(meta.config)
     seqr = meta.sequencer.encode()

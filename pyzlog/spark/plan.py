@@ -2,7 +2,10 @@
 
 A partition reads only the positions p of [start, end) with p % width ==
 index, all in one view, so a task makes one read_range call per 512 of its
-object's entries. minPartitions splits an object's range into sub-ranges.
+object's entries. A view whose stripes are dealt in runs of more than one
+position (wire.View.unit) keeps consecutive positions together instead: its
+segment is cut into `width` ranges of consecutive positions (stride 1), each
+read from every object. minPartitions splits a partition into sub-ranges.
 """
 from __future__ import annotations
 
@@ -86,8 +89,13 @@ def plan_partitions(views: tuple[View, ...], start: int, end: int, known_tail: i
         s, e = max(start, v.start), end if ve is None else min(end, ve)
         if s < e:
             segments.append((v, s, e))
-    base = [(v, i, s, e) for v, s, e in segments for i in range(v.width)
-            if first_in_stride(s, i, v.width) < e]
+    base: list[tuple[int, int, int, int, int]] = []  # (epoch, stride, index, start, end)
+    for v, s, e in segments:
+        if v.unit == 1:
+            base += [(v.epoch, v.width, i, s, e) for i in range(v.width) if first_in_stride(s, i, v.width) < e]
+        else:
+            cuts = sorted({s + (e - s) * k // v.width for k in range(v.width)} | {e})
+            base += [(v.epoch, 1, 0, a, b) for a, b in zip(cuts, cuts[1:])]
     pieces = math.ceil(min_partitions / len(base)) if base and min_partitions > len(base) else 1
     tail = min(known_tail, end)
-    return [p for v, i, s, e in base for p in _split(v.epoch, v.width, i, s, e, tail, pieces)]
+    return [p for epoch, stride, i, s, e in base for p in _split(epoch, stride, i, s, e, tail, pieces)]

@@ -11,7 +11,7 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
                                     DataSourceStreamWriter, DataSourceWriter, InputPartition)
 from pyspark.sql.types import StructType
 
-from ..core.layout import stride_positions, view_end
+from ..core.layout import per_object_counts, view_end
 from ..core.wire import View
 from .connection import opened_log
 from .options import EARLIEST, LATEST, ZlogOptions, parse_options
@@ -137,7 +137,7 @@ def behind_latest(views: tuple[View, ...], end: int, tail: int) -> dict[str, flo
         ve = view_end(views, v)
         s, e = max(end, v.start), tail if ve is None else min(tail, ve)
         if s < e:
-            per_object += [len(stride_positions(i, v.width, s, e)) for i in range(v.width)]
+            per_object += per_object_counts(v, s, e)
     if not per_object:
         per_object = [0] * views[-1].width
     return {"entriesBehindLatest": max(tail - end, 0),

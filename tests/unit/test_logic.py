@@ -15,6 +15,7 @@ from pyzlog.client import reader
 from pyzlog.client.appending import Outcome, judge, stored_form
 from pyzlog.client.reader import HoleClock, check_stream_args
 from pyzlog.core import wire
+from pyzlog.core import layout
 from pyzlog.core.layout import (by_object, check_name, check_position, data_oid, first_in_stride, oid_of, place_of,
                                 stride_positions, view_end, view_of)
 from pyzlog.core.wire import View
@@ -33,14 +34,55 @@ def test_positions_map_to_the_object_of_their_view() -> None:
 
 @st.composite
 def _views(draw: Any) -> tuple[View, ...]:
-    """Views of rising start, each omap or data format (small stripes, so runs cross them)."""
+    """Views of rising start, each omap or data format (small stripes, so
+    runs cross them; runs of 1 to 4 positions)."""
     starts = sorted(draw(st.sets(st.integers(1, 200), max_size=3)))
     views = []
     for epoch, start in enumerate([0, *starts], start=1):
         data = draw(st.booleans())
+        unit = draw(st.integers(1, 4)) if data else 1
         views.append(View(epoch, start, draw(st.integers(1, 5)), wire.FORMAT_DATA if data else wire.FORMAT_OMAP,
-                          slots=draw(st.integers(1, 6)) if data else 0))
+                          slots=unit * draw(st.integers(1, 4)) if data else 0, unit=unit))
     return tuple(views)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 6), st.integers(1, 5), st.integers(1, 4))
+def test_a_stripe_deals_every_position_to_one_object_in_runs(ss: int, width: int, unit: int, runs: int) -> None:
+    """The stripe's positions, dealt by layout.index_of: each object holds
+    `slots` of them, from its base, in runs of `unit` consecutive positions
+    (unit 1: p % width); the slot, next/after/count helpers agree with the
+    list, and with cls_zlog/ops.h (the class's and the data plane's
+    definition) through the data plane's cffi module."""
+    from pyzlog._dataplane import lib
+
+    slots = unit * runs
+    view = View(1, ss, width, wire.FORMAT_DATA, slots, 1 << 20, 1, unit)
+    stripe = range(ss, ss + width * slots)
+    held: dict[int, list[int]] = {i: [] for i in range(width)}
+    for p in stripe:
+        i = layout.index_of(view, p)
+        assert i == lib.zlog_index_of(p, ss, width, unit)
+        held[i].append(p)
+    if unit == 1:
+        assert all(layout.index_of(view, p) == p % width for p in stripe)
+    for i, ps in held.items():
+        base = layout.base_of(view, 0, i)
+        assert len(ps) == slots and ps[0] == base == lib.zlog_base_of(ss, i, width, unit)
+        assert all(b - a == 1 for k, (a, b) in enumerate(zip(ps, ps[1:])) if (k + 1) % unit)  # runs of `unit`
+        for k, p in enumerate(ps):
+            assert lib.zlog_object_holds(p - base, width, unit)
+            assert lib.zlog_slot_of(p - base, width, unit) == k and lib.zlog_offset_of(k, width, unit) == p - base
+            assert layout.held_after(base, width, unit, ps[0], k) == p
+        for q in range(base, stripe.stop):
+            own = [p for p in ps if p >= q]
+            want = own[0] if own else None
+            if want is not None:
+                assert layout.next_held(base, width, unit, q) == want == base + lib.zlog_next_held(q - base, width, unit)
+            assert layout.held_count(base, width, unit, base, q) == len([p for p in ps if p <= q])
+            assert base + lib.zlog_prev_held(q - base, width, unit) == max(p for p in ps if p <= q)
+    assert lib.zlog_geometry_ok(width, slots, unit) and not lib.zlog_geometry_ok(width, slots, 0)
+    assert lib.zlog_geometry_ok(width, slots + 1, unit) == (unit == 1)  # slots a multiple of unit
 
 
 @settings(max_examples=300, deadline=None)
@@ -56,6 +98,12 @@ def test_grouping_by_object_places_each_position_as_place_of_does(views: tuple[V
         assert got == sorted((p, place_of("lg", views, p)) for p in positions)
         assert len({where.oid for where, _ in groups}) == len(groups)  # one group per object
         assert all(ps == sorted(ps) for _, ps in groups)
+    for v in views:  # each object's share of a range of one view (Spark's backlog per object)
+        lo = max(first, v.start)
+        want = [0] * v.width
+        for p in range(lo, lo + count):
+            want[layout.index_of(v, p)] += 1
+        assert layout.per_object_counts(v, lo, lo + count) == want
     if len(set(scattered)) > 1:  # out of order: refused, never grouped wrong
         with pytest.raises(pyzlog.InvalidRequest):
             by_object("lg", views, sorted(scattered, reverse=True))
@@ -205,6 +253,25 @@ def test_partition_planning() -> None:
     assert {(p.epoch, p.width) for p in parts} == {(1, 4), (3, 2), (5, 3)}
     split = plan_partitions(VIEWS[:1], 0, 100, known_tail=100, min_partitions=10)
     assert len(split) >= 10 and sorted(p for part in split for p in part.positions()) == list(range(100))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_views(), st.integers(0, 250), st.integers(0, 300), st.integers(0, 12))
+def test_partitions_cover_the_range_once_in_runs_or_not(views: tuple[View, ...], start: int, count: int,
+                                                        min_partitions: int) -> None:
+    """A view in runs is cut into ranges of consecutive positions (stride 1),
+    one per object of its width; one of unit 1 by object (stride = width);
+    either way every position of the range exactly once."""
+    pytest.importorskip("pyspark")
+    from pyzlog.spark.plan import plan_partitions
+
+    parts = plan_partitions(views, start, start + count, known_tail=start + count, min_partitions=min_partitions)
+    covered = sorted(p for part in parts for p in part.positions())
+    assert covered == list(range(start, start + count))
+    for part in parts:
+        v = next(v for v in views if v.epoch == part.epoch)
+        assert (part.width, part.index) == (1, 0) if v.unit > 1 else part.width == v.width
+        assert part.start < part.end and part.count() > 0
 
 
 def test_spark_options(tmp_path) -> None:  # type: ignore[no-untyped-def]
