@@ -16,11 +16,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from functools import partial
-from itertools import repeat
 from operator import length_hint
 from typing import Any, NamedTuple
 
+from .._records import records
 from ..core import wire
 from ..core.errors import CorruptEntry, StaleEpoch, ZlogError
 from ..core.layout import first_in_stride, stripe_end, stripe_of, stripe_places, stripe_start, view_end, view_of
@@ -362,8 +361,9 @@ class BatchStream:
 
 
 class RecordBatch:
-    """The records of the batch being handed out, made by C iterators (no
-    Python call per entry) as they are handed out, so each is young garbage
+    """The records of the batch being handed out, made one at a time as
+    they are handed out (pyzlog._records: each record's bytes reuse the
+    memory of the one its reader just dropped), so each is young garbage
     by the time its reader drops it; the iterator keeps its place: what
     stream() and aio's stream() share. Records are counted
     (entries and stored bytes, metrics.count_later) exactly as handed out,
@@ -373,11 +373,10 @@ class RecordBatch:
 
     def __init__(self, codec: Callable[[bytes], bytes] | None) -> None:
         self.decode = codec
-        self._kinds = [RecordKind(k) for k in KIND_NAMES]
-        self._record = partial(tuple.__new__, Record)  # a Record made in C, not by its Python __new__
+        self._kinds = tuple(RecordKind(k) for k in KIND_NAMES)
         self._size = 0
-        self._datas: list[bytes | None] = []  # the batch's data as stored (what count() adds up)
-        self._positions: Iterator[int] = iter(())  # what `pending` has taken of them tells how far it is
+        self._data: Any = None  # the batch's data column, as stored (what count() adds up)
+        self._offsets: Any = ()  # its offsets, as ints
         #: the batch's records not handed out yet
         self.pending: Iterator[Record] = iter(())
         self.retry: Record | None = None  # one that could not be decoded: handed out first next time
@@ -390,28 +389,18 @@ class RecordBatch:
         """Make Arrow batch `b` (scan.batch_schema, data as stored) the one handed out."""
         self.count()
         n = b.num_rows
-        positions = b.column(0)
-        first, last = (positions[0].as_py(), positions[n - 1].as_py()) if n else (0, -2)
-        # a batch's positions rise; n of them from first to first + n - 1 are all of them
-        pos: Any = range(first, last + 1) if last - first == n - 1 else positions.to_pylist()
-        data_col = b.column(1)
-        # the common batch: all data, one epoch; then no Python object per row for either
-        kinds: Any = (repeat(self._kinds[0]) if not data_col.null_count
-                      else map(self._kinds.__getitem__, b.column(2).indices.to_pylist()))
-        epochs: Any = b.column(3)
-        one_epoch = None
-        if n >= 64:
-            import pyarrow.compute as pc
+        cols = [b.column(i) for i in range(4)]
+        if len({c.offset for c in cols}) > 1:  # (never from a scan) one offset for all four columns
+            import pyarrow as pa
 
-            bounds = pc.min_max(epochs)
-            if bounds["min"].as_py() == bounds["max"].as_py():
-                one_epoch = bounds["min"].as_py()
-        epochs = epochs.to_pylist() if one_epoch is None else repeat(one_epoch)
-        datas = data_col.to_pylist()
-        positions_left = iter(pos)
-        pending = map(self._record, zip(positions_left, kinds, datas, epochs))
+            cols = [pa.concat_arrays([c]) for c in cols]
+        positions, data, kinds, epochs = cols
+        validity, offsets, values = data.buffers()
+        pending = records(positions.buffers()[1], offsets, values, validity if data.null_count else None,
+                          kinds.indices.buffers()[1], epochs.buffers()[1], data.offset, n, Record, self._kinds)
         with self._lock:
-            self._size, self._datas, self._positions, self.pending = n, datas, positions_left, pending
+            self._size, self._data, self.pending = n, data, pending
+            self._offsets = memoryview(offsets).cast("i")[data.offset:data.offset + n + 1]
             self._counted = 0
 
     def count(self) -> None:
@@ -419,12 +408,13 @@ class RecordBatch:
         with self._lock:
             # read in this order (the reader takes no lock): a record off the
             # iterator is held until it is handed out or kept in retry
-            done = self._size - length_hint(self._positions) - (self._holding or self.retry is not None)
+            done = self._size - length_hint(self.pending) - (self._holding or self.retry is not None)
             if done > self._counted:
-                data = [d for d in self._datas[self._counted:done] if d is not None]
-                self._counted = done
-                if data:
-                    metrics.read_many(len(data), sum(map(len, data)))
+                first, self._counted = self._counted, done
+                data = self._data
+                entries = done - first - (data.slice(first, done - first).null_count if data.null_count else 0)
+                if entries:  # a null row has no bytes: its offsets do not move
+                    metrics.read_many(entries, self._offsets[done] - self._offsets[first])
 
     def __del__(self) -> None:
         try:
