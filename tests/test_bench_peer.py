@@ -21,7 +21,7 @@ from test_cli import ZLOG, ok, run
 #: raw_async_shape: the raw write in the shape append_async's run sent (entries per class call); and
 #: raw_split where an append_many call reaches the OSD as more than one op (see below)
 CASES = {"zlog_append_async", "redis_xadd_pipelined", "zlog_append_many", "raw_omap", "raw_append",
-         "raw_async_shape",
+         "raw_async_shape", "raw_append_sync",
          "zlog_append", "redis_xadd", "zlog_stream", "redis_xrange", "zlog_stream_batches",
          # the same cases on a log in the omap format, for the data format's OSD ratios
          "zlog_append_async_omap", "zlog_append_many_omap", "zlog_stream_batches_omap"}
@@ -109,6 +109,12 @@ def test_bench_peer(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-de
         want = statistics.median(x / y for x, y in zip(cases[a]["rounds_ops_per_s"], cases[b]["rounds_ops_per_s"]))
         assert r["ratios"][name] == pytest.approx(want), name
     assert r["ratio_cases"]["append_async_vs_xadd"] == ["zlog_append_async", "redis_xadd_pipelined"]
+    # append_many's ceiling: RADOS alone in its pattern (one 64 KB append waited for at a time)
+    assert r["ceiling_cases"] == {"raw_append_one_at_a_time_vs_xadd": ["raw_append_sync", "redis_xadd_pipelined"]}
+    want = statistics.median(x / y for x, y in zip(cases["raw_append_sync"]["rounds_ops_per_s"],
+                                                    cases["redis_xadd_pipelined"]["rounds_ops_per_s"]))
+    assert r["ceilings"]["raw_append_one_at_a_time_vs_xadd"] == pytest.approx(want)
+    assert "The ceiling of append_many here" in said and cases["raw_append_sync"]["entries_per_osd_op"] == 64
     o = r["osd_ratios"]
     assert r["entry_layout"]["layout"] in ("omap", "data")
     assert o["baseline"] == {"omap": "raw_omap", "data": "raw_append"}[r["entry_layout"]["layout"]] and o["why"]

@@ -56,6 +56,11 @@ COMPARED = {
     "stream_vs_xrange": ("zlog_stream", "redis_xrange"),
     "stream_batches_vs_xrange": ("zlog_stream_batches", "redis_xrange"),
 }
+#: what RADOS itself gives a client in a zlog case's pattern, against the same Redis case: the
+#: ceiling of that zlog case on this machine (append_many is one call of `batch` at a time)
+CEILINGS = {
+    "raw_append_one_at_a_time_vs_xadd": ("raw_append_sync", "redis_xadd_pipelined"),
+}
 
 
 # ------------------------------------------------------------ redis-server
@@ -192,6 +197,11 @@ class _RawBatches:
     def append(self, _i: int, done: Any) -> None:
         oid, _ = self._next()
         self.b.ioctx.aio_append(oid, self.blob, oncomplete=_rados_done(done, "append"))
+
+    def append_sync(self, _i: int) -> None:
+        """One batch's append, waited for: append_many's pattern, with no class in it."""
+        oid, _ = self._next()
+        self.b.ioctx.append(oid, self.blob)
 
 
 class _ClientCounts:
@@ -356,6 +366,9 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
                       raw_depth * batch, "aio_append",
                       lambda d, t: _entries(run_async(append_raw.append, raw_depth, d, t), batch),
                       f"op of {batch}"),
+                _Case("raw_append_sync", f"raw object-data append, {_kb(batch * size)} per op, one at a time",
+                      "raw", batch, "append", lambda d, t: _entries(run_sync(append_raw.append_sync, d, t), batch),
+                      f"op of {batch}"),
             ]
             split_raw = _RawBatches(b, max(split, 1), width, data)
             by_data = layout["layout"] == "data"
@@ -422,7 +435,7 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
 
         cases = _summarize(plan, runs, cpu_rounds, client_rounds, size)
         cases["zlog_append_many"]["entries_per_osd_op"] = batch / many_objects
-        for key in ("raw_omap", "raw_append"):
+        for key in ("raw_omap", "raw_append", "raw_append_sync"):
             cases[key]["entries_per_osd_op"] = float(batch)
         if split:
             cases["raw_split"]["entries_per_osd_op"] = float(split)
@@ -434,6 +447,7 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
         cases["redis_xrange"].update(xrange_counts)
 
         ratios = {k: _rate_ratio(cases[a], cases[b_]) for k, (a, b_) in COMPARED.items()}
+        ceilings = {k: _rate_ratio(cases[a], cases[b_]) for k, (a, b_) in CEILINGS.items()}
         result: dict[str, Any] = {
             "kind": "peer",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -454,6 +468,8 @@ def bench_peer(env: Any, *, duration: float = 5.0, rounds: int = 5, size: int = 
             "cases": cases,
             "ratios": ratios,
             "ratio_cases": {k: list(v) for k, v in COMPARED.items()},
+            "ceilings": ceilings,
+            "ceiling_cases": {k: list(v) for k, v in CEILINGS.items()},
             "osd_ratios": _osd_ratios(cases, cpu_rounds, layout["layout"], batch, size),
             "format_ratios": _format_ratios(cpu_rounds),
         }
@@ -685,7 +701,8 @@ def markdown_peer(r: dict[str, Any]) -> str:
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     o = r["osd_ratios"]
     for key in ("zlog_append", "zlog_append_async", "zlog_append_many", "zlog_append_async_omap",
-                "zlog_append_many_omap", "raw_omap", "raw_append", "raw_split", "raw_async_shape"):
+                "zlog_append_many_omap", "raw_omap", "raw_append", "raw_append_sync", "raw_split",
+                "raw_async_shape"):
         if key not in cs:
             continue
         c = cs[key]
@@ -709,6 +726,12 @@ def markdown_peer(r: dict[str, Any]) -> str:
         lines[-1] += (f" In the shape append_async sent ({_fmt(aio['entries_per_osd_op'], '.1f')} entries per op), "
                       f"against the {cs['raw_async_shape']['label']}: append_async "
                       f"{_fmt(aio['vs_raw_async_shape'], '.2f')}.")
+    ce = r.get("ceilings", {}).get("raw_append_one_at_a_time_vs_xadd")
+    if ce is not None:
+        lines += ["",
+                  f"The ceiling of append_many here: the {cs['raw_append_sync']['label']} (append_many's pattern: "
+                  f"one call waited for, then the next, no class, no sequencer) runs at {_fmt(ce, '.2f')}x "
+                  f"pipelined XADD, against {_fmt(ra['append_many_vs_xadd'], '.2f')}x for append_many."]
     f = r.get("format_ratios")
     if f:
         sb = cs.get("zlog_stream_batches_omap")
