@@ -159,6 +159,7 @@ typedef struct {
   char *buf;       /* the reply */
   int rados_owned; /* buf came from librados (rados_buffer_free) */
   entry_t *entries;
+  int refs;        /* its owner's, and one per row set pointing into it (dp_build_rows) */
 } window_priv;
 
 /* ---------------------------------------------------------------- cluster */
@@ -1105,6 +1106,7 @@ static dp_window *parse_window(char *buf, size_t len, uint64_t first, int proto,
   pv->buf = buf;
   pv->rados_owned = rados_owned;
   pv->entries = e;
+  pv->refs = 1;
   w->priv = pv;
   live_add(LIVE_WINDOWS, 1);
   return w;
@@ -1135,6 +1137,7 @@ dp_window *dp_window_empty(uint64_t first, uint64_t next, uint64_t trim_below) {
 void dp_window_free(dp_window *w) {
   if (!w) return;
   window_priv *pv = w->priv;
+  if (__atomic_sub_fetch(&pv->refs, 1, __ATOMIC_ACQ_REL) > 0) return; /* a row set still reads it */
   if (pv->rados_owned)
     rados_buffer_free(pv->buf);
   else
@@ -1257,25 +1260,40 @@ dp_batch *dp_window_batch(const dp_window *w) {
   return b;
 }
 
-dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint32_t unit, uint64_t stripe_start, uint64_t start,
-                   uint64_t end, uint64_t step, uint32_t max_rows, uint64_t max_bytes) {
-  if (width == 0 || step == 0 || unit == 0 || (unit > 1 && start < stripe_start)) return NULL;
-  if (max_bytes > INT32_MAX) max_bytes = INT32_MAX; /* int32 offsets */
+/* Which rows dp_build and dp_build_rows take from `windows`, without
+ * consuming them (`heads` is where each window's next entry is once they are
+ * taken): the walk both share. 0, or -ENOMEM. */
+typedef struct {
+  row_ref *refs;
+  uint32_t n;
+  uint64_t bytes;
+  uint64_t stop_position;
+  int32_t stop;
+  uint32_t stop_object;
+  uint32_t *heads;
+} walk_t;
+
+static void walk_free(walk_t *wk) {
+  free(wk->refs);
+  free(wk->heads);
+}
+
+static int walk(dp_window *const *windows, uint32_t width, uint32_t unit, uint64_t stripe_start, uint64_t start,
+                uint64_t end, uint64_t step, uint32_t max_rows, uint64_t max_bytes, walk_t *wk) {
+  memset(wk, 0, sizeof *wk);
   if (max_rows == 0) max_rows = 1;
   size_t cap = max_rows < 4096 ? max_rows : 4096;
-  row_ref *refs = malloc(cap * sizeof *refs);
-  if (!refs) return NULL;
+  wk->refs = malloc(cap * sizeof *wk->refs);
+  wk->heads = malloc((size_t)width * sizeof *wk->heads);
+  if (!wk->refs || !wk->heads) {
+    walk_free(wk);
+    return -ENOMEM;
+  }
+  uint32_t *heads = wk->heads;
   uint32_t n = 0;
   uint64_t bytes = 0;
   uint64_t p = start;
   int32_t stop = DP_STOP_END;
-  uint32_t stop_object = 0;
-  /* Pass 1: which rows, without consuming (a window's head moves in pass 2). */
-  uint32_t *heads = malloc((size_t)width * sizeof *heads);
-  if (!heads) {
-    free(refs);
-    return NULL;
-  }
   for (uint32_t i = 0; i < width; ++i) heads[i] = windows[i] ? windows[i]->head : 0;
   for (;;) {
     if (p >= end) {
@@ -1290,7 +1308,7 @@ dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint32_t unit, uin
     const dp_window *w = windows[obj];
     if (!w || p < w->first || p >= w->next) {
       stop = DP_STOP_NEED;
-      stop_object = obj;
+      wk->stop_object = obj;
       break;
     }
     const window_priv *pv = w->priv;
@@ -1317,15 +1335,14 @@ dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint32_t unit, uin
     }
     if (n == cap) {
       cap *= 2;
-      row_ref *more = realloc(refs, cap * sizeof *refs);
+      row_ref *more = realloc(wk->refs, cap * sizeof *wk->refs);
       if (!more) {
-        free(refs);
-        free(heads);
-        return NULL;
+        walk_free(wk);
+        return -ENOMEM;
       }
-      refs = more;
+      wk->refs = more;
     }
-    refs[n++] = ref;
+    wk->refs[n++] = ref;
     if (p > UINT64_MAX - step) { /* the last position there is */
       p = UINT64_MAX;
       stop = DP_STOP_END;
@@ -1333,17 +1350,95 @@ dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint32_t unit, uin
     }
     p += step;
   }
-  dp_batch *b = batch_alloc(n, bytes);
+  wk->n = n;
+  wk->bytes = bytes;
+  wk->stop = stop;
+  wk->stop_position = p;
+  return 0;
+}
+
+/* The rows a walk took are consumed: each window goes on from them. */
+static void walk_consume(const walk_t *wk, dp_window *const *windows, uint32_t width) {
+  for (uint32_t i = 0; i < width; ++i)
+    if (windows[i]) windows[i]->head = wk->heads[i];
+}
+
+static int build_args_ok(uint32_t width, uint32_t unit, uint64_t stripe_start, uint64_t start, uint64_t step) {
+  return width != 0 && step != 0 && unit != 0 && !(unit > 1 && start < stripe_start);
+}
+
+dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint32_t unit, uint64_t stripe_start, uint64_t start,
+                   uint64_t end, uint64_t step, uint32_t max_rows, uint64_t max_bytes) {
+  if (!build_args_ok(width, unit, stripe_start, start, step)) return NULL;
+  if (max_bytes > INT32_MAX) max_bytes = INT32_MAX; /* int32 offsets */
+  walk_t wk;
+  if (walk(windows, width, unit, stripe_start, start, end, step, max_rows, max_bytes, &wk) < 0) return NULL;
+  dp_batch *b = batch_alloc(wk.n, wk.bytes);
   if (b) {
-    fill_rows(b, refs, n);
-    b->stop = stop;
-    b->stop_position = p;
-    b->stop_object = stop_object;
-    /* Pass 2 done: consume what the batch took. */
-    for (uint32_t i = 0; i < width; ++i)
-      if (windows[i]) windows[i]->head = heads[i];
+    fill_rows(b, wk.refs, wk.n);
+    b->stop = wk.stop;
+    b->stop_position = wk.stop_position;
+    b->stop_object = wk.stop_object;
+    walk_consume(&wk, windows, width);
   }
-  free(refs);
-  free(heads);
+  walk_free(&wk);
   return b;
+}
+
+/* A window is freed once its owner has let go of it (dp_window_free) and no
+ * row set points into it any more. */
+static void window_hold(dp_window *w) { __atomic_add_fetch(&((window_priv *)w->priv)->refs, 1, __ATOMIC_RELAXED); }
+
+dp_rows *dp_build_rows(dp_window *const *windows, uint32_t width, uint32_t unit, uint64_t stripe_start,
+                       uint64_t start, uint64_t end, uint64_t step, uint32_t max_rows, uint64_t max_bytes) {
+  if (!build_args_ok(width, unit, stripe_start, start, step)) return NULL;
+  walk_t wk;
+  if (walk(windows, width, unit, stripe_start, start, end, step, max_rows, max_bytes, &wk) < 0) return NULL;
+  const size_t n = wk.n;
+  dp_rows *r = calloc(1, sizeof *r + n * (8 + 8 + 1 + sizeof(char *) + 4) + (n + 1) * (8 + 4) +
+                             (size_t)width * sizeof(dp_window *));
+  if (!r) {
+    walk_free(&wk);
+    return NULL;
+  }
+  char *p = (char *)(r + 1); /* the arrays, widest first: every one aligned */
+  r->positions = (uint64_t *)p, p += n * 8;
+  r->epochs = (uint64_t *)p, p += n * 8;
+  r->bytes_before = (uint64_t *)p, p += (n + 1) * 8;
+  r->data = (const char **)p, p += n * sizeof(char *);
+  r->windows = (dp_window **)p, p += (size_t)width * sizeof(dp_window *);
+  r->lens = (uint32_t *)p, p += n * 4;
+  r->data_before = (uint32_t *)p, p += (n + 1) * 4;
+  r->kinds = (uint8_t *)p;
+  r->rows = wk.n;
+  for (uint32_t i = 0; i < wk.n; ++i) {
+    const row_ref *ref = &wk.refs[i];
+    r->positions[i] = ref->position;
+    r->epochs[i] = ref->e ? ref->e->epoch : 0;
+    r->kinds[i] = ref->e ? kind_of(ref->pv, ref->e) : DP_KIND_TRIMMED;
+    const int data = r->kinds[i] == DP_KIND_DATA;
+    r->data[i] = data ? ref->pv->buf + ref->e->off : NULL;
+    r->lens[i] = data ? ref->e->len : 0;
+    r->bytes_before[i + 1] = r->bytes_before[i] + r->lens[i];
+    r->data_before[i + 1] = r->data_before[i] + (uint32_t)data;
+  }
+  for (uint32_t i = 0; i < width; ++i)
+    if (windows[i] && windows[i]->head != wk.heads[i]) { /* rows come from it */
+      window_hold(windows[i]);
+      r->windows[r->nwindows++] = windows[i];
+    }
+  r->stop = wk.stop;
+  r->stop_position = wk.stop_position;
+  r->stop_object = wk.stop_object;
+  walk_consume(&wk, windows, width);
+  walk_free(&wk);
+  live_add(LIVE_BATCHES, 1);
+  return r;
+}
+
+void dp_rows_free(dp_rows *r) {
+  if (!r) return;
+  for (uint32_t i = 0; i < r->nwindows; ++i) dp_window_free(r->windows[i]);
+  free(r);
+  live_add(LIVE_BATCHES, -1);
 }

@@ -150,6 +150,26 @@ typedef struct {
   uint32_t stop_object;    /* DP_STOP_NEED: index of the object to fetch */
 } dp_batch;
 
+/* A batch's rows as pointers into its windows' replies (dp_build_rows), for
+ * stream(): records are made from them with no copy in between
+ * (pyzlog._records). It holds the windows it points into until
+ * dp_rows_free. data[i] is NULL for a row that is not DATA. */
+typedef struct {
+  uint32_t rows;
+  uint64_t *positions;
+  uint64_t *epochs;
+  uint8_t *kinds;
+  const char **data;
+  uint32_t *lens;
+  uint64_t *bytes_before;  /* rows + 1: the data bytes of the rows before each */
+  uint32_t *data_before;   /* rows + 1: how many rows before each are DATA */
+  int32_t stop;            /* as dp_batch's */
+  uint64_t stop_position;
+  uint32_t stop_object;
+  uint32_t nwindows;
+  struct dp_window **windows;
+} dp_rows;
+
 /* ------------------------------------------------------------- connection */
 /* Connects as `client` (e.g. "client.admin") with conf_file ("" for none) and
  * then n (key, value) settings. 0, or -errno with a message in err. */
@@ -290,6 +310,11 @@ dp_batch *dp_window_batch(const dp_window *w);
 dp_batch *dp_build(dp_window *const *windows, uint32_t width, uint32_t unit, uint64_t stripe_start, uint64_t start,
                    uint64_t end, uint64_t step, uint32_t max_rows, uint64_t max_bytes);
 void dp_batch_free(dp_batch *b);
+/* dp_build's rows as a dp_rows: the same walk, the same stop, the windows
+ * consumed alike, but no data copied. NULL only when out of memory. */
+dp_rows *dp_build_rows(dp_window *const *windows, uint32_t width, uint32_t unit, uint64_t stripe_start,
+                       uint64_t start, uint64_t end, uint64_t step, uint32_t max_rows, uint64_t max_bytes);
+void dp_rows_free(dp_rows *r);
 
 /* ------------------------------------------------------------------ stats */
 /* Live objects of this process, for tests that check nothing leaks:

@@ -16,15 +16,24 @@
  * offsets, data its bytes, validity its bitmap (None: no nulls), kinds one
  * int8 code per row, an index into kind_values. Rows offset .. offset + n - 1
  * (the arrays' own offset), as a null data is None. The iterator holds the
- * buffers until it is exhausted or dropped. */
+ * buffers until it is exhausted or dropped.
+ *
+ * rows_records(address, owner, record_type, kind_values) -> the same, from
+ * a dp_rows (native/dataplane.h) at `address`, which `owner` keeps alive
+ * (the iterator holds `owner`): each record's bytes copied straight from the
+ * read_range reply, with no Arrow column in between. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "dataplane.h"
 
 enum { B_POS, B_OFF, B_DATA, B_VALID, B_KIND, B_EPOCH, B_COUNT };
 
 typedef struct {
   PyObject_HEAD
+  const dp_rows *rows;   /* rows_records: the rows (then bufs are unused) */
+  PyObject *owner;       /* what keeps them alive */
   Py_buffer bufs[B_COUNT];
   int held[B_COUNT];
   Py_ssize_t offset, next, end; /* rows [next, end) are left (array indexes) */
@@ -40,14 +49,51 @@ static void release(RecordIter *it) {
       PyBuffer_Release(&it->bufs[i]);
       it->held[i] = 0;
     }
+  it->rows = NULL;
+  Py_CLEAR(it->owner);
 }
 
 static void iter_dealloc(RecordIter *it) {
+  Py_CLEAR(it->owner);
   release(it);
   Py_XDECREF(it->record_type);
   Py_XDECREF(it->kind_values);
   Py_XDECREF(it->epoch);
   PyObject_Free(it);
+}
+
+/* The record of row i, from its fields (data NULL: None). */
+static PyObject *make(RecordIter *it, Py_ssize_t i, uint64_t position, int code, uint64_t epoch, const char *data,
+                      Py_ssize_t len) {
+  if (code < 0 || code >= PyTuple_GET_SIZE(it->kind_values)) {
+    PyErr_Format(PyExc_ValueError, "row %zd: kind code %d out of range", i - it->offset, code);
+    return NULL;
+  }
+  if (it->epoch == NULL || epoch != it->epoch_value) {
+    PyObject *e = PyLong_FromUnsignedLongLong(epoch);
+    if (!e) return NULL;
+    Py_XSETREF(it->epoch, e);
+    it->epoch_value = epoch;
+  }
+  PyObject *pos = PyLong_FromUnsignedLongLong(position);
+  if (!pos) return NULL;
+  PyObject *d = data ? PyBytes_FromStringAndSize(data, len) : Py_NewRef(Py_None);
+  if (!d) {
+    Py_DECREF(pos);
+    return NULL;
+  }
+  PyObject *rec = it->record_type->tp_alloc(it->record_type, 4);
+  if (!rec) {
+    Py_DECREF(pos);
+    Py_DECREF(d);
+    return NULL;
+  }
+  PyTuple_SET_ITEM(rec, 0, pos);
+  PyTuple_SET_ITEM(rec, 1, Py_NewRef(PyTuple_GET_ITEM(it->kind_values, code)));
+  PyTuple_SET_ITEM(rec, 2, d);
+  PyTuple_SET_ITEM(rec, 3, Py_NewRef(it->epoch));
+  it->next = i + 1;
+  return rec;
 }
 
 static PyObject *iter_next(RecordIter *it) {
@@ -56,44 +102,16 @@ static PyObject *iter_next(RecordIter *it) {
     return NULL;
   }
   const Py_ssize_t i = it->next;
+  if (it->rows) {
+    const dp_rows *r = it->rows;
+    return make(it, i, r->positions[i], r->kinds[i], r->epochs[i], r->data[i], r->lens[i]);
+  }
   const uint8_t *valid = it->held[B_VALID] ? (const uint8_t *)it->bufs[B_VALID].buf : NULL;
   const int8_t code = ((const int8_t *)it->bufs[B_KIND].buf)[i];
-  if (code < 0 || code >= PyTuple_GET_SIZE(it->kind_values)) {
-    PyErr_Format(PyExc_ValueError, "row %zd: kind code %d out of range", i - it->offset, (int)code);
-    return NULL;
-  }
-  const uint64_t epoch = ((const uint64_t *)it->bufs[B_EPOCH].buf)[i];
-  if (it->epoch == NULL || epoch != it->epoch_value) {
-    PyObject *e = PyLong_FromUnsignedLongLong(epoch);
-    if (!e) return NULL;
-    Py_XSETREF(it->epoch, e);
-    it->epoch_value = epoch;
-  }
-  PyObject *pos = PyLong_FromUnsignedLongLong(((const uint64_t *)it->bufs[B_POS].buf)[i]);
-  if (!pos) return NULL;
-  PyObject *data;
-  if (valid == NULL || (valid[i >> 3] >> (i & 7)) & 1) {
-    const int32_t *off = (const int32_t *)it->bufs[B_OFF].buf;
-    data = PyBytes_FromStringAndSize((const char *)it->bufs[B_DATA].buf + off[i], off[i + 1] - off[i]);
-    if (!data) {
-      Py_DECREF(pos);
-      return NULL;
-    }
-  } else {
-    data = Py_NewRef(Py_None);
-  }
-  PyObject *rec = it->record_type->tp_alloc(it->record_type, 4);
-  if (!rec) {
-    Py_DECREF(pos);
-    Py_DECREF(data);
-    return NULL;
-  }
-  PyTuple_SET_ITEM(rec, 0, pos);
-  PyTuple_SET_ITEM(rec, 1, Py_NewRef(PyTuple_GET_ITEM(it->kind_values, code)));
-  PyTuple_SET_ITEM(rec, 2, data);
-  PyTuple_SET_ITEM(rec, 3, Py_NewRef(it->epoch));
-  it->next = i + 1;
-  return rec;
+  const int32_t *off = (const int32_t *)it->bufs[B_OFF].buf;
+  const int data = valid == NULL || (valid[i >> 3] >> (i & 7)) & 1;
+  return make(it, i, ((const uint64_t *)it->bufs[B_POS].buf)[i], code, ((const uint64_t *)it->bufs[B_EPOCH].buf)[i],
+              data ? (const char *)it->bufs[B_DATA].buf + off[i] : NULL, data ? off[i + 1] - off[i] : 0);
 }
 
 static PyObject *iter_length_hint(RecordIter *it, PyObject *unused) {
@@ -126,6 +144,38 @@ static int take(RecordIter *it, int which, PyObject *obj, Py_ssize_t need, const
   return 0;
 }
 
+static RecordIter *new_iter(PyObject *record_type, PyObject *kind_values) {
+  if (!PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
+    PyErr_Format(PyExc_TypeError, "record_type must be a tuple type");
+    return NULL;
+  }
+  RecordIter *it = PyObject_New(RecordIter, &RecordIterType);
+  if (!it) return NULL;
+  it->rows = NULL;
+  it->owner = NULL;
+  for (int i = 0; i < B_COUNT; ++i) it->held[i] = 0;
+  it->record_type = (PyTypeObject *)Py_NewRef(record_type);
+  it->kind_values = Py_NewRef(kind_values);
+  it->epoch = NULL;
+  it->epoch_value = 0;
+  it->offset = it->next = it->end = 0;
+  return it;
+}
+
+static PyObject *rows_records(PyObject *self, PyObject *args) {
+  unsigned long long address;
+  PyObject *owner, *record_type, *kind_values;
+  if (!PyArg_ParseTuple(args, "KOO!O!", &address, &owner, &PyType_Type, &record_type, &PyTuple_Type, &kind_values))
+    return NULL;
+  if (!address) return PyErr_Format(PyExc_ValueError, "no rows");
+  RecordIter *it = new_iter(record_type, kind_values);
+  if (!it) return NULL;
+  it->rows = (const dp_rows *)(uintptr_t)address;
+  it->owner = Py_NewRef(owner);
+  it->end = it->rows->rows;
+  return (PyObject *)it;
+}
+
 static PyObject *records(PyObject *self, PyObject *args) {
   PyObject *pos, *off, *data, *valid, *kinds, *epochs, *record_type, *kind_values;
   Py_ssize_t offset, n;
@@ -133,15 +183,8 @@ static PyObject *records(PyObject *self, PyObject *args) {
                         &PyType_Type, &record_type, &PyTuple_Type, &kind_values))
     return NULL;
   if (offset < 0 || n < 0) return PyErr_Format(PyExc_ValueError, "offset and n must not be negative");
-  if (!PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type))
-    return PyErr_Format(PyExc_TypeError, "record_type must be a tuple type");
-  RecordIter *it = PyObject_New(RecordIter, &RecordIterType);
+  RecordIter *it = new_iter(record_type, kind_values);
   if (!it) return NULL;
-  for (int i = 0; i < B_COUNT; ++i) it->held[i] = 0;
-  it->record_type = (PyTypeObject *)Py_NewRef(record_type);
-  it->kind_values = Py_NewRef(kind_values);
-  it->epoch = NULL;
-  it->epoch_value = 0;
   it->offset = it->next = offset;
   it->end = offset + n;
   const Py_ssize_t rows = offset + n;
@@ -164,6 +207,7 @@ fail:
 
 static PyMethodDef module_methods[] = {
     {"records", records, METH_VARARGS, "an iterator of the records of one batch's columns"},
+    {"rows_records", rows_records, METH_VARARGS, "an iterator of the records of a dp_rows"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyzlog._records",

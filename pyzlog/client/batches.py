@@ -19,12 +19,12 @@ from collections.abc import Callable, Generator, Iterator
 from operator import length_hint
 from typing import Any, NamedTuple
 
-from .._records import records
+from .._records import records, rows_records
 from ..core import wire
 from ..core.errors import CorruptEntry, StaleEpoch, ZlogError
 from ..core.layout import first_in_stride, stripe_end, stripe_of, stripe_places, stripe_start, view_end, view_of
 from ..core.native import Op, Queue
-from ..core.scan import KIND_NAMES, STOP_CORRUPT, STOP_END, STOP_MISSING, ViewScan, batch_of
+from ..core.scan import KIND_NAMES, STOP_CORRUPT, STOP_END, STOP_MISSING, RowSet, ViewScan, batch_of
 from ..core.state import LogState
 from ..core.tailfind import highest_position
 from . import metrics
@@ -109,7 +109,7 @@ class BatchStream:
     def __init__(self, log: LogState, start: int, end: int | None, *, follow: bool, hole_wait: float,
                  stride_index: int | None = None, stride: int | None = None, known_tail: int | None = None,
                  signed: bool = False, max_rows: int = 65536, decode: bool = True,
-                 on_corrupt: Any = "fail", holes: HoleClock | None = None) -> None:
+                 on_corrupt: Any = "fail", holes: HoleClock | None = None, rows: bool = False) -> None:
         self.log = log
         #: at a damaged position: "fail" raises CorruptEntry; "skip" (or a
         #: callable, called with the CorruptEntry) hands out a CORRUPT row
@@ -129,6 +129,9 @@ class BatchStream:
         #: how the log's entries are decoded (None: stored as written)
         self.codec = None if log.config.get("compression", "none") == "none" else log.decode
         self._decode = self.codec if decode else None  # decode=False: data as stored
+        #: hand out RowSets where it can (stream()'s records: no Arrow column in
+        #: between), record batches where rows are filtered or decoded
+        self._row_sets = rows and self._decode is None
         self._filter = False  # rows of positions not asked for come with the view being read
 
     def __iter__(self) -> Iterator[Any]:
@@ -158,7 +161,7 @@ class BatchStream:
         scan = ViewScan(self._queue, self._pool, [p.oid for p in stripe_places(self.log.name, view, stripe)],
                         meta.epoch, self.position, last, per_call=PER_CALL, step=step, max_rows=self.max_rows,
                         signed=self.signed, format=view.format, trim_below=meta.trim_below, unit=view.unit,
-                        stripe_start=stripe_start(view, stripe))
+                        stripe_start=stripe_start(view, stripe), rows=self._row_sets and not self._filter)
         return scan, view, vend, meta.views
 
     def _walk(self) -> Iterator[Any]:
@@ -375,7 +378,7 @@ class RecordBatch:
         self.decode = codec
         self._kinds = tuple(RecordKind(k) for k in KIND_NAMES)
         self._size = 0
-        self._data: Any = None  # the batch's data column, as stored (what count() adds up)
+        self._data: Any = None  # the batch's data column as stored, or its RowSet (what count() adds up)
         self._offsets: Any = ()  # its offsets, as ints
         #: the batch's records not handed out yet
         self.pending: Iterator[Record] = iter(())
@@ -386,9 +389,15 @@ class RecordBatch:
         metrics.count_later(self)
 
     def load(self, b: Any) -> None:
-        """Make Arrow batch `b` (scan.batch_schema, data as stored) the one handed out."""
+        """Make `b` the batch handed out: an Arrow batch (scan.batch_schema,
+        data as stored) or a scan.RowSet."""
         self.count()
         n = b.num_rows
+        if type(b) is RowSet:
+            pending = rows_records(b.address, b, Record, self._kinds)
+            with self._lock:
+                self._size, self._data, self.pending, self._counted = n, b, pending, 0
+            return
         cols = [b.column(i) for i in range(4)]
         if len({c.offset for c in cols}) > 1:  # (never from a scan) one offset for all four columns
             import pyarrow as pa
@@ -412,9 +421,13 @@ class RecordBatch:
             if done > self._counted:
                 first, self._counted = self._counted, done
                 data = self._data
-                entries = done - first - (data.slice(first, done - first).null_count if data.null_count else 0)
-                if entries:  # a null row has no bytes: its offsets do not move
-                    metrics.read_many(entries, self._offsets[done] - self._offsets[first])
+                if type(data) is RowSet:
+                    entries, nbytes = data.counts(first, done)
+                else:  # a null row has no bytes: its offsets do not move
+                    entries = done - first - (data.slice(first, done - first).null_count if data.null_count else 0)
+                    nbytes = self._offsets[done] - self._offsets[first]
+                if entries:
+                    metrics.read_many(entries, nbytes)
 
     def __del__(self) -> None:
         try:

@@ -326,7 +326,7 @@ class Log:
         check_stream_args(start, end, stride_index, stride, on_corrupt)
         return Records(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
                                    stride_index=stride_index, stride=stride, known_tail=known_tail,
-                                   max_rows=STREAM_BATCH_ROWS, decode=False, on_corrupt=on_corrupt))
+                                   max_rows=STREAM_BATCH_ROWS, decode=False, on_corrupt=on_corrupt, rows=True))
 
     def stream_batches(self, start: int = 0, end: int | None = None, *, follow: bool = False,
                        hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,

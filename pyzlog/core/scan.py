@@ -212,11 +212,32 @@ def batch_of(positions: Sequence[int], kinds: Sequence[str], epochs: Sequence[in
                                        pa.array(epochs, num)], schema=schema)
 
 
+class RowSet:
+    """A batch's rows as pointers into its windows' replies (dp_rows), which
+    it holds: stream()'s records are made from them (pyzlog._records) with no
+    Arrow column in between. `num_rows` as a RecordBatch has it."""
+
+    __slots__ = ("_r", "num_rows")
+
+    def __init__(self, handle: Any) -> None:
+        self._r = ffi.gc(handle, lib.dp_rows_free)
+        self.num_rows = int(handle.rows)
+
+    @property
+    def address(self) -> int:
+        return int(ffi.cast("uintptr_t", self._r))
+
+    def counts(self, first: int, done: int) -> tuple[int, int]:
+        """(DATA rows, their bytes) among rows [first, done)."""
+        r = self._r
+        return int(r.data_before[done] - r.data_before[first]), int(r.bytes_before[done] - r.bytes_before[first])
+
+
 @dataclass(frozen=True, slots=True)
 class Built:
     """What build_batch produced and where it stopped."""
 
-    batch: pa.RecordBatch
+    batch: pa.RecordBatch | RowSet
     stop: int            # STOP_END, STOP_FULL, STOP_NEED, STOP_MISSING or (ViewScan) STOP_CORRUPT
     stop_position: int   # the first position not in the batch
     stop_object: int     # STOP_NEED: the object (index in the view) whose window ran out
@@ -224,7 +245,7 @@ class Built:
 
 def build_batch(windows: Sequence[RangeWindow | None], start: int, end: int, *, step: int = 1,
                 max_rows: int = 65536, max_bytes: int = 64 << 20, signed: bool = False, unit: int = 1,
-                stripe_start: int = 0) -> Built:
+                stripe_start: int = 0, rows: bool = False) -> Built:
     """Rows for positions start, start + step, ... (< end) of a stripe
     striped over len(windows) objects in runs of `unit` from `stripe_start`
     (layout.index_of), position p coming from the window of its object:
@@ -233,14 +254,17 @@ def build_batch(windows: Sequence[RangeWindow | None], start: int, end: int, *, 
     (STOP_MISSING: the caller's gap rules decide: hole, tail, or wait), at a
     position its object's window does not cover (STOP_NEED: fetch the next
     window of stop_object), at `end`, or when full. Consumes the entries it
-    passes, so the next call goes on from stop_position."""
+    passes, so the next call goes on from stop_position. With `rows`, a
+    RowSet instead of a record batch (no data copied)."""
     width = len(windows)
     arr = ffi.new("dp_window *[]", [ffi.NULL if w is None else w._w for w in windows])
-    b = lib.dp_build(arr, width, unit, stripe_start, start, end, step, max_rows, max_bytes)
+    b = (lib.dp_build_rows if rows else lib.dp_build)(arr, width, unit, stripe_start, start, end, step, max_rows,
+                                                      max_bytes)
     if b == ffi.NULL:
         raise (MemoryError("dp_build") if width and step and unit and (unit == 1 or start >= stripe_start) else
                ValueError("width, step and unit must be positive, and start at or past the stripe's"))
-    return Built(_record_batch(b, signed), int(b.stop), int(b.stop_position), int(b.stop_object))
+    built = RowSet(b) if rows else _record_batch(b, signed)
+    return Built(built, int(b.stop), int(b.stop_position), int(b.stop_object))
 
 
 # ---------------------------------------------------------------- view scans
@@ -295,7 +319,7 @@ class ViewScan:
     def __init__(self, queue: Any, pool: Any, oids: Sequence[str | bytes], epoch: int, start: int,
                  end: int, *, per_call: int = 1024, call_bytes: int = 4 << 20, ahead: int = 2, step: int = 1,
                  max_rows: int = 65536, signed: bool = False, format: int = wire.FORMAT_OMAP,
-                 trim_below: int = 0, unit: int = 1, stripe_start: int = 0) -> None:
+                 trim_below: int = 0, unit: int = 1, stripe_start: int = 0, rows: bool = False) -> None:
         if not 1 <= per_call <= wire.MAX_RANGE_ENTRIES or not 1 <= call_bytes <= wire.MAX_RANGE_BYTES:
             raise InvalidRequest("per_call or call_bytes outside the class's limits")
         self.queue, self.pool, self.epoch = queue, pool, epoch
@@ -306,6 +330,7 @@ class ViewScan:
         if step not in (1, self.width) or (unit != 1 and step != 1):
             raise InvalidRequest("step must be 1 or the view's width (of unit 1)")
         self.unit, self.stripe_start = unit, stripe_start
+        self.rows = rows  # batches as RowSets (stream()'s records), not record batches
         self._bases = [object_base(stripe_start, i, self.width, unit) for i in range(self.width)]
         self.position, self.end, self.step = start, end, step
         self.per_call, self.call_bytes, self.ahead = per_call, call_bytes, max(1, ahead)
@@ -456,14 +481,15 @@ class ViewScan:
         while True:
             if self.position >= self.end:
                 return build_batch([None] * self.width, self.position, self.end, step=self.step,
-                                   signed=self.signed, unit=self.unit, stripe_start=self.stripe_start)
+                                   signed=self.signed, unit=self.unit, stripe_start=self.stripe_start,
+                                   rows=self.rows)
             # the windows the next positions need (every object's at once, so
             # a batch does not end at each object's window boundary in turn)
             self._wait_ready(list(self._objects()), self.position)
             start = self.position
             built = build_batch([s[0].window if s else None for s in self._segments], start, self.end,
                                 step=self.step, max_rows=self.max_rows, signed=self.signed, unit=self.unit,
-                                stripe_start=self.stripe_start)
+                                stripe_start=self.stripe_start, rows=self.rows)
             self.position = built.stop_position
             if built.stop == STOP_NEED:
                 segs = self._segments[built.stop_object]
