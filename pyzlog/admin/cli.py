@@ -728,15 +728,18 @@ def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, 
 @click.option("--entries", type=click.IntRange(1, 10_000_000), default=20000, show_default=True,
               help="entries of the log the read cases read")
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-before-after.json]")
+@click.option("--baseline-reads", type=click.Choice(["data", "omap"]), default="data", show_default=True,
+              help="the format of the log the baseline reads: data (unit 1; builds since the data format "
+                   "became the default) or omap (round 2's builds)")
 @pass_env
 def bench_compare(env: Env, baseline: str, duration: float, rounds: int, size: int, entries: int,
-                  out: str | None) -> None:
+                  out: str | None, baseline_reads: str) -> None:
     """This build of the client against another one, same cluster, one sitting."""
     from ..bench.compare import bench_compare as run
     from ..core.cluster import resolve_conf
 
     run(resolve_conf(env.conf), env.pool, baseline, seqr=env.seqr or "", duration=duration, rounds=rounds,
-        size=size, entries=entries, out=out or "results/bench-before-after.json")
+        size=size, entries=entries, out=out or "results/bench-before-after.json", baseline_reads=baseline_reads)
 
 
 @bench.command(name="peer", context_settings=CONTEXT)

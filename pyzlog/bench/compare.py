@@ -146,7 +146,7 @@ def _run_case(side: str, baseline: str, conf: str, pool: str, case: str, name: s
 
 def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", duration: float = 5.0, rounds: int = 3,
                   size: int = 1024, entries: int = 20000, out: str = "results/bench-before-after.json",
-                  cases: tuple[str, ...] = CASES) -> dict[str, Any]:
+                  cases: tuple[str, ...] = CASES, baseline_reads: str = "data") -> dict[str, Any]:
     base = Path(baseline)
     if not (base / "pyzlog" / "__init__.py").is_file():
         raise SystemExit(f"--baseline {baseline}: no pyzlog package there (build one with "
@@ -154,15 +154,20 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
     import pyzlog
 
     cluster = pyzlog.connect(conf)
-    # each build reads a log in the format it writes: this build's default
-    # (data), and the omap format an older build made (and reads: it cannot
+    # each build reads a log as it writes one by default: this build in the
+    # data format in runs; the baseline (`baseline_reads`) in the data format
+    # with unit 1 (every build since the data format became the default reads
+    # that metadata), or in the omap format (round 2's builds, which cannot
     # parse a data-format log's metadata)
     read_logs = {"current": f"compare-read-{uuid.uuid4().hex[:8]}",
-                 "baseline": f"compare-read-omap-{uuid.uuid4().hex[:8]}"}
+                 "baseline": f"compare-read-{baseline_reads}-{uuid.uuid4().hex[:8]}"}
+    shapes: dict[str, dict[str, Any]] = {"current": {"format": "data"},
+                                         "baseline": {"format": "data", "unit": 1} if baseline_reads == "data"
+                                         else {"format": "omap"}}
     try:
         data = os.urandom(size)
-        for side, fmt in (("current", "data"), ("baseline", "omap")):
-            log = pyzlog.Log.create(cluster, pool, read_logs[side], width=4, format=fmt)
+        for side in ("current", "baseline"):
+            log = pyzlog.Log.create(cluster, pool, read_logs[side], width=4, **shapes[side])
             for i in range(0, entries, 1000):
                 log.append_many([data] * min(1000, entries - i))
             log.close()
@@ -185,7 +190,8 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
         "kind": "compare", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "params": {"duration_s": duration, "rounds": rounds, "entry_bytes": size, "read_entries": entries,
                    "pool": pool, "baseline": str(base.resolve()),
-                   "read_logs": {"current": "data format", "baseline": "omap format"}},
+                   "read_logs": {"current": "data format",
+                                 "baseline": "data format, unit 1" if baseline_reads == "data" else "omap format"}},
         "machine": machine, "cases": {},
     }
     for case in cases:

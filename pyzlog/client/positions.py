@@ -44,7 +44,7 @@ from ..core.sequencer import (BAD_REQUEST, OK, RATE_LIMITED, RECOVERY_FAILED, RE
                               SequencerClient)
 from .stale import StaleWait
 from ..core.state import LogState
-from ..core.tailfind import find_tail, newest_position
+from ..core.tailfind import find_tail, newest_position, refresh_with_newest
 
 logger = logging.getLogger("pyzlog")
 
@@ -81,6 +81,12 @@ def max_position(log: LogState) -> int | None:
 def next_position_hint(log: LogState) -> int:
     """The next position an append would try, from max_position (no seal)."""
     return _after(max_position(log), log.meta)
+
+
+def _no_sequencer_here(meta: wire.Meta) -> bool:
+    """Whether slow tail finding may store at meta's epoch: no sequencer took
+    the log over at it (its counter may be past what is stored)."""
+    return not (meta.sequencer and meta.sequencer_epoch >= meta.epoch)
 
 
 def _after(top: int | None, meta: wire.Meta) -> int:
@@ -221,16 +227,15 @@ class Positions:
         stale = StaleWait(self.log, "slow tail finding")
         races = 0
         while True:
-            meta = self.log.refresh()
-            if not (meta.sequencer and meta.sequencer_epoch >= meta.epoch):
-                try:
-                    top = newest_position(self.log, meta)
-                except StaleEpoch:
-                    # sealed above it: an epoch change under way (wait for it,
-                    # not take the log from it), or left half done (StaleWait
-                    # repairs that after REPAIR_AFTER_SECONDS)
-                    stale(meta.epoch)
-                    continue
+            try:
+                meta, top = refresh_with_newest(self.log, _no_sequencer_here)
+            except StaleEpoch:
+                # sealed above it: an epoch change under way (wait for it,
+                # not take the log from it), or left half done (StaleWait
+                # repairs that after REPAIR_AFTER_SECONDS)
+                stale(self.log.meta.epoch)
+                continue
+            if _no_sequencer_here(meta):
                 return _after(top, meta), meta
             epoch, nxt = find_tail(self.log)
             meta = self.log.meta

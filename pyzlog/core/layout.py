@@ -154,7 +154,10 @@ class Place:
 
 
 def place(log: str, view: View, position: int) -> Place:
-    stripe, index = stripe_of(view, position), index_of(view, position)
+    stripe = stripe_of(view, position)
+    # index_of, with the stripe worked out once (every single read and write comes here)
+    index = position % view.width if view.unit == 1 else (
+        (position - view.start - stripe * view.width * view.slots) // view.unit % view.width)
     return Place(data_oid(log, view, index, stripe), view, stripe, index)
 
 

@@ -78,7 +78,14 @@ class MetaStore:
                                   op=Op.META_CREATE)
 
     def get(self) -> wire.Meta:
-        code, raw = self.conn.call_raw(self.pool, self.name, Op.META_GET)
+        return self.parse(*self.conn.call_raw(self.pool, self.name, Op.META_GET))
+
+    def request(self) -> tuple[Pool, str, Op, dict[str, Any]]:
+        """get()'s call, to send among others (Connection.calls); parse() its answer."""
+        return self.pool, self.name, Op.META_GET, {}
+
+    def parse(self, code: int, raw: Any) -> wire.Meta:
+        """The metadata from a META_GET's answer, or its error."""
         if code == -errno.ENOENT:
             raise LogNotFound(f"log {self.name!r} does not exist", errno=errno.ENOENT)
         if code < 0:

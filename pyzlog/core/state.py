@@ -50,7 +50,11 @@ class LogState:
 
     def refresh(self) -> wire.Meta:
         """Read the metadata again; LogNotFound if the log is gone."""
-        fetched = self.meta_store.get()
+        return self.adopt(self.meta_store.get())
+
+    def adopt(self, fetched: wire.Meta) -> wire.Meta:
+        """`fetched`, metadata just read, as this client's newest snapshot
+        (unless a newer one is known: the metadata only moves forward)."""
         with self._meta_lock:
             current = self._meta
             if current is None or fetched.epoch >= current.epoch:

@@ -8,6 +8,7 @@ import errno
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import wire
@@ -82,6 +83,44 @@ def newest_position(log: LogState, meta: wire.Meta) -> int | None:
         if top is not None:
             return top
     return None
+
+
+def refresh_with_newest(log: LogState, wanted: Callable[[wire.Meta], bool]) -> tuple[wire.Meta, int | None]:
+    """log.refresh(), then newest_position() under the metadata read if
+    wanted(meta) (else None), in one round trip where it can: the newest
+    view's last open stripe is asked at the epoch this client knew, beside
+    the metadata read, and the answers are kept only if the metadata read is
+    that snapshot. It only ever moves forward (epoch, stripes, trim point,
+    sequencer), so then nothing changed between the two reads that bracket
+    the positions' answers: they are what asking after the read would give.
+    Otherwise they are dropped and asked again. (A slow append, with no
+    sequencer, pays two round trips before its write, not three.)"""
+    known = log.meta
+    view = known.views[-1]
+    stripes = log.open_stripes(view) if view.bounded else 1
+    if stripes == 0:
+        meta = log.refresh()
+        return meta, newest_position(log, meta) if wanted(meta) else None
+    places = stripe_places(log.name, view, stripes - 1) if view.bounded else view_places(log.name, view)
+    results = log.conn.calls([log.meta_store.request()] + [
+        (log.data, p.oid, Op.MAX_POSITION, {"epoch": known.epoch, "format": p.format}) for p in places])
+    meta = log.adopt(log.meta_store.parse(*results[0]))
+    if not wanted(meta):
+        return meta, None
+    if meta != known:
+        return meta, newest_position(log, meta)
+    top: int | None = None
+    for p, (code, pos) in zip(places, results[1:]):
+        if code == -errno.ENOENT:
+            continue
+        _check(log, Op.MAX_POSITION, p.oid, code)  # StaleEpoch, as newest_position would raise it
+        if pos is not None and (top is None or pos > top):
+            top = pos
+    for stripe in range(stripes - 2, -1, -1) if view.bounded and top is None else ():
+        top = highest_position(log, stripe_places(log.name, view, stripe), meta.epoch)
+        if top is not None:
+            break
+    return meta, top
 
 
 def seal_places(log: LogState, places: list[Place], epoch: int) -> None:
