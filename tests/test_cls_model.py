@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -473,14 +474,19 @@ SETTINGS = settings(
 )
 
 
+def _machine_on(io: ClassIO, rados_cluster, ceph) -> Iterator[ClassIO]:  # type: ignore[no-untyped-def]
+    """The machine drives `io`'s object (and damages it through python-rados)."""
+    ClsZlogMachine.io = io
+    ClsZlogMachine.rados_io = rio = damage.ioctx(rados_cluster, ceph.pool)
+    ClsZlogMachine.conf = ceph.conf
+    yield io
+    ClsZlogMachine.io = ClsZlogMachine.rados_io = None
+    rio.close()
+
+
 @pytest.fixture
 def machine_io(data_io: ClassIO, rados_cluster, ceph):  # type: ignore[no-untyped-def]
-    ClsZlogMachine.io = data_io
-    ClsZlogMachine.rados_io = io = damage.ioctx(rados_cluster, ceph.pool)
-    ClsZlogMachine.conf = ceph.conf
-    yield data_io
-    ClsZlogMachine.io = ClsZlogMachine.rados_io = None
-    io.close()
+    yield from _machine_on(data_io, rados_cluster, ceph)
 
 
 def test_cls_zlog_matches_model(machine_io: ClassIO) -> None:
@@ -492,12 +498,8 @@ def runs_io(rados_cluster, ceph):  # type: ignore[no-untyped-def]
     from pyzlog.core.native import Connection
 
     conn = Connection.of(rados_cluster)
-    ClsZlogMachine.io = io = ClassIO(conn, conn.pool(ceph.pool), wire.PROTOCOL, wire.FORMAT_DATA, RUNS_GEOMETRY)
-    ClsZlogMachine.rados_io = rio = damage.ioctx(rados_cluster, ceph.pool)
-    ClsZlogMachine.conf = ceph.conf
-    yield io
-    ClsZlogMachine.io = ClsZlogMachine.rados_io = None
-    rio.close()
+    yield from _machine_on(ClassIO(conn, conn.pool(ceph.pool), wire.PROTOCOL, wire.FORMAT_DATA, RUNS_GEOMETRY),
+                           rados_cluster, ceph)
 
 
 def test_cls_zlog_matches_model_in_runs(runs_io: ClassIO) -> None:

@@ -70,11 +70,14 @@ def stripe_end(view: View, stripe: int) -> int | None:
     return view.start + (stripe + 1) * span if span else None
 
 
-def index_of(view: View, position: int) -> int:
-    """The object (index in its stripe) holding `position` (zlog_index_of)."""
+def index_of(view: View, position: int, stripe: int | None = None) -> int:
+    """The object (index in its stripe) holding `position` (zlog_index_of);
+    `stripe`: its stripe, when the caller has worked it out."""
     if view.unit == 1:
         return position % view.width
-    return (position - stripe_start(view, stripe_of(view, position))) // view.unit % view.width
+    if stripe is None:
+        stripe = stripe_of(view, position)
+    return (position - stripe_start(view, stripe)) // view.unit % view.width
 
 
 def object_base(ss: int, index: int, width: int, unit: int) -> int:
@@ -155,9 +158,7 @@ class Place:
 
 def place(log: str, view: View, position: int) -> Place:
     stripe = stripe_of(view, position)
-    # index_of, with the stripe worked out once (every single read and write comes here)
-    index = position % view.width if view.unit == 1 else (
-        (position - view.start - stripe * view.width * view.slots) // view.unit % view.width)
+    index = index_of(view, position, stripe)
     return Place(data_oid(log, view, index, stripe), view, stripe, index)
 
 
