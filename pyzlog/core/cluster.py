@@ -47,7 +47,25 @@ def _cluster_type() -> Any:
 
 #: settings a second connection copies from a connected rados.Rados
 _COPIED_SETTINGS = ("mon_host", "keyring", "key", "keyfile", "auth_client_required",
-                    "rados_mon_op_timeout", "client_mount_timeout", "rados_osd_op_timeout")
+                    "rados_mon_op_timeout", "client_mount_timeout", "rados_osd_op_timeout",
+                    "objecter_timeout", "objecter_tick_interval")
+
+#: librados' own defaults: an op older than this, seen at a tick, is laggy
+OBJECTER_TIMEOUT = 10.0
+OBJECTER_TICK_INTERVAL = 5.0
+
+
+def laggy_settings(op_timeout_s: int) -> dict[str, str]:
+    """When librados asks the monitors for a newer OSD map: on a tick that finds
+    an op in flight longer than objecter_timeout. A client learns that an OSD
+    is down only that way or from another OSD's reply; with ops that time out
+    before any tick finds them laggy (op timeout <= 10 s under the defaults),
+    a client whose ops all go to an OSD cut off from the network never learns,
+    and retries there for ever although the cluster serves without it. So
+    every op is seen laggy at least once before it times out."""
+    third = op_timeout_s / 3
+    return {"objecter_timeout": f"{min(OBJECTER_TIMEOUT, third):g}",
+            "objecter_tick_interval": f"{min(OBJECTER_TICK_INTERVAL, third):g}"}
 
 
 def connection_settings(cluster: rados.Rados) -> tuple[str, str, list[tuple[str, str]]]:
@@ -86,6 +104,7 @@ def connect(conf: str | os.PathLike[str] | None = None, *, keyring: str | None =
         "rados_mon_op_timeout": str(connect_s),
         "client_mount_timeout": str(connect_s),
         "rados_osd_op_timeout": str(op_s),
+        **laggy_settings(op_s),
     }
     if keyring:
         opts["keyring"] = str(keyring)

@@ -300,3 +300,16 @@ def test_command_line_usage_errors() -> None:
     bad = runner.invoke(cli, ["create", "x", "--width", "0"])
     assert bad.exit_code == 2 and "width" in bad.output
     assert runner.invoke(cli, ["no-such-command"]).exit_code == 2
+
+
+@given(st.integers(min_value=1, max_value=3600))
+def test_every_op_is_seen_laggy_before_it_times_out(op_timeout: int) -> None:
+    """pyzlog.connect's objecter settings: some tick falls in every op's
+    window between 'laggy' (objecter_timeout) and its timeout, so a client
+    asks for a newer OSD map before giving up on an op (the network fault
+    test test_net_client_learns_that_a_cut_off_osd_is_down shows why)."""
+    from pyzlog.core.cluster import laggy_settings
+    s = laggy_settings(op_timeout)
+    laggy, tick = float(s["objecter_timeout"]), float(s["objecter_tick_interval"])
+    assert 0 < tick and laggy + tick < op_timeout
+    assert laggy <= 10 and tick <= 5  # never later than librados' defaults

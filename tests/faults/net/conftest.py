@@ -52,6 +52,10 @@ def net_rados(net_cluster: NetCluster):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def net(net_cluster: NetCluster) -> Iterator[NetCluster]:
-    """The cluster, healed and serving again after each test."""
+    """The cluster, every PG active+clean before each test (a fresh cluster
+    may still be peering some, and a PG still being created on an OSD that
+    a fault then takes away stays inactive until it returns), healed and
+    serving again after each test."""
+    net_cluster.wait_clean()
     yield net_cluster
     net_cluster.heal()

@@ -141,6 +141,37 @@ class NetCluster:
             return False
         return any(o["osd"] == i and o["up"] == 1 for o in dump["osds"])
 
+    def wait_clean(self, timeout: float = 300) -> None:
+        wait_until(lambda: self.c.clean(self.c.pg_states()), timeout, "every PG active+clean", interval=1)
+
+    def diagnosis(self) -> str:
+        """What the cluster says of itself, for a test that saw no progress:
+        health and each PG's state as its primary reports it (the bed runs
+        no mgr, so `ceph pg dump` knows nothing)."""
+        out = []
+        try:
+            out.append(self.c.ceph("health", "detail", timeout=30).strip())
+        except dcluster.DockerError as e:
+            out.append(f"ceph health detail failed: {e}")
+        try:
+            states = self.c.pg_states()
+            out += [f"pg {pg}: {p['state']} up {p['up']} acting {p['acting']}" for pg, p in sorted(states.items())
+                    if p["state"] != "active+clean" or len(p["acting"]) < 3]
+            out.append(f"{sum(p['state'] == 'active+clean' for p in states.values())} of {len(states)} PGs "
+                       "active+clean")
+        except (dcluster.DockerError, ValueError) as e:
+            out.append(f"PG states unknown: {e}")
+        for host, osd_id in sorted(self.c.osd_ids().items()):  # what each OSD is still working on
+            try:
+                ops = json.loads(dcluster.docker("exec", self.c.container(host), "ceph", "daemon", f"osd.{osd_id}",
+                                                 "dump_ops_in_flight", timeout=20))
+                out.append(f"osd.{osd_id} ops in flight: {ops.get('num_ops')}")
+                out += [f"  {o.get('description', '')[:160]} age {o.get('age', 0):.1f}s "
+                        f"{o.get('type_data', {}).get('flag_point', '')}" for o in ops.get("ops", [])[:8]]
+            except (dcluster.DockerError, ValueError) as e:
+                out.append(f"osd.{osd_id} ops unknown: {str(e)[:200]}")
+        return "\n".join(out)
+
     def container_logs(self, host: str) -> str:
         p = subprocess.run(["docker", "logs", self.c.container(host)], capture_output=True, timeout=30)
         return (p.stdout + p.stderr).decode(errors="replace")
@@ -268,8 +299,12 @@ class Traffic:
     def wait_progress_after(self, t: float, n: int = 50, timeout: float = 120) -> None:
         """Both the host and the container acknowledge n more appends after t."""
         base = self.client.acked()
-        wait_until(lambda: self.host.acked_since(t) >= n and self.client.acked() >= base + n, timeout,
-                   f"{n} appends acknowledged on the host and in {self.client.host} after the fault")
+        try:
+            wait_until(lambda: self.host.acked_since(t) >= n and self.client.acked() >= base + n, timeout,
+                       f"{n} appends acknowledged on the host and in {self.client.host} after the fault")
+        except AssertionError as e:
+            raise AssertionError(f"{e} (host: {self.host.acked_since(t)}, {self.client.host}: "
+                                 f"{self.client.acked() - base})\n{self.nc.diagnosis()}") from None
 
     def acked_between(self, t0: float, t1: float) -> int:
         return sum(1 for o in self.h.ops if o.kind == APPEND and o.outcome == OK and o.end is not None

@@ -10,12 +10,15 @@ left behind before the next one.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 
 import pytest
+import rados
 
+import pyzlog
 from pyzlog import RecordKind
 
 from faultlib import wait_until
@@ -216,3 +219,46 @@ def test_net_paused_host(net: NetCluster, net_rados, fault_report, tmp_path: Pat
     rep = fault_report("network: OSD host paused (docker pause) until marked down, then thawed",
                        t.h, t.final_scan(), **t.extra())
     assert rep.ok, rep.summary()
+
+
+def test_net_client_learns_that_a_cut_off_osd_is_down(net: NetCluster) -> None:
+    """A client whose ops all go to one OSD, which leaves the network: once
+    the mon marks it down, the client's next op goes to the new primary.
+    librados learns of a newer OSD map only from a tick that finds an op in
+    flight longer than objecter_timeout (or from another OSD's reply): with
+    an op timeout below that, each op timed out before any tick saw it
+    laggy, and the client retried at the dead OSD for ever (found as both
+    clients of test_net_osd_cut_off stuck for minutes on a healthy
+    cluster). pyzlog.connect sets both from its op timeout."""
+    victim = "osd1"
+    osd_id = net.c.osd_ids()[victim]
+    r = pyzlog.connect(net.conf, op_timeout=4)
+    try:
+        io = r.open_ioctx(net.pool)
+        for i in range(1000):  # an object whose primary is the victim
+            name = f"laggy-{i}"
+            where = json.loads(net.c.ceph("osd", "map", net.pool, name, "-f", "json"))
+            if where["acting_primary"] == osd_id:
+                break
+        else:
+            raise AssertionError(f"no object of 1000 maps to osd.{osd_id}")
+        io.write_full(name, b"before")  # the client now holds a map in which the victim is up
+        net.disconnect(victim)
+        wait_until(lambda: not net.osd_is_up(osd_id), 60, f"{victim} marked down")
+        attempts = []
+
+        def read() -> bool:
+            try:
+                attempts.append(io.read(name))
+                return True
+            except rados.TimedOut:
+                attempts.append(None)
+                return False
+        # a few op timeouts: the first may still go to the victim
+        wait_until(read, 40, f"a read of {name} (primary was osd.{osd_id}) after it was marked down", interval=0)
+        assert attempts[-1] == b"before", attempts
+        io.close()
+    finally:
+        r.shutdown()
+        if not net.connected(victim):
+            net.connect(victim)

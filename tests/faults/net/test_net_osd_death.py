@@ -70,7 +70,6 @@ def _health(net: NetCluster) -> dict[str, Any]:
 def test_net_osd_host_death(net: NetCluster, net_rados, fault_report, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     victim = "osd1"
     dead_id = net.c.osd_ids()[victim]
-    wait_until(lambda: net.c.clean(net.c.pg_states()), 300, "every PG active+clean before the fault", interval=2)
     with Traffic(net, net_rados, tmp_path) as t:
         t.wait_both_acked()
         t.mark("destroyed")
