@@ -57,7 +57,7 @@ class Peer:
     def __init__(self, beat: int, now: float) -> None:
         self.beat = beat
         self.changed_at = now
-        self.refused = False  # its port is closed, or (record gone) it does not answer
+        self.refused = False  # its port is closed
         self.gone = False  # its record was removed: it stopped cleanly (or was forgotten)
         self.handled = False  # its logs were scanned for taking over since it died
         self.rescans: list[float] = []  # scan its logs again then (take-overs it had under way)
@@ -65,9 +65,13 @@ class Peer:
     def see(self, beat: int, now: float) -> None:
         if beat != self.beat:
             self.beat = beat
-            self.changed_at = now
-            self.handled = False
-            self.rescans = []
+            self.heard(now)
+
+    def heard(self, now: float) -> None:
+        """A sign of life: a new beat, or (record gone) an answer at its port."""
+        self.changed_at = now
+        self.handled = False
+        self.rescans = []
 
     def dead(self, now: float, lease: float) -> bool:
         return self.refused or now - self.changed_at >= lease
@@ -190,8 +194,13 @@ class Watch:
                     peer.gone = address not in records  # a clean stop removes the record: its logs move too
             for address, peer in list(peers.items()):
                 if peer.gone:  # stopped cleanly, or a live daemon whose record was removed by hand
-                    peer.refused = peer.refused or not answers(address, timeout=min(0.3, self.tick),
-                                                               credentials=self.credentials)
+                    # an answer counts as a beat (it rewrites its record soon); a slow answer
+                    # (a loaded host) proves nothing, only a closed port is death at once
+                    if answers(address, timeout=min(0.3, self.tick), credentials=self.credentials):
+                        peer.heard(now)
+                        peer.refused = False
+                    else:
+                        peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
                 else:
                     peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
                 if peer.dead(now, self.lease) and not peer.handled:
