@@ -135,6 +135,10 @@ def test_backpointers_correct_under_concurrent_appenders(logs: Logs) -> None:
         assert maps_state(one) == {n: full.map(n).snapshot()}
         assert one.walk_stats.scans == 0 and one.walk_stats.not_ours == 0
         assert one.stats.read == len(found[entry.stream_id(n)])
+        # parsed whole: the chain down from the answer's oldest recent backpointer
+        # (every K-th entry), the skip pointers' (multiples of 16) and the
+        # transactions' commits (two streams); the rest only checked
+        assert one.walk_stats.parsed <= 2 * (len(found[entry.stream_id(n)]) // k + 1) + 8, one.walk_stats
 
 
 def test_sequencer_restart_never_leaves_a_wrong_backpointer(logs: Logs, seqr: SeqrProcess, ceph) -> None:  # type: ignore[no-untyped-def]

@@ -203,7 +203,19 @@ def _dec(data: bytes, off: int, depth: int) -> tuple[Any, int]:
             raise IndexError(f"a count of {n} runs past the end")
         if tag == _DICT:
             d = {}
+            end = len(data)
             for _ in range(n):
+                # a short str key and a short bytes value (a map's usual item), read
+                # here without two calls of the general walk: a checkpoint's bulk
+                if data[off] == _SSTR:
+                    o = off + 2 + data[off + 1]
+                    if o + 1 < end and data[o] == _SBYTES:
+                        v_end = o + 2 + data[o + 1]
+                        if v_end > end:
+                            raise IndexError("a length runs past the end")
+                        d[data[off + 2:o].decode()] = data[o + 2:v_end]
+                        off = v_end
+                        continue
                 k, off = _dec(data, off, depth + 1)
                 d[k], off = _dec(data, off, depth + 1)  # an unhashable key: TypeError, caught above
             return d, off

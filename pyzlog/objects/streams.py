@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 class WalkStats:
     rounds: int = 0            # rounds of reads following backpointers
     read: int = 0              # positions read by following backpointers
+    parsed: int = 0            # of them, parsed whole (the others only checked to be the stream's)
     scanned: int = 0           # positions read by scanning (where backpointers could not tell)
     scans: int = 0             # ranges scanned
     not_ours: int = 0          # backpointers that led to another stream's entry, a gap or nothing
@@ -62,11 +63,14 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     has known to lie below the tail for hole_wait is filled at once, not
     waited for again by each walk that meets it); by default this walk's.
 
-    Only the entries that lead further are parsed whole: those a skip
-    pointer or the sequencer named, and the oldest of each parsed entry's
-    recent backpointers (the next one down the chain). The others are only
-    checked to be the stream's. Should that leave a range no entry vouches
-    for, every entry found is parsed before anything is scanned."""
+    Only the entries that lead further are parsed whole (for one stream;
+    for several, every entry): those a skip pointer named, the oldest of the
+    sequencer's recent positions, and the oldest of each parsed entry's
+    recent backpointers (the next one down the chain), also when that entry
+    was read already. The others are only checked to be the stream's. Should
+    that leave a range above the lowest horizon seen that no entry vouches
+    for, every entry found is parsed before anything is scanned (below that
+    horizon no entry can vouch for anything: it is scanned at once)."""
     st = stats if stats is not None else WalkStats()
     clock = hole_clock if hole_clock is not None else HoleClock(hole_wait)
     epoch = log.state.refresh_epoch()  # a sequencer that starts serving the log seals a newer one
@@ -79,16 +83,21 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
         return [], [], None, max(lo, hi)
     # per stream, intervals [a, b) in which every position of it is known
     covered: dict[int, list[tuple[int, int]]] = {s: [] for s in streams}
+    # per stream, the lowest horizon seen (the answer's, the entries'): nothing
+    # below it is vouched for by any entry, so parsing more cannot cover it
+    floors: dict[int, int] = {}
     todo: set[int] = set()
     lead: set[int] = set()  # positions to parse whole when read
     for s, horizon, back, _ordinal, levels in per_stream:
+        floors[s] = horizon
         covered[s].append((back[-1] if k and len(back) >= k else horizon, tail))
         todo.update(b for b in back if b >= lo)
-        lead.update(b for b in back if b >= lo)
+        if back and back[-1] >= lo:
+            lead.add(back[-1])  # the answer vouches down to it: the chain goes on from there
         lead.update(p for _l, p in levels if p >= lo)
         todo.update(p for _l, p in levels if p >= lo)
     found: dict[int, bytes] = {}
-    light: list[int] = []  # found, checked, not parsed
+    light: dict[int, bytes] = {}  # read and checked to be the stream's, not parsed
     seen: set[int] = set()
     known = known or {}
     wanted = set(streams)
@@ -126,16 +135,33 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
                         and data[4] & FLAG_BACKPOINTERS):
                     if p < hi:
                         found[p] = data
-                    light.append(p)
+                    light[p] = data
                     continue
-                if not _follow(data, p, wanted, lo, hi, found, covered, todo, lead):
+                st.parsed += 1
+                # parsed only for want of the quick check (an entry of several streams):
+                # not a link of a chain, so it starts none
+                chain = not quick or p in lead
+                if not _follow(data, p, wanted, lo, hi, found, covered, todo, lead, floors, chain):
                     st.not_ours += 1
+                elif not chain:
+                    light[p] = data  # followed again should a parse name it as a link
+            # an entry read light that a parse since named as the next one down
+            # its chain is parsed now: it was read already, so no round would
+            promote = lead.intersection(light)
+            while promote:
+                st.parsed += len(promote)
+                for p in promote:
+                    _follow(light.pop(p), p, wanted, lo, hi, found, covered, todo, lead, floors)
+                promote = lead.intersection(light)
         gaps = [g for s in streams for g in _gaps(covered[s], lo, hi)]
-        if not gaps or thorough or not light:
+        if thorough or not light or not any(b > floors.get(s, lo) for s in streams
+                                            for _a, b in _gaps(covered[s], lo, hi)):
             break
         thorough = True  # parse what was only checked, then look again
-        for p in light:
-            _follow(found.get(p) or known[p], p, wanted, lo, hi, found, covered, todo, lead)
+        st.parsed += len(light)
+        for p, data in light.items():
+            _follow(data, p, wanted, lo, hi, found, covered, todo, lead, floors)
+        light.clear()
     for p in holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
         for batch in log.stream_batches(p, p + 1, hole_wait=clock.hole_wait, known_tail=tail, hole_clock=clock):
             datas = batch.column(1).to_pylist()
@@ -162,20 +188,25 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
 
 
 def _follow(data: bytes, p: int, wanted: set[int], lo: int, hi: int, found: dict[int, bytes],
-            covered: dict[int, list[tuple[int, int]]], todo: set[int], lead: set[int]) -> bool:
+            covered: dict[int, list[tuple[int, int]]], todo: set[int], lead: set[int],
+            floors: dict[int, int], chain: bool = True) -> bool:
     """Parse the entry at p whole: record it if it is of a wanted stream,
     the range its recent backpointers vouch for, and where to read next
-    (into `todo`; the next round drops what was read already)."""
+    (into `todo`; the next round drops what was read already). `chain`: the
+    entries it leads to are parsed whole in turn (lead)."""
     kk, mine = _backpointers(data, p, wanted)
     if not mine:
         return False
     if p < hi:
         found[p] = data
     for s, (horizon, back, far) in mine.items():
+        if horizon < floors.get(s, horizon + 1):
+            floors[s] = horizon
         covered[s].append((back[-1] if kk and len(back) >= kk else horizon, p + 1))
         if back:
             if back[-1] >= lo:  # newest first: all of them are in range
-                lead.add(back[-1])  # the next one down the chain
+                if chain:
+                    lead.add(back[-1])  # the next one down the chain
                 todo.update(back)
             else:
                 todo.update(b for b in back if b >= lo)
@@ -183,7 +214,8 @@ def _follow(data: bytes, p: int, wanted: set[int], lo: int, hi: int, found: dict
             if far[-1] < lo:
                 far = [b for b in far if b >= lo]
             todo.update(far)
-            lead.update(far)
+            if chain:
+                lead.update(far)
     return True
 
 

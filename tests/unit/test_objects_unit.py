@@ -62,6 +62,19 @@ def test_codec_refuses_damaged_bytes(data: bytes) -> None:
         codec.loads(data)
 
 
+@given(st.dictionaries(st.text(max_size=8), st.binary(max_size=20) | st.integers(), min_size=1, max_size=6))
+@settings(max_examples=200, deadline=None)
+def test_codec_refuses_every_cut_of_a_map(d: dict[str, object]) -> None:
+    """A map's usual items (short str keys, short bytes values) have their own
+    path through the decoder: every cut short form of them is refused, not
+    read as a smaller map."""
+    data = codec.dumps(d)
+    assert codec.loads(data) == d
+    for n in range(len(data)):
+        with pytest.raises(BadEntry):
+            codec.loads(data[:n])
+
+
 @given(st.binary(max_size=64))
 @settings(max_examples=500, deadline=None)
 def test_codec_never_crashes_on_random_bytes(data: bytes) -> None:
