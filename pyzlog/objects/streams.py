@@ -88,12 +88,14 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     floors: dict[int, int] = {}
     todo: set[int] = set()
     lead: set[int] = set()  # positions to parse whole when read
+    # a link of a chain -> the newer recent positions of the same list, the
+    # next link should it be a hole or not the stream's
+    spare: dict[int, list[int]] = {}
     for s, horizon, back, _ordinal, levels in per_stream:
         floors[s] = horizon
         covered[s].append((back[-1] if k and len(back) >= k else horizon, tail))
         todo.update(b for b in back if b >= lo)
-        if back and back[-1] >= lo:
-            lead.add(back[-1])  # the answer vouches down to it: the chain goes on from there
+        _link(back, lo, lead, spare)  # the answer vouches down to its oldest: the chain goes on from there
         lead.update(p for _l, p in levels if p >= lo)
         todo.update(p for _l, p in levels if p >= lo)
     found: dict[int, bytes] = {}
@@ -130,6 +132,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
                         holes.append(p)  # handed out, not written yet: read below with the hole rules
                     else:
                         st.not_ours += 1
+                    _relink(p, lead, spare)
                     continue
                 if (quick and p not in lead and data.startswith(single, 38) and data.startswith(MAGIC)
                         and data[4] & FLAG_BACKPOINTERS):
@@ -141,8 +144,9 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
                 # parsed only for want of the quick check (an entry of several streams):
                 # not a link of a chain, so it starts none
                 chain = not quick or p in lead
-                if not _follow(data, p, wanted, lo, hi, found, covered, todo, lead, floors, chain):
+                if not _follow(data, p, wanted, lo, hi, found, covered, todo, lead, floors, chain, spare):
                     st.not_ours += 1
+                    _relink(p, lead, spare)
                 elif not chain:
                     light[p] = data  # followed again should a parse name it as a link
             # an entry read light that a parse since named as the next one down
@@ -151,7 +155,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
             while promote:
                 st.parsed += len(promote)
                 for p in promote:
-                    _follow(light.pop(p), p, wanted, lo, hi, found, covered, todo, lead, floors)
+                    _follow(light.pop(p), p, wanted, lo, hi, found, covered, todo, lead, floors, True, spare)
                 promote = lead.intersection(light)
         gaps = [g for s in streams for g in _gaps(covered[s], lo, hi)]
         if thorough or not light or not any(b > floors.get(s, lo) for s in streams
@@ -160,7 +164,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
         thorough = True  # parse what was only checked, then look again
         st.parsed += len(light)
         for p, data in light.items():
-            _follow(data, p, wanted, lo, hi, found, covered, todo, lead, floors)
+            _follow(data, p, wanted, lo, hi, found, covered, todo, lead, floors, True, spare)
         light.clear()
     for p in holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
         for batch in log.stream_batches(p, p + 1, hole_wait=clock.hole_wait, known_tail=tail, hole_clock=clock):
@@ -189,7 +193,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
 
 def _follow(data: bytes, p: int, wanted: set[int], lo: int, hi: int, found: dict[int, bytes],
             covered: dict[int, list[tuple[int, int]]], todo: set[int], lead: set[int],
-            floors: dict[int, int], chain: bool = True) -> bool:
+            floors: dict[int, int], chain: bool, spare: dict[int, list[int]]) -> bool:
     """Parse the entry at p whole: record it if it is of a wanted stream,
     the range its recent backpointers vouch for, and where to read next
     (into `todo`; the next round drops what was read already). `chain`: the
@@ -206,7 +210,7 @@ def _follow(data: bytes, p: int, wanted: set[int], lo: int, hi: int, found: dict
         if back:
             if back[-1] >= lo:  # newest first: all of them are in range
                 if chain:
-                    lead.add(back[-1])  # the next one down the chain
+                    _link(back, lo, lead, spare)  # the next one down the chain
                 todo.update(back)
             else:
                 todo.update(b for b in back if b >= lo)
@@ -217,6 +221,25 @@ def _follow(data: bytes, p: int, wanted: set[int], lo: int, hi: int, found: dict
             if chain:
                 lead.update(far)
     return True
+
+
+def _link(back: list[int], lo: int, lead: set[int], spare: dict[int, list[int]]) -> None:
+    """The oldest of `back` (recent positions, newest first) is the next link
+    of a chain; the others stand in for it, oldest first, should it fail."""
+    if back and back[-1] >= lo:
+        lead.add(back[-1])
+        if len(back) > 1:
+            spare[back[-1]] = back[:-1]
+
+
+def _relink(p: int, lead: set[int], spare: dict[int, list[int]]) -> None:
+    """The link at p is a hole or not the stream's: the next oldest of its
+    list leads on instead (read already, or due this round or the next)."""
+    rest = spare.pop(p, None)
+    if rest:
+        lead.add(rest[-1])
+        if len(rest) > 1:
+            spare[rest[-1]] = rest[:-1]
 
 
 def _gaps(intervals: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
