@@ -97,7 +97,7 @@ def test_a_bad_registry_record_does_not_stop_failover(rados_cluster, ceph, log_n
     wait_until(lambda: owner(lg) == b.address, 10, "the standby to take the log over")
 
 
-@pytest.mark.parametrize("count", [150, 600])
+@pytest.mark.parametrize("count", [600])  # the bench's figure; 150 found nothing 600 did not
 def test_many_logs_of_a_killed_daemon_all_move_once(rados_cluster, ceph, daemons, count) -> None:  # type: ignore[no-untyped-def]
     """Every log of a daemon killed -9 moves to the live one, each taken over
     exactly once (no extra epoch). How fast is the failover bench's to say

@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import warnings
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,7 @@ def _lib(name: str) -> str:
     return out
 
 
+@cache  # both tests use one build: a second pip run only copies the site again
 def sanitized_site() -> Path:
     given = os.environ.get("ZLOG_SANITIZE_SITE")
     if given:

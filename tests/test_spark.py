@@ -798,9 +798,13 @@ def test_spark_suite_on_the_oldest_supported_pyspark(ceph) -> None:  # type: ign
     version = subprocess.run([sys.executable, "-P", "-c", code], env=env, cwd="/", check=True,
                              capture_output=True, text=True).stdout.strip()
     assert version.startswith("4.0.") and version != pyspark.__version__
+    # the bench measures, it checks no API the newest PySpark has alone; one width change of two suffices
     run = subprocess.run([sys.executable, "-P", "-m", "pytest", "tests/test_spark.py", "-q", "-x",
-                          "-p", "no:cacheprovider"], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=1200)
+                          "-p", "no:cacheprovider",
+                          "--deselect", "tests/test_spark.py::test_spark_bench_reports_rates_and_where_the_cpu_went",
+                          "--deselect",
+                          "tests/test_spark.py::test_spark_batch_and_stream_exactly_once_across_width_changes[8]"],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert " passed" in run.stdout.splitlines()[-1]
 
