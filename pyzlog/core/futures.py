@@ -61,6 +61,13 @@ class LazyFuture(Future[Any]):
                     cond = self._cond = made
         return cond
 
+    def result(self, timeout: float | None = None) -> Any:
+        """Future.result, with no Condition made for a future already settled
+        with a result (FINISHED is final, and its result was stored before it)."""
+        if self._state == _futures.FINISHED and self._exception is None:
+            return self._result
+        return super().result(timeout)
+
     def done(self) -> bool:
         return self._state in _DONE  # one read of one attribute: no lock needed to take a snapshot
 
