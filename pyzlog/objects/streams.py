@@ -157,9 +157,9 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
                 for p in promote:
                     _follow(light.pop(p), p, wanted, lo, hi, found, covered, todo, lead, floors, True, spare)
                 promote = lead.intersection(light)
-        gaps = [g for s in streams for g in _gaps(covered[s], lo, hi)]
-        if thorough or not light or not any(b > floors.get(s, lo) for s in streams
-                                            for _a, b in _gaps(covered[s], lo, hi)):
+        gaps_of = {s: _gaps(covered[s], lo, hi) for s in streams}
+        gaps = [g for s in streams for g in gaps_of[s]]
+        if thorough or not light or not any(b > floors.get(s, lo) for s in streams for _a, b in gaps_of[s]):
             break
         thorough = True  # parse what was only checked, then look again
         st.parsed += len(light)
