@@ -42,7 +42,7 @@ from ..core.futures import LazyFuture
 from ..core.layout import check_position
 from . import metrics
 from .aio_stream import AsyncBatches, AsyncBatchStream, AsyncRecords
-from .appending import stored_form
+from .appending import stored_form, stored_forms
 from .consumer import Consumer, Start
 from .log import STREAM_BATCH_ROWS, Log
 from .reader import HOLE_WAIT_SECONDS, Record, check_stream_args
@@ -278,7 +278,7 @@ class AsyncLog:
         sent goes to on_cancelled with its outcome (those already stored
         too: the caller gets no list). If one fails, its error is raised
         and the others' outcomes go to on_cancelled likewise."""
-        stored = [stored_form(self.sync.state, d) for d in entries]
+        stored = stored_forms(self.sync.state, entries)
         sents: builtins.list[_Sent] = []
         positions: builtins.list[int] = []
         awaiting = False

@@ -27,7 +27,7 @@ from ..core.sequencer import SequencerClient
 from ..core.state import LogState
 from ..core.tailfind import find_tail, seal_new_epoch
 from . import metrics, ops
-from .appending import store, stored_form
+from .appending import store, stored_form, stored_forms
 from .batches import BatchStream, Records
 from .consumer import Consumer, Start
 from .pipeline import DEFAULT_MAX_IN_FLIGHT, LogAsync
@@ -235,7 +235,7 @@ class Log:
         refused (a position filled or taken meanwhile): that entry is appended
         again at a later position. Returns the position of each entry."""
         t0 = time.monotonic()
-        out = store(self.state, self.positions, [stored_form(self.state, d) for d in entries], "append_many")
+        out = store(self.state, self.positions, stored_forms(self.state, entries), "append_many")
         _SYNC_SECONDS.observe(time.monotonic() - t0)
         return out
 

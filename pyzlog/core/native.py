@@ -129,10 +129,11 @@ def request(op: Op | int, **fields: Any) -> tuple[Any, list[Any]]:
             keep += [positions, datas, lens]
             req.count, req.positions, req.datas, req.lens = n, positions, datas, lens
         elif key == "entries":
-            bufs = [ffi.from_buffer(d) for _, d in value]
-            positions = ffi.new("uint64_t[]", [p for p, _ in value])
+            ps, ds = zip(*value) if value else ((), ())  # per-entry work in C loops: batches are large
+            bufs = list(map(ffi.from_buffer, ds))
+            positions = ffi.new("uint64_t[]", ps)
             datas = ffi.new("char *[]", bufs)
-            lens = ffi.new("uint32_t[]", [len(d) for _, d in value])
+            lens = ffi.new("uint32_t[]", list(map(len, ds)))
             keep += [bufs, positions, datas, lens]
             req.count, req.positions, req.datas, req.lens = len(value), positions, datas, lens
         else:
