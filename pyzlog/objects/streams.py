@@ -81,96 +81,15 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     hi = min(hi, tail)
     if hi <= lo:
         return [], [], None, max(lo, hi)
-    # per stream, intervals [a, b) in which every position of it is known
-    covered: dict[int, list[tuple[int, int]]] = {s: [] for s in streams}
-    # per stream, the lowest horizon seen (the answer's, the entries'): nothing
-    # below it is vouched for by any entry, so parsing more cannot cover it
-    floors: dict[int, int] = {}
-    todo: set[int] = set()
-    lead: set[int] = set()  # positions to parse whole when read
-    # a link of a chain -> the newer recent positions of the same list, the
-    # next link should it be a hole or not the stream's
-    spare: dict[int, list[int]] = {}
-    for s, horizon, back, _ordinal, levels in per_stream:
-        floors[s] = horizon
-        covered[s].append((back[-1] if k and len(back) >= k else horizon, tail))
-        todo.update(b for b in back if b >= lo)
-        _link(back, lo, lead, spare)  # the answer vouches down to its oldest: the chain goes on from there
-        lead.update(p for _l, p in levels if p >= lo)
-        todo.update(p for _l, p in levels if p >= lo)
-    found: dict[int, bytes] = {}
-    light: dict[int, bytes] = {}  # read and checked to be the stream's, not parsed
-    seen: set[int] = set()
-    known = known or {}
-    wanted = set(streams)
-    # one stream: an entry of it that need not be parsed is told by one
-    # compare of its section's head (one stream, this one) at offset 38
-    single = b"\x01" + streams[0].to_bytes(8, "little") if len(streams) == 1 else b""
-    holes: list[int] = []
-    thorough = False
-    while True:
-        while todo:
-            batch = sorted(todo - seen)
-            todo = set()
-            if not batch:
-                break
-            st.rounds += 1
-            seen.update(batch)
-            if known:
-                fetch = [p for p in batch if p not in known]
-                got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
-                got.update((p, known[p]) for p in batch if p in known)
-            else:
-                fetch = batch
-                got = log.read_positions(batch)
-            st.read += len(fetch)
-            quick = bool(single) and not thorough
-            for p in batch:
-                data = got.get(p)
-                if type(data) is not bytes:
-                    if (data is None or data in (-errno.ENODATA, -errno.ENOENT)) and p < hi:
-                        holes.append(p)  # handed out, not written yet: read below with the hole rules
-                    else:
-                        st.not_ours += 1
-                    _relink(p, lead, spare)
-                    continue
-                if (quick and p not in lead and data.startswith(single, 38) and data.startswith(MAGIC)
-                        and data[4] & FLAG_BACKPOINTERS):
-                    if p < hi:
-                        found[p] = data
-                    light[p] = data
-                    continue
-                st.parsed += 1
-                # parsed only for want of the quick check (an entry of several streams):
-                # not a link of a chain, so it starts none
-                chain = not quick or p in lead
-                if not _follow(data, p, wanted, lo, hi, found, covered, todo, lead, floors, chain, spare):
-                    st.not_ours += 1
-                    _relink(p, lead, spare)
-                elif not chain:
-                    light[p] = data  # followed again should a parse name it as a link
-            # an entry read light that a parse since named as the next one down
-            # its chain is parsed now: it was read already, so no round would
-            promote = lead.intersection(light)
-            while promote:
-                st.parsed += len(promote)
-                for p in promote:
-                    _follow(light.pop(p), p, wanted, lo, hi, found, covered, todo, lead, floors, True, spare)
-                promote = lead.intersection(light)
-        gaps_of = {s: _gaps(covered[s], lo, hi) for s in streams}
-        gaps = [g for s in streams for g in gaps_of[s]]
-        if thorough or not light or not any(b > floors.get(s, lo) for s in streams for _a, b in gaps_of[s]):
-            break
-        thorough = True  # parse what was only checked, then look again
-        st.parsed += len(light)
-        for p, data in light.items():
-            _follow(data, p, wanted, lo, hi, found, covered, todo, lead, floors, True, spare)
-        light.clear()
-    for p in holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
+    w = _Walk(streams, lo, hi, st)
+    w.begin(per_stream, k, tail)
+    w.read(log, known or {})
+    for p in w.holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
         for batch in log.stream_batches(p, p + 1, hole_wait=clock.hole_wait, known_tail=tail, hole_clock=clock):
             datas = batch.column(1).to_pylist()
-            if datas and datas[0] is not None and _backpointers(datas[0], p, wanted)[1]:
-                found[p] = datas[0]
+            if datas and datas[0] is not None and _backpointers(datas[0], p, w.wanted)[1]:
+                w.found[p] = datas[0]
+    found, gaps = w.found, w.gaps
     # The answer vouches for [lo, hi) as of when it was given. A position
     # handed out then but not stored yet (a writer in flight, or dead) could
     # be handed out again, to these streams, by a sequencer that starts
@@ -191,55 +110,157 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     return ps, [found[p] for p in ps], None, hi
 
 
-def _follow(data: bytes, p: int, wanted: set[int], lo: int, hi: int, found: dict[int, bytes],
-            covered: dict[int, list[tuple[int, int]]], todo: set[int], lead: set[int],
-            floors: dict[int, int], chain: bool, spare: dict[int, list[int]]) -> bool:
-    """Parse the entry at p whole: record it if it is of a wanted stream,
-    the range its recent backpointers vouch for, and where to read next
-    (into `todo`; the next round drops what was read already). `chain`: the
-    entries it leads to are parsed whole in turn (lead)."""
-    kk, mine = _backpointers(data, p, wanted)
-    if not mine:
-        return False
-    if p < hi:
-        found[p] = data
-    for s, (horizon, back, far) in mine.items():
-        if horizon < floors.get(s, horizon + 1):
-            floors[s] = horizon
-        covered[s].append((back[-1] if kk and len(back) >= kk else horizon, p + 1))
-        if back:
-            if back[-1] >= lo:  # newest first: all of them are in range
+class _Walk:
+    """What one walk knows: per stream, the intervals in which every
+    position of it is known (`covered`) and the lowest horizon seen
+    (`floors`: nothing below it is vouched for by any entry, so parsing more
+    cannot cover it); the entries found; and what to read next."""
+
+    def __init__(self, streams: list[int], lo: int, hi: int, st: WalkStats) -> None:
+        self.streams, self.lo, self.hi, self.st = streams, lo, hi, st
+        self.wanted = set(streams)
+        self.covered: dict[int, list[tuple[int, int]]] = {s: [] for s in streams}
+        self.floors: dict[int, int] = {}
+        self.todo: set[int] = set()   # positions to read in the next round
+        self.lead: set[int] = set()   # positions to parse whole when read (links of chains)
+        # a link of a chain -> the newer recent positions of the same list, the
+        # next link should it be a hole or not the stream's
+        self.spare: dict[int, list[int]] = {}
+        self.found: dict[int, bytes] = {}
+        self.light: dict[int, bytes] = {}  # read and checked to be the stream's, not parsed
+        self.holes: list[int] = []   # handed out, not written when read
+        self.gaps: list[tuple[int, int]] = []  # what no entry vouches for, once read() is over
+
+    def begin(self, per_stream: list[tuple[int, int, list[int], int, list[tuple[int, int]]]], k: int,
+              tail: int) -> None:
+        """Start from the sequencer's answer: it vouches for each stream down
+        to its oldest recent position (to the horizon, with fewer than K)."""
+        lo = self.lo
+        for s, horizon, back, _ordinal, levels in per_stream:
+            self.floors[s] = horizon
+            self.covered[s].append((back[-1] if k and len(back) >= k else horizon, tail))
+            self.todo.update(b for b in back if b >= lo)
+            self.link(back)  # the chain goes on from the oldest
+            self.lead.update(p for _l, p in levels if p >= lo)
+            self.todo.update(p for _l, p in levels if p >= lo)
+
+    def read(self, log: Log, known: dict[int, bytes]) -> None:
+        """Rounds of reads until no entry read leads anywhere new; then, if
+        some range above a floor is still not vouched for, parse what was
+        only checked and go on (once)."""
+        st, lead, light, found, hi = self.st, self.lead, self.light, self.found, self.hi
+        streams = self.streams
+        # one stream: an entry of it that need not be parsed is told by one
+        # compare of its section's head (one stream, this one) at offset 38
+        single = b"\x01" + streams[0].to_bytes(8, "little") if len(streams) == 1 else b""
+        seen: set[int] = set()
+        thorough = False
+        while True:
+            while self.todo:
+                batch = sorted(self.todo - seen)
+                self.todo = set()
+                if not batch:
+                    break
+                st.rounds += 1
+                seen.update(batch)
+                if known:
+                    fetch = [p for p in batch if p not in known]
+                    got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
+                    got.update((p, known[p]) for p in batch if p in known)
+                else:
+                    fetch = batch
+                    got = log.read_positions(batch)
+                st.read += len(fetch)
+                quick = bool(single) and not thorough
+                for p in batch:
+                    data = got.get(p)
+                    if type(data) is not bytes:
+                        if (data is None or data in (-errno.ENODATA, -errno.ENOENT)) and p < hi:
+                            self.holes.append(p)  # read below with the hole rules
+                        else:
+                            st.not_ours += 1
+                        self.relink(p)
+                        continue
+                    if (quick and p not in lead and data.startswith(single, 38) and data.startswith(MAGIC)
+                            and data[4] & FLAG_BACKPOINTERS):
+                        if p < hi:
+                            found[p] = data
+                        light[p] = data
+                        continue
+                    st.parsed += 1
+                    # parsed only for want of the quick check (an entry of several streams):
+                    # not a link of a chain, so it starts none
+                    chain = not quick or p in lead
+                    if not self.follow(data, p, chain):
+                        st.not_ours += 1
+                        self.relink(p)
+                    elif not chain:
+                        light[p] = data  # followed again should a parse name it as a link
+                # an entry read light that a parse since named as the next one down
+                # its chain is parsed now: it was read already, so no round would
+                promote = lead.intersection(light)
+                while promote:
+                    st.parsed += len(promote)
+                    for p in promote:
+                        self.follow(light.pop(p), p, True)
+                    promote = lead.intersection(light)
+            gaps_of = {s: _gaps(self.covered[s], self.lo, hi) for s in streams}
+            self.gaps = [g for s in streams for g in gaps_of[s]]
+            if thorough or not light or not any(b > self.floors.get(s, self.lo) for s in streams
+                                                for _a, b in gaps_of[s]):
+                return
+            thorough = True  # parse what was only checked, then look again
+            st.parsed += len(light)
+            for p, data in light.items():
+                self.follow(data, p, True)
+            light.clear()
+
+    def follow(self, data: bytes, p: int, chain: bool) -> bool:
+        """Parse the entry at p whole: record it if it is of a wanted stream,
+        the range its recent backpointers vouch for, and where to read next
+        (into `todo`; the next round drops what was read already). `chain`:
+        the entries it leads to are parsed whole in turn (lead)."""
+        kk, mine = _backpointers(data, p, self.wanted)
+        if not mine:
+            return False
+        lo, todo, floors = self.lo, self.todo, self.floors
+        if p < self.hi:
+            self.found[p] = data
+        for s, (horizon, back, far) in mine.items():
+            if horizon < floors.get(s, horizon + 1):
+                floors[s] = horizon
+            self.covered[s].append((back[-1] if kk and len(back) >= kk else horizon, p + 1))
+            if back:
+                if back[-1] >= lo:  # newest first: all of them are in range
+                    if chain:
+                        self.link(back)  # the next one down the chain
+                    todo.update(back)
+                else:
+                    todo.update(b for b in back if b >= lo)
+            if far:
+                if far[-1] < lo:
+                    far = [b for b in far if b >= lo]
+                todo.update(far)
                 if chain:
-                    _link(back, lo, lead, spare)  # the next one down the chain
-                todo.update(back)
-            else:
-                todo.update(b for b in back if b >= lo)
-        if far:
-            if far[-1] < lo:
-                far = [b for b in far if b >= lo]
-            todo.update(far)
-            if chain:
-                lead.update(far)
-    return True
+                    self.lead.update(far)
+        return True
 
+    def link(self, back: list[int]) -> None:
+        """The oldest of `back` (recent positions, newest first) is the next
+        link of a chain; the others stand in for it, oldest first, should it fail."""
+        if back and back[-1] >= self.lo:
+            self.lead.add(back[-1])
+            if len(back) > 1:
+                self.spare[back[-1]] = back[:-1]
 
-def _link(back: list[int], lo: int, lead: set[int], spare: dict[int, list[int]]) -> None:
-    """The oldest of `back` (recent positions, newest first) is the next link
-    of a chain; the others stand in for it, oldest first, should it fail."""
-    if back and back[-1] >= lo:
-        lead.add(back[-1])
-        if len(back) > 1:
-            spare[back[-1]] = back[:-1]
-
-
-def _relink(p: int, lead: set[int], spare: dict[int, list[int]]) -> None:
-    """The link at p is a hole or not the stream's: the next oldest of its
-    list leads on instead (read already, or due this round or the next)."""
-    rest = spare.pop(p, None)
-    if rest:
-        lead.add(rest[-1])
-        if len(rest) > 1:
-            spare[rest[-1]] = rest[:-1]
+    def relink(self, p: int) -> None:
+        """The link at p is a hole or not the stream's: the next oldest of its
+        list leads on instead (read already, or due this round or the next)."""
+        rest = self.spare.pop(p, None)
+        if rest:
+            self.lead.add(rest[-1])
+            if len(rest) > 1:
+                self.spare[rest[-1]] = rest[:-1]
 
 
 def _gaps(intervals: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
