@@ -565,3 +565,38 @@ def test_a_removed_record_of_a_live_daemon_does_not_displace_it(rados_cluster, c
     time.sleep(3 * LEASE)
     after = lg.refresh()
     assert (after.sequencer, after.epoch) == (a.address, before.epoch), (before, after)
+
+
+def test_a_dead_owner_is_not_kept_alive_by_another_daemon_at_its_address(rados_cluster, ceph, log_name, daemons,
+                                                                         tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The owner stops cleanly while its standby is paused, and a zlog-seqr of
+    another pool takes its port before the standby looks again: it answers
+    a probe at the owner's address, but it is not the owner (and never
+    serves this log). The owner's logs still move within a few leases
+    (an adversarial review: an answer counted as a beat kept it alive for good)."""
+    other = "zlog-failover-other"
+    if not rados_cluster.pool_exists(other):
+        rados_cluster.create_pool(other)
+    a, b = daemons(), daemons()
+    lg = Log.create(rados_cluster, ceph.pool, log_name, sequencer=a.address)
+    lg.append(b"x")
+    time.sleep(2 * LEASE)
+    intruder = SeqrProcess(ceph.conf, port=a.port, log_path=tmp_path / "intruder.log",
+                           args=("--pool", other, "--lease", str(LEASE)))
+    b.pause()
+    try:
+        a.stop()  # a clean stop: the port closes and the record goes
+        intruder.start()
+    finally:
+        b.resume()
+    try:
+        client = Log.open(rados_cluster, ceph.pool, log_name)
+        deadline = time.monotonic() + 20 * LEASE
+        while lg.refresh().sequencer == a.address and time.monotonic() < deadline:
+            client.append(b"y")  # clients keep asking, as they would
+            time.sleep(0.05)
+        assert lg.refresh().sequencer == b.address, \
+            f"the log still names {a.address}, stopped {20 * LEASE:.0f} s ago (another pool's daemon listens there)"
+        assert client.append(b"z") > 0
+    finally:
+        intruder.stop()

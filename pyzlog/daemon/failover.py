@@ -63,15 +63,12 @@ class Peer:
         self.rescans: list[float] = []  # scan its logs again then (take-overs it had under way)
 
     def see(self, beat: int, now: float) -> None:
+        """Its record read: a new beat is a sign of life."""
         if beat != self.beat:
             self.beat = beat
-            self.heard(now)
-
-    def heard(self, now: float) -> None:
-        """A sign of life: a new beat, or (record gone) an answer at its port."""
-        self.changed_at = now
-        self.handled = False
-        self.rescans = []
+            self.changed_at = now
+            self.handled = False
+            self.rescans = []
 
     def dead(self, now: float, lease: float) -> bool:
         return self.refused or now - self.changed_at >= lease
@@ -181,7 +178,11 @@ class Watch:
             for pool, io in self._registry.items():
                 self._known[pool] = sorted(o.key for o in io.list_objects() if o.key != self.me)
         for pool, io in self._registry.items():
-            records = {r.address: r for r in read_records(io, self._known[pool])}
+            # the peers known too, not only those of the last listing: a record removed for a
+            # moment (by hand) and rewritten by its live daemon is seen again within a tick
+            with self._lock:
+                watched = sorted(set(self._known[pool]) | set(self._peers[pool]))
+            records = {r.address: r for r in read_records(io, watched)}
             with self._lock:
                 peers = self._peers[pool]
                 for address, rec in records.items():
@@ -193,16 +194,11 @@ class Watch:
                 for address, peer in peers.items():
                     peer.gone = address not in records  # a clean stop removes the record: its logs move too
             for address, peer in list(peers.items()):
-                if peer.gone:  # stopped cleanly, or a live daemon whose record was removed by hand
-                    # an answer counts as a beat (it rewrites its record soon); a slow answer
-                    # (a loaded host) proves nothing, only a closed port is death at once
-                    if answers(address, timeout=min(0.3, self.tick), credentials=self.credentials):
-                        peer.heard(now)
-                        peer.refused = False
-                    else:
-                        peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
-                else:
-                    peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
+                # record gone (stopped cleanly, or removed by hand from a live daemon, which
+                # rewrites it with its next beat) or not: dead when its port is closed, or a lease
+                # after its last beat. An answer at its address is no beat: any zlog-seqr there
+                # answers (a restart under another name, one of another pool), the dead one's too
+                peer.refused = refuses_connections(address, timeout=min(0.3, self.tick))
                 if peer.dead(now, self.lease) and not peer.handled:
                     peer.handled = True
                     # its own take-overs may still land: look at its logs again later
