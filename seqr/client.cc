@@ -558,16 +558,20 @@ Response Client::tail(const std::string& pool, const std::string& log, uint64_t 
 }
 
 StreamResponse Client::streams(const std::string& pool, const std::string& log, uint64_t epoch,
-                               uint32_t count, const std::vector<uint64_t>& ids) {
+                               uint32_t count, const std::vector<uint64_t>& ids, uint32_t history) {
   if (ids.empty() || ids.size() > kMaxStreamsPerRequest)
     throw std::invalid_argument("a stream request names 1.." + std::to_string(kMaxStreamsPerRequest) +
                                 " streams");
+  if (history && (count || history > kMaxStreamHistory))
+    throw std::invalid_argument("a history request takes no positions and asks for 1.." +
+                                std::to_string(kMaxStreamHistory) + " per stream");
   std::lock_guard<std::mutex> lk(mu_);
   check_open();
   out_.clear();
   const uint64_t rid = next_rid_++;
   const size_t at = out_.size();
-  encode(out_, count ? OP_STREAM_NEXT : OP_STREAM_TAIL, rid, epoch, count, pool, log);
+  encode(out_, count ? OP_STREAM_NEXT : history ? OP_STREAM_HISTORY : OP_STREAM_TAIL, rid, epoch,
+         count ? count : history, pool, log);
   uint8_t* q = out_.extend(2 + 8 * ids.size());
   put_u16(q, static_cast<uint16_t>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) put_u64(q + 2 + 8 * i, ids[i]);
@@ -577,8 +581,9 @@ StreamResponse Client::streams(const std::string& pool, const std::string& log, 
   for (;;) {
     const uint8_t* p;
     uint32_t len;
-    read_frame(p, len, 1u << 20, dl);
-    StreamResponse r = parse_stream_response(p, len, ids.size());
+    // a history answer may hold kMaxStreamHistory positions for each stream
+    read_frame(p, len, history ? (8u << 20) : (1u << 20), dl);
+    StreamResponse r = parse_stream_response(p, len, ids.size(), history != 0);
     if (r.response.request_id == rid) {
       for (size_t i = 0; i < r.streams.size(); ++i)
         if (r.streams[i].stream != ids[i])
@@ -591,7 +596,8 @@ StreamResponse Client::streams(const std::string& pool, const std::string& log, 
   }
 }
 
-StreamResponse Client::parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams) {
+StreamResponse Client::parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams,
+                                             bool history) {
   StreamResponse r;
   auto bad = [&](const char* what) {
     return ConnectionError(ConnectionError::GENERIC,
@@ -631,6 +637,16 @@ StreamResponse Client::parse_stream_response(const uint8_t* p, uint32_t len, siz
       b.levels[j] = {p[off], get_u64(p + off + 1)};
       off += kStreamLevelEntry;
     }
+  }
+  for (uint32_t i = 0; history && i < n; ++i) {
+    if (len < off + 4) throw bad("truncated");
+    const uint32_t h = get_u32(p + off);
+    off += 4;
+    if (h > kMaxStreamHistory || len < off + 8 * size_t(h)) throw bad("truncated");
+    auto& hist = r.streams[i].history;
+    hist.resize(h);
+    for (uint32_t j = 0; j < h; ++j) hist[j] = get_u64(p + off + 8 * j);
+    off += 8 * size_t(h);
   }
   if (off != len) throw bad("with trailing bytes");
   return r;

@@ -92,6 +92,7 @@ struct StreamBackpointers {
   uint64_t ordinal = 0;             // the answer's position's ordinal in the stream
   std::vector<uint64_t> positions;  // its last positions below the answer's, newest first
   std::vector<std::pair<uint8_t, uint64_t>> levels;  // (level, position) skip pointers
+  std::vector<uint64_t> history;  // STREAM_HISTORY: its last positions, newest first
 };
 
 struct StreamResponse {
@@ -128,9 +129,10 @@ class Client {
   Response next(const std::string& pool, const std::string& log, uint64_t epoch,
                 uint32_t count = 1);
   Response tail(const std::string& pool, const std::string& log, uint64_t epoch);
-  // STREAM_NEXT (count >= 1) or, with count 0, STREAM_TAIL for `streams`.
+  // STREAM_NEXT (count >= 1) or, with count 0, STREAM_TAIL for `streams`; with
+  // count 0 and history >= 1, STREAM_HISTORY (up to `history` positions each).
   StreamResponse streams(const std::string& pool, const std::string& log, uint64_t epoch,
-                         uint32_t count, const std::vector<uint64_t>& streams);
+                         uint32_t count, const std::vector<uint64_t>& streams, uint32_t history = 0);
   uint64_t send_request(uint8_t op, const std::string& pool, const std::string& log,
                         uint64_t epoch, uint32_t count);
   Response recv();
@@ -173,7 +175,7 @@ class Client {
   void read_frame(const uint8_t*& payload, uint32_t& len, uint32_t max_len,
                   Clock::time_point dl);
   Response parse_response(const uint8_t* p, uint32_t len);
-  StreamResponse parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams);
+  StreamResponse parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams, bool history);
   Response wait_for(uint64_t rid);
   [[noreturn]] void throw_errno(const char* what, int err);
 

@@ -63,6 +63,9 @@ PYBIND11_MODULE(_seqr, m) {
   m.attr("OK") = int(ST_OK);
   m.attr("OP_STREAM_NEXT") = int(OP_STREAM_NEXT);
   m.attr("OP_STREAM_TAIL") = int(OP_STREAM_TAIL);
+  m.attr("OP_STREAM_HISTORY") = int(OP_STREAM_HISTORY);
+  m.attr("MAX_STREAM_HISTORY") = kMaxStreamHistory;
+  m.attr("STREAM_HISTORY_BUDGET") = kStreamHistoryBudget;
   m.attr("STREAM_BACKPOINTERS") = int(kStreamBackpointers);
   m.attr("STREAM_FIRST_LEVEL") = int(kStreamFirstLevel);
   m.attr("MAX_STREAMS_PER_REQUEST") = int(kMaxStreamsPerRequest);
@@ -389,23 +392,30 @@ PYBIND11_MODULE(_seqr, m) {
       .def(
           "streams",
           [](Client& c, const std::string& pool, const std::string& log, uint64_t epoch,
-             uint32_t count, const std::vector<uint64_t>& ids) {
+             uint32_t count, const std::vector<uint64_t>& ids, uint32_t history) {
             StreamResponse r;
             {
               py::gil_scoped_release rel;
-              r = c.streams(pool, log, epoch, count, ids);
+              r = c.streams(pool, log, epoch, count, ids, history);
             }
             py::list streams;
-            for (const auto& b : r.streams)
-              streams.append(py::make_tuple(b.stream, b.horizon, py::cast(b.positions), b.ordinal,
-                                            py::cast(b.levels)));
+            for (const auto& b : r.streams) {
+              if (history)
+                streams.append(py::make_tuple(b.stream, b.horizon, py::cast(b.positions), b.ordinal,
+                                              py::cast(b.levels), py::cast(b.history)));
+              else
+                streams.append(py::make_tuple(b.stream, b.horizon, py::cast(b.positions), b.ordinal,
+                                              py::cast(b.levels)));
+            }
             return py::make_tuple(int(r.response.status), r.response.epoch, r.response.position,
                                   r.response.count, int(r.max_backpointers), streams);
           },
           py::arg("pool"), py::arg("log"), py::arg("epoch"), py::arg("count"), py::arg("streams"),
+          py::arg("history") = 0,
           "STREAM_NEXT (count >= 1) or STREAM_TAIL (count 0): (status, epoch, position, count, K, "
           "[(stream, horizon, [positions, newest first], ordinal, [(level, position)])]) "
-          "(docs/seqr-protocol.md, \"Streams\").")
+          "(docs/seqr-protocol.md, \"Streams\"); with history >= 1 (count 0), STREAM_HISTORY: each "
+          "stream's tuple ends with [its last positions, newest first].")
       .def(
           "send_next",
           [](Client& c, const std::string& pool, const std::string& log, uint64_t epoch,

@@ -18,6 +18,10 @@ enum Op : uint8_t {
   // streams and are answered with each stream's backpointers
   OP_STREAM_NEXT = 3,
   OP_STREAM_TAIL = 4,
+  // STREAM_TAIL answered also with each stream's longer history (count: how
+  // many of its last positions, at most kMaxStreamHistory): a reader of one
+  // stream finds its entries in one round of reads instead of a walk
+  OP_STREAM_HISTORY = 5,
   // handshake frames, in the order they are sent
   OP_HELLO = 16,      // client: version, nonce, pool
   OP_CHALLENGE = 17,  // server: status, auth mode, key generation, nonce
@@ -91,6 +95,15 @@ constexpr uint32_t kStreamPerStream = 8 + 8 + 8 + 1 + 1;  // stream, horizon, or
 constexpr uint32_t kStreamLevelEntry = 1 + 8;             // level, position
 // A log's server forgets every stream (horizon := next) rather than keep more than this.
 constexpr size_t kDefaultMaxStreams = 1u << 18;
+// STREAM_HISTORY: the OK answer as STREAM_TAIL's, then per stream in request
+// order: u32 h, h x u64 positions (newest first): the stream's last h
+// positions the server handed out (h <= count), always its latest ones with
+// none left out between them (so the n recent ones are among them when h >= n).
+// The server keeps at most kMaxStreamHistory per stream and kStreamHistoryBudget
+// in all (32 MB); a stream that finds the budget spent keeps the history it has
+// (its oldest positions give way to its newest) or, if it has none, gets none.
+constexpr uint32_t kMaxStreamHistory = 8192;
+constexpr size_t kStreamHistoryBudget = size_t(1) << 22;
 
 constexpr uint32_t kDefaultMaxFrame = 1024;
 constexpr uint32_t kDefaultMaxName = 255;

@@ -329,7 +329,8 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
   const char* pool = reinterpret_cast<const char*>(p + kReqFixed + 2);
   const uint32_t llen = get_u16(p + kReqFixed + 2 + plen);
   const char* log = pool + plen + 2;
-  const bool stream_op = op == OP_STREAM_NEXT || op == OP_STREAM_TAIL;
+  const bool history_op = op == OP_STREAM_HISTORY;
+  const bool stream_op = op == OP_STREAM_NEXT || op == OP_STREAM_TAIL || history_op;
   const bool next_op = op == OP_NEXT || op == OP_STREAM_NEXT;
   // stream requests: u16 nstreams and the stream ids follow the log name
   const size_t names_end = size_t(kReqMinPayload) + plen + llen;
@@ -344,7 +345,8 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
              (op != OP_NEXT && op != OP_TAIL && !stream_op) || plen == 0 || llen == 0 ||
              plen > max_name_ || llen > max_name_ ||
              (next_op && (count == 0 || count > effective_max_count())) ||
-             (!next_op && count != 0) ||
+             (!next_op && !history_op && count != 0) ||
+             (history_op && (count == 0 || count > kMaxStreamHistory)) ||
              (stream_op && (nstreams == 0 || nstreams > kMaxStreamsPerRequest));
   if (!bad && stream_op) {  // each stream once
     for (uint32_t i = 1; i < nstreams && !bad; ++i)
@@ -412,9 +414,8 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
           return;
         }
         respond(out, ST_OK, rid, s.epoch, s.next, 0);
-        if (stream_op) stream_answer(s, ids, nstreams, s.next, 0, out);
+        if (stream_op) stream_answer(s, ids, nstreams, s.next, 0, out, history_op ? count : 0);
         return;
-        return respond(out, ST_OK, rid, s.epoch, s.next, 0);
       }
       if (epoch < s.epoch) {
         ++s.stale;
@@ -448,13 +449,10 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
 // the stream section and makes the frame's length cover it. Then records
 // [pos, pos + count) as each stream's newest positions.
 void Server::stream_answer(LogState& s, const uint8_t* ids, uint32_t nstreams, uint64_t pos,
-                           uint32_t count, ByteBuf& out) {
+                           uint32_t count, ByteBuf& out, uint32_t history) {
   const size_t frame = out.size() - kRespFrame;
-  if (count && s.streams.size() + nstreams > kDefaultMaxStreams) {
-    // too many streams to remember: forget them all, never answer wrongly
-    s.streams.clear();
-    s.streams_from = pos;
-  }
+  if (count && s.streams.size() + nstreams > kDefaultMaxStreams)
+    forget_streams(s, pos);  // too many streams to remember: forget them all, never answer wrongly
   uint8_t* h = out.extend(kStreamFixed);
   h[0] = kStreamVersion;
   h[1] = static_cast<uint8_t>(kStreamBackpointers);
@@ -507,8 +505,49 @@ void Server::stream_answer(LogState& s, const uint8_t* ids, uint32_t nstreams, u
       ring->head = static_cast<uint8_t>((ring->head + 1) % kStreamBackpointers);
       if (ring->n < kStreamBackpointers) ++ring->n;
     }
+    remember(*ring, pos, count);
+  }
+  if (history) {  // STREAM_HISTORY (count 0: nothing recorded above)
+    for (uint32_t i = 0; i < nstreams; ++i) {
+      auto it = s.streams.find(get_u64(ids + 8 * i));
+      const StreamRing* ring = it == s.streams.end() ? nullptr : &it->second;
+      const size_t kept = ring ? ring->hist.size() : 0;
+      const uint32_t h = static_cast<uint32_t>(std::min<size_t>(kept, history));
+      uint8_t* q = out.extend(4 + 8 * size_t(h));
+      put_u32(q, h);
+      for (uint32_t k = 0; k < h; ++k)  // newest first
+        put_u64(q + 4 + 8 * k, ring->hist[(ring->hist_head + kept - 1 - k) % kept]);
+    }
   }
   put_u32(out.data() + frame, static_cast<uint32_t>(out.size() - frame - 4));
+}
+
+// Adds [pos, pos + count) to the stream's history: it grows while the budget
+// allows, else its oldest give way, so it always holds the stream's latest
+// positions with none missing between them.
+void Server::remember(StreamRing& ring, uint64_t pos, uint32_t count) {
+  const uint64_t first = count > kMaxStreamHistory ? pos + count - kMaxStreamHistory : pos;
+  for (uint64_t p = first; p < pos + count; ++p) {
+    if (ring.hist.size() < kMaxStreamHistory && history_kept_ < kStreamHistoryBudget) {
+      if (ring.hist_head != 0) {  // a ring that stopped growing when the budget ran out: unroll it
+        std::rotate(ring.hist.begin(), ring.hist.begin() + ring.hist_head, ring.hist.end());
+        ring.hist_head = 0;
+      }
+      ring.hist.push_back(p);
+      ++history_kept_;
+    } else if (!ring.hist.empty()) {
+      ring.hist[ring.hist_head] = p;
+      ring.hist_head = static_cast<uint32_t>((ring.hist_head + 1) % ring.hist.size());
+    } else {
+      return;  // no history, and no room for one
+    }
+  }
+}
+
+void Server::forget_streams(LogState& s, uint64_t from) {
+  for (const auto& kv : s.streams) history_kept_ -= kv.second.hist.size();
+  s.streams.clear();
+  s.streams_from = from;
 }
 
 void Server::on_batch_done() {
@@ -570,8 +609,7 @@ bool Server::install(const std::string& pool, const std::string& log, uint64_t e
     if (s.state != State::READY || s.epoch != epoch) {
       // positions below next_position were handed out by another sequencer
       // (or before a recovery): which streams they belong to is unknown here
-      s.streams.clear();
-      s.streams_from = next_position;
+      forget_streams(s, next_position);
     }
     s.state = State::READY;
     s.epoch = epoch;

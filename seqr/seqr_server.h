@@ -155,6 +155,10 @@ class Server : public FrameServer {
     uint64_t level[kStreamLevels];
     uint64_t ordinal = 0;  // positions handed out for the stream since the horizon
     uint8_t n = 0, head = 0;  // head: where the next position goes
+    // its last positions (up to kMaxStreamHistory, within the server's budget): a
+    // ring once full, the oldest at hist_head; growing, in order from index 0
+    std::vector<uint64_t> hist;
+    uint32_t hist_head = 0;
   };
   struct LogState {
     std::string pool;
@@ -183,7 +187,9 @@ class Server : public FrameServer {
   void handle_request(SeqrSession& s, const uint8_t* p, uint32_t len, ByteBuf& out);
   // the stream section of an OK answer to a stream request at `pos` (count positions)
   void stream_answer(LogState& s, const uint8_t* ids, uint32_t nstreams, uint64_t pos,
-                     uint32_t count, ByteBuf& out);
+                     uint32_t count, ByteBuf& out, uint32_t history = 0);
+  void remember(StreamRing& ring, uint64_t pos, uint32_t count);
+  void forget_streams(LogState& s, uint64_t from);
   FrameResult refuse_hello(SeqrSession& s, uint8_t status, Refusal why, ByteBuf& out,
                            const char* detail);
   FrameResult refuse_proof(SeqrSession& s, uint8_t reason, Refusal why, ByteBuf& out);
@@ -205,6 +211,7 @@ class Server : public FrameServer {
   // io thread only
   std::unordered_map<std::string, LogState> table_;
   std::string key_;
+  size_t history_kept_ = 0;  // positions in every stream's history (kStreamHistoryBudget)
   struct Local {
     uint64_t requests = 0, positions = 0, bad_requests = 0, stale = 0, retries = 0,
              recovery_failed = 0, not_authorised = 0, rate_limited = 0;

@@ -210,6 +210,41 @@ def test_stream_only_replicas_of_a_map_counter_and_queue_match_full_replay(logs:
         assert maps_state(rt) == {name: full.hosted()[name].snapshot()}
 
 
+def test_a_stream_replay_reads_the_sequencers_history_in_one_round(logs: Logs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The sequencer keeps each stream's last positions (STREAM_HISTORY): a
+    stream-only replica of one map among three finds its 300 entries in one
+    round of reads. Against a sequencer without it (an older zlog-seqr
+    answers the op with BAD_REQUEST) it walks the backpointers instead, in
+    more rounds, and reaches the same state."""
+    w = logs.runtime(streams=True)
+    maps = [w.map(f"m{i}") for i in range(3)]
+    for i in range(900):
+        maps[i % 3].put_async(f"k{i % 50}", i)
+    w.sync()
+    one = logs.runtime(streams=True)
+    one.map("m1")
+    one.sync()
+    assert maps_state(one) == {"m1": maps[1].snapshot()}
+    st = one.walk_stats
+    assert st.rounds == 1 and st.read == 300 and st.scans == 0, st
+
+    from pyzlog.core.sequencer import BAD_REQUEST, SequencerClient
+    real = SequencerClient.streams
+
+    def older(self, pool, log, epoch, count, streams, history=0):  # type: ignore[no-untyped-def]
+        if history:
+            return (BAD_REQUEST, 0, 0, 0, 0, [])  # as a zlog-seqr from before STREAM_HISTORY answers
+        return real(self, pool, log, epoch, count, streams)
+
+    monkeypatch.setattr(SequencerClient, "streams", older)
+    walker = logs.runtime(streams=True)
+    walker.map("m1")
+    walker.sync()
+    assert maps_state(walker) == {"m1": maps[1].snapshot()}
+    st = walker.walk_stats
+    assert st.rounds > 1 and st.scans == 0, st
+
+
 def test_read_positions_in_one_call_per_object(logs: Logs) -> None:
     """read_set (the class's read of any positions of one object) answers
     what a read of each position answers: data, filled, lost, trimmed,

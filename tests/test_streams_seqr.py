@@ -142,6 +142,9 @@ def _raw_request(op: int, count: int, tail: bytes, pool: bytes = b"pool", log: b
     (4, 1, struct.pack("<HQ", 1, 5)),                       # STREAM_TAIL that takes
     (3, 1, struct.pack("<H", 65) + b"\1" * 8 * 65),         # more streams than allowed
     (1, 1, struct.pack("<HQ", 1, 5)),                       # a plain NEXT with a stream section
+    (5, 0, struct.pack("<HQ", 1, 5)),                       # STREAM_HISTORY of nothing
+    (5, _seqr.MAX_STREAM_HISTORY + 1, struct.pack("<HQ", 1, 5)),  # more history than kept
+    (5, 1, struct.pack("<HQQ", 1, 5, 6)),                   # trailing bytes
 ])
 def test_malformed_stream_requests_are_bad_requests(server, op: int, count: int, tail: bytes) -> None:  # type: ignore[no-untyped-def]
     c = connect(server.port)
@@ -163,6 +166,10 @@ def test_client_checks_arguments(server) -> None:  # type: ignore[no-untyped-def
         c.streams("pool", "log", 1, 1, [])
     with pytest.raises(ValueError):
         c.streams("pool", "log", 1, 1, list(range(1, 66)))
+    with pytest.raises(ValueError):  # a history request takes no positions
+        c.streams("pool", "log", 1, 1, [5], 10)
+    with pytest.raises(ValueError):
+        c.streams("pool", "log", 1, 0, [5], _seqr.MAX_STREAM_HISTORY + 1)
     assert c.tail("pool", "log", 1) == (OK, 1, 0, 0)
 
 
@@ -193,3 +200,54 @@ def test_skip_pointers_reach_back_by_powers_of_two(server) -> None:  # type: ign
     first = _seqr.STREAM_FIRST_LEVEL
     assert [lv for lv, _p in levels] == list(range(first, 10))  # 2^8 < 299 < 2^9: level 9 names ordinal 0
     assert dict(levels) == {lv: positions[(299 >> lv) << lv] for lv in range(first, 10)}
+
+
+def test_history_answers_each_streams_last_positions(server) -> None:  # type: ignore[no-untyped-def]
+    """STREAM_HISTORY: STREAM_TAIL's answer, and each stream's last positions
+    (newest first, as many as asked for and kept), batches included; an
+    unknown stream has none, a new epoch forgets them all, and nothing is
+    handed out."""
+    c = connect(server.port)
+    mine: dict[int, list[int]] = {7: [], 9: []}
+    rng = random.Random(5)
+    for _ in range(200):
+        ids = rng.choice([[7], [9], [7, 9]])
+        count = rng.choice([1, 1, 3, 40])
+        st, _, pos, _, _, _ = c.streams("pool", "log", 1, count, ids)
+        assert st == OK
+        for s in ids:
+            mine[s].extend(range(pos, pos + count))
+        c.next("pool", "log", 1, 2)  # positions of no stream between
+    tail = c.tail("pool", "log", 1)[2]
+    st, epoch, pos, n, k, streams = c.streams("pool", "log", 1, 0, [9, 7, 8], 5000)
+    assert (st, pos, n, k) == (OK, tail, 0, K)
+    assert [(s, h, hist) for s, h, _b, _o, _l, hist in streams] == [
+        (9, 0, mine[9][::-1][:5000]), (7, 0, mine[7][::-1][:5000]), (8, 0, [])]
+    for s, _h, back, ordinal, _l, hist in streams:  # the recent list leads it
+        assert back == hist[:K] and ordinal == len(mine.get(s, []))
+    _, _, _, _, _, short = c.streams("pool", "log", 1, 0, [7], 10)
+    assert short[0][5] == mine[7][::-1][:10]
+    assert c.tail("pool", "log", 1) == (OK, 1, tail, 0)
+    server.install("pool", "log", 2, tail + 10)
+    _, _, _, _, _, after = c.streams("pool", "log", 2, 0, [7], 100)
+    assert after[0][1:3] == (tail + 10, []) and after[0][5] == []
+
+
+def test_history_keeps_the_newest_within_its_caps(server) -> None:  # type: ignore[no-untyped-def]
+    """At most MAX_STREAM_HISTORY per stream, and a budget over all streams:
+    a stream that finds it spent gets no history (its recent list still
+    answers), one that has some keeps its size, its oldest giving way to its
+    newest: a history is always the stream's latest positions, none missing."""
+    cap = _seqr.MAX_STREAM_HISTORY
+    budget = _seqr.STREAM_HISTORY_BUDGET
+    c = connect(server.port)
+    full = budget // cap  # streams whose full histories spend the budget
+    ids = list(range(1, full + 1))
+    for i in range(0, full, 64):
+        assert c.streams("pool", "log", 1, cap, ids[i:i + 64])[0] == OK
+    _, _, pos, _, _, _ = c.streams("pool", "log", 1, 3, [ids[0], 10**6])  # 10**6: new, after the budget ran out
+    _, _, _, _, _, got = c.streams("pool", "log", 1, 0, [ids[0], ids[1], 10**6], cap)
+    (_, _, _, _, _, h0), (_, _, _, _, _, h1), (_, _, back, _, _, h2) = got
+    assert len(h0) == cap and h0[:3] == [pos + 2, pos + 1, pos] and h0[3:] == list(range(cap - 1, 2, -1))
+    assert h1 == list(range(cap - 1, -1, -1))  # the first request: positions shared by 64 streams
+    assert h2 == [] and back == [pos + 2, pos + 1, pos]

@@ -260,10 +260,12 @@ class Log:
 
         return append_streams(self.state, self.positions, streams, entries, build)
 
-    def stream_tail(self, streams: builtins.list[int]) -> tuple[int, int, Any] | None:
+    def stream_tail(self, streams: builtins.list[int], history: int = 0) -> tuple[int, int, Any] | None:
         """(tail, K, [(stream, horizon, backpointers newest first)]) as the
-        sequencer knows them now, or None when no sequencer answers."""
-        return self.positions.tail_streams(streams)
+        sequencer knows them now, or None when no sequencer answers. With
+        `history` (1..8192), each stream's backpointers are its last
+        `history` positions if the sequencer keeps more than K of them."""
+        return self.positions.tail_streams(streams, history)
 
     def read_positions(self, positions: builtins.list[int]) -> dict[int, bytes | int]:
         """Entries at any set of positions, one read op per data object:

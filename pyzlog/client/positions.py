@@ -40,7 +40,7 @@ from ..core.errors import (InvalidRequest, SequencerRefused, SequencerUnavailabl
                            ZlogError)
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
-from ..core.sequencer import (BAD_REQUEST, OK, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
+from ..core.sequencer import (BAD_REQUEST, OK, prefer_history, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
                               SequencerClient)
 from .stale import StaleWait
 from ..core.state import LogState
@@ -121,6 +121,7 @@ class Positions:
         self._recheck_at = 0.0  # no request to the sequencer before this (monotonic) ...
         self._down_epoch = 0  # ... unless one took the log over above this epoch since
         self._tail_recheck_at = 0.0  # no tail request before this (its own: appends ask on)
+        self._no_history: set[str] = set()  # sequencers that refused STREAM_HISTORY (older ones)
         self._slow_lock = threading.Lock()
         self._slow_next = 0  # next position slow tail finding hands out
 
@@ -297,23 +298,33 @@ class Positions:
         first, meta = self.take_slow(count)
         return first, 0, [(s, first, [], 0, []) for s in streams], meta
 
-    def tail_streams(self, streams: list[int]) -> tuple[int, int, list[Any]] | None:
+    def tail_streams(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any]] | None:
         """(tail, K, [(stream, horizon, backpointers, ordinal, levels)]) from the sequencer,
-        or None when none answers (a reader then scans)."""
+        or None when none answers (a reader then scans). With `history`, each
+        stream's backpointers are its last `history` positions when the
+        sequencer keeps more of them than its K recent ones (STREAM_HISTORY;
+        a sequencer without it answers STREAM_TAIL)."""
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
         if seqr is None or not self._may_ask_tail():
             return None
+        want = history if seqr.address not in self._no_history else 0
         try:
             for _ in range(1000):
-                status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, self.log.epoch, 0, streams)
+                status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, self.log.epoch, 0, streams,
+                                                           want)
                 if status == OK:
+                    if want:
+                        bps = prefer_history(bps)
                     return int(pos), int(k), bps
                 if status == STALE_EPOCH:
                     self.log.refresh()
                 elif status == RETRY:
                     time.sleep(0.01)
+                elif status == BAD_REQUEST and want:
+                    self._no_history.add(seqr.address)  # a zlog-seqr from before STREAM_HISTORY
+                    want = 0
                 elif status == BAD_REQUEST:
                     raise StreamsUnsupported(f"sequencer {seqr.address} does not answer stream requests "
                                              f"(an older zlog-seqr)")

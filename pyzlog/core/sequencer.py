@@ -32,6 +32,8 @@ NOT_AUTHORISED = _seqr.NOT_AUTHORISED
 RATE_LIMITED = _seqr.RATE_LIMITED
 #: most streams one stream request may name, and most backpointers kept per stream
 MAX_STREAMS_PER_REQUEST = 64
+#: STREAM_HISTORY: the most positions of one stream a sequencer keeps and answers (protocol.h)
+MAX_STREAM_HISTORY = 8192
 
 #: what to do about a refused handshake, by status
 _HINTS = {
@@ -60,6 +62,18 @@ def authenticate(address: str, pool: str, credentials: Credentials, timeout: flo
         return how + (", TLS" if conn.tls else "")
     finally:
         conn.close()
+
+
+def prefer_history(answer: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A STREAM_HISTORY answer's streams as STREAM_TAIL's (stream, horizon,
+    recent, ordinal, levels), each stream's recent positions replaced by
+    its history where that is longer. A history holds the stream's latest
+    positions with none left out, so it holds the recent ones too, and what
+    the recent list vouches for (every position of the stream down to its
+    oldest; down to the horizon while it is shorter than K) the longer list
+    vouches for as well."""
+    return [(s, h, hist if len(hist) > len(back) else back, o, lv) for s, h, back, o, lv, hist in answer]
+
 
 
 class SequencerClient:
@@ -109,7 +123,7 @@ class SequencerClient:
         raise AssertionError("unreachable")
 
     def _request(self, op: str, pool: str, log: str, epoch: int, count: int,
-                 streams: list[int] | None = None) -> tuple[Any, ...]:
+                 streams: list[int] | None = None, history: int = 0) -> tuple[Any, ...]:
         with self._lock, native_call():
             for attempt in range(2):
                 conn = self._conns.get(pool)
@@ -120,7 +134,7 @@ class SequencerClient:
                     if op == "next":
                         return tuple(conn.next(pool, log, epoch, count))
                     if op == "streams":
-                        return tuple(conn.streams(pool, log, epoch, count, streams))
+                        return tuple(conn.streams(pool, log, epoch, count, streams, history))
                     return tuple(conn.tail(pool, log, epoch))
                 except (OSError, TimeoutError) as e:
                     self._drop_locked(pool)
@@ -140,15 +154,20 @@ class SequencerClient:
     def tail(self, pool: str, log: str, epoch: int) -> tuple[int, int, int, int]:
         return self._request("tail", pool, log, epoch, 0)
 
-    def streams(self, pool: str, log: str, epoch: int, count: int,
-                streams: list[int]) -> tuple[int, int, int, int, int, list[tuple[int, int, list[int]]]]:
+    def streams(self, pool: str, log: str, epoch: int, count: int, streams: list[int],
+                history: int = 0) -> tuple[int, int, int, int, int, list[tuple[Any, ...]]]:
         """STREAM_NEXT (count >= 1: positions that belong to every stream
         named) or STREAM_TAIL (count 0): (status, server epoch, first
-        position, count, K, [(stream, horizon, backpointers newest first)]);
-        see docs/seqr-protocol.md, "Streams"."""
+        position, count, K, [(stream, horizon, backpointers newest first,
+        ordinal, skip pointers)]); with count 0 and `history` >= 1,
+        STREAM_HISTORY: each stream's tuple ends with its last positions
+        (up to `history`, newest first). See docs/seqr-protocol.md, "Streams"."""
         if not 1 <= len(streams) <= MAX_STREAMS_PER_REQUEST:
             raise InvalidRequest(f"a stream request names 1..{MAX_STREAMS_PER_REQUEST} streams, not {len(streams)}")
-        return self._request("streams", pool, log, epoch, count, streams)
+        if history and (count or not 1 <= history <= MAX_STREAM_HISTORY):
+            raise InvalidRequest(f"a history request takes no positions and asks for 1..{MAX_STREAM_HISTORY} "
+                                 "positions per stream")
+        return self._request("streams", pool, log, epoch, count, streams, history)
 
     def _drop_locked(self, pool: str) -> None:
         conn = self._conns.pop(pool, None)

@@ -39,6 +39,10 @@ from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, parse_backpointers
 if TYPE_CHECKING:
     from pyzlog import Log
 
+#: positions of each stream asked of the sequencer's history (STREAM_HISTORY): a
+#: stream with no more since its horizon is found in one round of reads
+HISTORY = 8192
+
 
 @dataclass
 class WalkStats:
@@ -74,7 +78,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     st = stats if stats is not None else WalkStats()
     clock = hole_clock if hole_clock is not None else HoleClock(hole_wait)
     epoch = log.state.refresh_epoch()  # a sequencer that starts serving the log seals a newer one
-    answer = log.stream_tail(streams)
+    answer = log.stream_tail(streams, history=HISTORY)
     if answer is None:  # no sequencer: scan it all
         return _scan(log, lo, hi, clock, st, {}, hi)
     tail, k, per_stream = answer
@@ -130,6 +134,9 @@ class _Walk:
         self.light: dict[int, bytes] = {}  # read and checked to be the stream's, not parsed
         self.holes: list[int] = []   # handed out, not written when read
         self.gaps: list[tuple[int, int]] = []  # what no entry vouches for, once read() is over
+        # per stream, the answer lists every position of it from here up (all read in the first
+        # round): a chain or skip pointer that leads to one of them adds nothing
+        self.listed_from: dict[int, int] = {}
 
     def begin(self, per_stream: list[tuple[int, int, list[int], int, list[tuple[int, int]]]], k: int,
               tail: int) -> None:
@@ -139,10 +146,12 @@ class _Walk:
         for s, horizon, back, _ordinal, levels in per_stream:
             self.floors[s] = horizon
             self.covered[s].append((back[-1] if k and len(back) >= k else horizon, tail))
+            self.listed_from[s] = back[-1] if back else tail
             self.todo.update(b for b in back if b >= lo)
             self.link(back)  # the chain goes on from the oldest
-            self.lead.update(p for _l, p in levels if p >= lo)
-            self.todo.update(p for _l, p in levels if p >= lo)
+            below = [p for _l, p in levels if lo <= p < self.listed_from[s]]  # skip pointers past the list
+            self.lead.update(below)
+            self.todo.update(below)
 
     def read(self, log: Log, known: dict[int, bytes]) -> None:
         """Rounds of reads until no entry read leads anywhere new; then, if
@@ -198,12 +207,12 @@ class _Walk:
                         light[p] = data  # followed again should a parse name it as a link
                 # an entry read light that a parse since named as the next one down
                 # its chain is parsed now: it was read already, so no round would
-                promote = lead.intersection(light)
+                promote = [p for p in lead if p in light]  # lead is the smaller: a link or so per 16 read
                 while promote:
                     st.parsed += len(promote)
                     for p in promote:
                         self.follow(light.pop(p), p, True)
-                    promote = lead.intersection(light)
+                    promote = [p for p in lead if p in light]
             gaps_of = {s: _gaps(self.covered[s], self.lo, hi) for s in streams}
             self.gaps = [g for s in streams for g in gaps_of[s]]
             if thorough or not light or not any(b > self.floors.get(s, self.lo) for s in streams
@@ -230,9 +239,10 @@ class _Walk:
             if horizon < floors.get(s, horizon + 1):
                 floors[s] = horizon
             self.covered[s].append((back[-1] if kk and len(back) >= kk else horizon, p + 1))
+            listed = self.listed_from.get(s, self.hi)
             if back:
                 if back[-1] >= lo:  # newest first: all of them are in range
-                    if chain:
+                    if chain and back[-1] < listed:
                         self.link(back)  # the next one down the chain
                     todo.update(back)
                 else:
@@ -242,7 +252,7 @@ class _Walk:
                     far = [b for b in far if b >= lo]
                 todo.update(far)
                 if chain:
-                    self.lead.update(far)
+                    self.lead.update(b for b in far if b < listed)
         return True
 
     def link(self, back: list[int]) -> None:

@@ -30,8 +30,8 @@ step = st.one_of(
 )
 
 
-def build(steps: list[tuple[Any, ...]]) -> ModelLog:
-    log = ModelLog()
+def build(steps: list[tuple[Any, ...]], history: tuple[int, int] = (0, 0)) -> ModelLog:
+    log = ModelLog(*history)
     for s in steps:
         if s[0] == "append":
             log.append(s[1], s[2])
@@ -53,12 +53,17 @@ def build(steps: list[tuple[Any, ...]]) -> ModelLog:
     return log
 
 
+#: the sequencer's STREAM_HISTORY: none (an older zlog-seqr), short with a small
+#: budget (histories cut, streams that find the budget spent get none), ample
+histories = st.sampled_from([(0, 0), (24, 60), (40, 100), (8192, 1 << 22)])
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(step, min_size=1, max_size=14), st.sets(st.integers(0, 3), min_size=1, max_size=2),
-       st.floats(0, 1), st.floats(0, 1), st.integers(0, 4))
+       st.floats(0, 1), st.floats(0, 1), st.integers(0, 4), histories)
 def test_walk_finds_what_a_full_scan_finds(steps: list[tuple[Any, ...]], wanted_at: set[int], lo_f: float,
-                                           hi_f: float, known_every: int) -> None:
-    log = build(steps)
+                                           hi_f: float, known_every: int, history: tuple[int, int]) -> None:
+    log = build(steps, history)
     tail = log.seq.counter
     wanted = sorted({IDS[i] for i in wanted_at})
     lo = int(lo_f * (tail + 3))
@@ -105,3 +110,41 @@ def test_a_hole_where_a_chain_goes_on_is_stepped_over() -> None:
         ps, _datas, _kinds, end = walk(log, [IDS[0]], 0, n, None, 0.0, st)  # type: ignore[arg-type]
         assert ps == [p for p in range(n) if p != n - 16] and end == n
         assert st.parsed <= n // 8 + 16 and st.scans == 0, (n, st)
+
+
+def test_with_the_sequencers_history_a_stream_is_found_in_one_round() -> None:
+    """STREAM_HISTORY: the sequencer answers a stream's last positions (up to
+    8,192): one round of reads finds them all, and only the oldest (the
+    chain's link, which vouches down to the horizon) is parsed."""
+    log = ModelLog(history=8192, budget=1 << 22)
+    for _ in range(1024):
+        log.append([IDS[0]], "w")
+        log.append([IDS[1]], "ww")
+    mine = [p for p in range(3 * 1024) if p % 3 == 0]
+    st = WalkStats()
+    ps, _datas, kinds, end = walk(log, [IDS[0]], 0, 3 * 1024, None, 0.0, st)  # type: ignore[arg-type]
+    assert ps == mine and kinds is None and end == 3 * 1024
+    assert st.rounds == 1 and st.read == 1024 and st.parsed <= 2 and st.scans == 0, st
+
+
+def test_a_cut_history_goes_on_down_the_chain() -> None:
+    """A history cut short (per stream, or by the server's budget, which a
+    stream made after it was spent finds empty) vouches only down to its
+    oldest position: the walk goes on from there by backpointers and still
+    finds every entry, with no scan."""
+    log = ModelLog(history=100, budget=150)
+    for _ in range(120):
+        log.append([IDS[0]], "w")  # a history of 100 (its cap), then its oldest give way
+    for _ in range(60):
+        log.append([IDS[1]], "w")  # the budget's last 50, then its oldest give way
+    for _ in range(500):
+        log.append([IDS[0]], "w")
+        log.append([IDS[1]], "w")
+        log.append([IDS[2]], "w")  # none left for it: recent positions only
+    assert [len(h) for h in log.seq.history_of(IDS[:3], 8192)] == [100, 50, 0]
+    for sid in IDS[:3]:
+        st = WalkStats()
+        ps, _datas, kinds, end = walk(log, [sid], 0, 1680, None, 0.0, st)  # type: ignore[arg-type]
+        assert ps == oracle(log, {sid}, 0, 1680) and len(ps) in (620, 560, 500) and kinds is None, st
+        assert end == 1680
+        assert st.scans == 0 and st.rounds > 1, st

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from pyzlog.client.streams import entry_backpointers
+from pyzlog.core.sequencer import prefer_history
 from pyzlog.objects import entry
 from pyzlog.objects.entry import MAGIC
 
@@ -29,13 +30,34 @@ class _Ring:
         self.pos: deque[int] = deque(maxlen=K)
         self.ordinal = 0
         self.level: list[int | None] = [None] * LEVELS
+        self.hist: list[int] = []  # oldest first
 
 
 class Sequencer:
-    def __init__(self, counter: int) -> None:
+    """`history`, `budget`: STREAM_HISTORY's per-stream cap and the positions
+    kept in all (seqr_server.cc's remember(): a history grows while the
+    budget allows, else its oldest give way; a stream with none gets none)."""
+
+    def __init__(self, counter: int, history: int = 0, budget: int = 0) -> None:
         self.counter = counter
         self.horizon = counter
         self.streams: dict[int, _Ring] = {}
+        self.history, self.budget = history, budget
+
+    def kept(self) -> int:
+        return sum(len(r.hist) for r in self.streams.values())
+
+    def remember(self, ring: _Ring, pos: int, count: int) -> None:
+        for p in range(max(pos, pos + count - self.history), pos + count):
+            if len(ring.hist) < self.history and self.kept() < self.budget:
+                ring.hist.append(p)
+            elif ring.hist:
+                ring.hist.pop(0)
+                ring.hist.append(p)
+
+    def history_of(self, ids: list[int], want: int) -> list[list[int]]:
+        """STREAM_HISTORY's lists: each stream's last `want` positions kept, newest first."""
+        return [list(reversed(self.streams[s].hist))[:want] if s in self.streams else [] for s in ids]
 
     def answer(self, ids: list[int], count: int) -> tuple[int, list[Any]]:
         """(first position, per stream (id, horizon, recent, ordinal, levels)); count 0 only asks."""
@@ -62,6 +84,7 @@ class Sequencer:
             ring.ordinal += count
             for p in range(max(pos, pos + count - K), pos + count):
                 ring.pos.append(p)
+            self.remember(ring, pos, count)
         self.counter += count
         return pos, out
 
@@ -77,9 +100,10 @@ class _State:
 class ModelLog:
     """What walk() uses of a Log, over a dict of positions."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: int = 0, budget: int = 0) -> None:
         self.data: dict[int, bytes | str] = {}
-        self.seq = Sequencer(0)
+        self.history, self.budget = history, budget
+        self.seq = Sequencer(0, history, budget)
         self.epoch = 1
         self.state = _State(self)
         self.client_seq = 0
@@ -120,7 +144,7 @@ class ModelLog:
             self.seq.counter += 1
 
     def restart(self) -> None:
-        self.seq = Sequencer(self.max_stored() + 1)
+        self.seq = Sequencer(self.max_stored() + 1, self.history, self.budget)
         self.epoch += 1
 
     def forget(self) -> None:
@@ -134,8 +158,13 @@ class ModelLog:
         return max(self.data) if self.data else -1
 
     # ------------------------------------------------- what walk() uses
-    def stream_tail(self, streams: list[int]) -> tuple[int, int, list[Any]]:
+    def stream_tail(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any]]:
+        """As Log.stream_tail: with `history` (and a sequencer that keeps some), each
+        stream's recent list replaced by its history where longer (prefer_history)."""
         _pos, answer = self.seq.answer(streams, 0)
+        if history and self.history:
+            hists = self.seq.history_of(streams, history)
+            answer = prefer_history([(*a, h) for a, h in zip(answer, hists)])
         return self.seq.counter, K, answer
 
     def read_positions(self, positions: list[int]) -> dict[int, bytes | int]:
