@@ -654,7 +654,12 @@ bool Server::forget(const std::string& pool, const std::string& log) {
   run_on_io([&] {
     std::string key;
     make_key(key, pool.data(), pool.size(), log.data(), log.size());
-    found = table_.erase(key) > 0;
+    auto it = table_.find(key);
+    found = it != table_.end();
+    if (found) {
+      forget_streams(it->second, 0);  // gives its histories' positions back to the budget
+      table_.erase(it);
+    }
     logs_.store(table_.size(), std::memory_order_relaxed);
   });
   return found;

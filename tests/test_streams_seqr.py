@@ -251,3 +251,19 @@ def test_history_keeps_the_newest_within_its_caps(server) -> None:  # type: igno
     assert len(h0) == cap and h0[:3] == [pos + 2, pos + 1, pos] and h0[3:] == list(range(cap - 1, 2, -1))
     assert h1 == list(range(cap - 1, -1, -1))  # the first request: positions shared by 64 streams
     assert h2 == [] and back == [pos + 2, pos + 1, pos]
+    # a log recovered at a new epoch gives its histories back to the budget ...
+    server.install("pool", "log", 2, 10**7)
+
+    def new_stream_history(sid: int, epoch: int) -> list[int]:
+        _, _, first, _, _, _ = c.streams("pool", "log", epoch, 5, [sid])
+        got = c.streams("pool", "log", epoch, 0, [sid], cap)[5][0][5]
+        return [first + 4 - p for p in got]  # 0..4 if it has its 5 positions, newest first
+
+    assert new_stream_history(10**6 + 1, 2) == [0, 1, 2, 3, 4]
+    # ... and so does a log forgotten (its server no longer serves it)
+    server.install("pool", "log2", 1, 0)
+    for i in range(0, full, 64):
+        assert c.streams("pool", "log2", 1, cap, ids[i:i + 64])[0] == OK  # the budget spent again
+    assert new_stream_history(10**6 + 2, 2) == []
+    assert server.forget("pool", "log2")
+    assert new_stream_history(10**6 + 3, 2) == [0, 1, 2, 3, 4]
