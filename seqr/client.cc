@@ -562,9 +562,11 @@ StreamResponse Client::streams(const std::string& pool, const std::string& log, 
   if (ids.empty() || ids.size() > kMaxStreamsPerRequest)
     throw std::invalid_argument("a stream request names 1.." + std::to_string(kMaxStreamsPerRequest) +
                                 " streams");
-  if (history && (count || history > kMaxStreamHistory))
+  if (history && (count || history > kMaxStreamHistory ||
+                  uint64_t(history) * ids.size() > kMaxHistoryPerRequest))
     throw std::invalid_argument("a history request takes no positions and asks for 1.." +
-                                std::to_string(kMaxStreamHistory) + " per stream");
+                                std::to_string(kMaxStreamHistory) + " per stream, " +
+                                std::to_string(kMaxHistoryPerRequest) + " in all");
   std::lock_guard<std::mutex> lk(mu_);
   check_open();
   out_.clear();
@@ -582,8 +584,8 @@ StreamResponse Client::streams(const std::string& pool, const std::string& log, 
     const uint8_t* p;
     uint32_t len;
     // a history answer may hold kMaxStreamHistory positions for each stream
-    read_frame(p, len, history ? (8u << 20) : (1u << 20), dl);
-    StreamResponse r = parse_stream_response(p, len, ids.size(), history != 0);
+    read_frame(p, len, 1u << 20, dl);  // a history answer holds at most kMaxHistoryPerRequest positions
+    StreamResponse r = parse_stream_response(p, len, ids.size(), history);
     if (r.response.request_id == rid) {
       for (size_t i = 0; i < r.streams.size(); ++i)
         if (r.streams[i].stream != ids[i])
@@ -597,7 +599,7 @@ StreamResponse Client::streams(const std::string& pool, const std::string& log, 
 }
 
 StreamResponse Client::parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams,
-                                             bool history) {
+                                             uint32_t history) {
   StreamResponse r;
   auto bad = [&](const char* what) {
     return ConnectionError(ConnectionError::GENERIC,
@@ -642,11 +644,17 @@ StreamResponse Client::parse_stream_response(const uint8_t* p, uint32_t len, siz
     if (len < off + 4) throw bad("truncated");
     const uint32_t h = get_u32(p + off);
     off += 4;
-    if (h > kMaxStreamHistory || len < off + 8 * size_t(h)) throw bad("truncated");
-    auto& hist = r.streams[i].history;
-    hist.resize(h);
-    for (uint32_t j = 0; j < h; ++j) hist[j] = get_u64(p + off + 8 * j);
+    if (h > history || len < off + 8 * size_t(h)) throw bad("with a history longer than asked for");
+    StreamBackpointers& b = r.streams[i];
+    b.history.resize(h);
+    for (uint32_t j = 0; j < h; ++j) b.history[j] = get_u64(p + off + 8 * j);
     off += 8 * size_t(h);
+    // what a reader relies on: the stream's latest positions, newest first, below the answer's
+    // position and not below the horizon, the recent ones first
+    for (uint32_t j = 0; j < h; ++j)
+      if (b.history[j] >= r.response.position || b.history[j] < b.horizon ||
+          (j && b.history[j] >= b.history[j - 1]) || (j < b.positions.size() && b.history[j] != b.positions[j]))
+        throw bad("with a history that is not the stream's latest positions");
   }
   if (off != len) throw bad("with trailing bytes");
   return r;

@@ -175,7 +175,7 @@ class Client {
   void read_frame(const uint8_t*& payload, uint32_t& len, uint32_t max_len,
                   Clock::time_point dl);
   Response parse_response(const uint8_t* p, uint32_t len);
-  StreamResponse parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams, bool history);
+  StreamResponse parse_stream_response(const uint8_t* p, uint32_t len, size_t nstreams, uint32_t history);
   Response wait_for(uint64_t rid);
   [[noreturn]] void throw_errno(const char* what, int err);
 

@@ -281,10 +281,14 @@ void FrameServer::on_read(const ConnPtr& c, const boost::system::error_code& ec,
       return;
     }
   }
+  process(c);
+}
+
+void FrameServer::process(const ConnPtr& c) {
   batch_start_ = std::chrono::steady_clock::now();
   uint8_t* b = c->in.get();
   size_t pos = 0;
-  bool bad = false;
+  bool bad = false, held = false;
   uint32_t bad_len = 0;
   FrameResult result = FrameResult::CONTINUE;
   while (c->in_len - pos >= 4) {
@@ -298,6 +302,13 @@ void FrameServer::on_read(const ConnPtr& c, const boost::system::error_code& ec,
     result = handle_frame(*c->sess, b + pos + 4, len, c->out);
     pos += 4 + size_t(len);
     if (result != FrameResult::CONTINUE) break;
+    // answers can be far larger than requests (a stream history): the rest
+    // waits until this much is written, so a client that does not read
+    // cannot make the server hold more than about this per connection
+    if (c->out.size() >= kOutHighWater) {
+      held = c->in_len - pos >= 4;
+      break;
+    }
   }
   on_batch_done();
   if (c->timer_armed && c->sess->established) {
@@ -326,8 +337,8 @@ void FrameServer::on_read(const ConnPtr& c, const boost::system::error_code& ec,
   }
   flush(c);
   if (c->closed) return;
-  if (c->writing && c->out.size() >= kOutHighWater) {
-    c->read_paused = true;  // resumed by the write completion
+  if (held || (c->writing && c->out.size() >= kOutHighWater)) {
+    c->read_paused = true;  // resumed by the write completion, frames held first
     return;
   }
   do_read(c);
@@ -367,7 +378,7 @@ void FrameServer::flush(const ConnPtr& c) {
     if (c->closed || c->closing) return;
     if (c->read_paused && !(c->writing && c->out.size() >= kOutHighWater)) {
       c->read_paused = false;
-      do_read(c);
+      process(c);  // the frames held back, if any; then it reads on
     }
   };
   if (c->tls)

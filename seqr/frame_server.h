@@ -110,6 +110,9 @@ class FrameServer {
   void do_accept();
   void do_read(const ConnPtr& c);
   void on_read(const ConnPtr& c, const boost::system::error_code& ec, size_t n);
+  // answers the complete frames buffered, up to the output high-water mark
+  // (the rest wait for the write), then reads on or pauses
+  void process(const ConnPtr& c);
   void flush(const ConnPtr& c);
   void close_conn(const ConnPtr& c);
   void drain_and_close(const ConnPtr& c);

@@ -95,7 +95,7 @@ constexpr uint32_t kStreamPerStream = 8 + 8 + 8 + 1 + 1;  // stream, horizon, or
 constexpr uint32_t kStreamLevelEntry = 1 + 8;             // level, position
 // A log's server forgets every stream (horizon := next) rather than keep more than this.
 constexpr size_t kDefaultMaxStreams = 1u << 18;
-// STREAM_HISTORY: the OK answer as STREAM_TAIL's, then per stream in request
+// STREAM_HISTORY (count x nstreams <= kMaxHistoryPerRequest): the OK answer as STREAM_TAIL's, then per stream in request
 // order: u32 h, h x u64 positions (newest first): the stream's last h
 // positions the server handed out (h <= count), always its latest ones with
 // none left out between them (so the n recent ones are among them when h >= n).
@@ -104,6 +104,8 @@ constexpr size_t kDefaultMaxStreams = 1u << 18;
 // (its oldest positions give way to its newest) or, if it has none, gets none.
 constexpr uint32_t kMaxStreamHistory = 8192;
 constexpr size_t kStreamHistoryBudget = size_t(1) << 22;
+// count x nstreams of one STREAM_HISTORY request: an answer of at most 512 KB
+constexpr uint32_t kMaxHistoryPerRequest = 1u << 16;
 
 constexpr uint32_t kDefaultMaxFrame = 1024;
 constexpr uint32_t kDefaultMaxName = 255;

@@ -346,7 +346,8 @@ void Server::handle_request(SeqrSession& sess, const uint8_t* p, uint32_t len, B
              plen > max_name_ || llen > max_name_ ||
              (next_op && (count == 0 || count > effective_max_count())) ||
              (!next_op && !history_op && count != 0) ||
-             (history_op && (count == 0 || count > kMaxStreamHistory)) ||
+             (history_op && (count == 0 || count > kMaxStreamHistory ||
+                             uint64_t(count) * nstreams > kMaxHistoryPerRequest)) ||
              (stream_op && (nstreams == 0 || nstreams > kMaxStreamsPerRequest));
   if (!bad && stream_op) {  // each stream once
     for (uint32_t i = 1; i < nstreams && !bad; ++i)

@@ -145,6 +145,7 @@ def _raw_request(op: int, count: int, tail: bytes, pool: bytes = b"pool", log: b
     (5, 0, struct.pack("<HQ", 1, 5)),                       # STREAM_HISTORY of nothing
     (5, _seqr.MAX_STREAM_HISTORY + 1, struct.pack("<HQ", 1, 5)),  # more history than kept
     (5, 1, struct.pack("<HQQ", 1, 5, 6)),                   # trailing bytes
+    (5, 8192, struct.pack("<H", 9) + b"".join(struct.pack("<Q", i) for i in range(1, 10))),  # over 65,536 in all
 ])
 def test_malformed_stream_requests_are_bad_requests(server, op: int, count: int, tail: bytes) -> None:  # type: ignore[no-untyped-def]
     c = connect(server.port)
@@ -170,6 +171,8 @@ def test_client_checks_arguments(server) -> None:  # type: ignore[no-untyped-def
         c.streams("pool", "log", 1, 1, [5], 10)
     with pytest.raises(ValueError):
         c.streams("pool", "log", 1, 0, [5], _seqr.MAX_STREAM_HISTORY + 1)
+    with pytest.raises(ValueError):  # an answer of at most 512 KB
+        c.streams("pool", "log", 1, 0, list(range(1, 10)), _seqr.MAX_STREAM_HISTORY)
     assert c.tail("pool", "log", 1) == (OK, 1, 0, 0)
 
 
@@ -267,3 +270,42 @@ def test_history_keeps_the_newest_within_its_caps(server) -> None:  # type: igno
     assert new_stream_history(10**6 + 2, 2) == []
     assert server.forget("pool", "log2")
     assert new_stream_history(10**6 + 3, 2) == [0, 1, 2, 3, 4]
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+
+
+def test_a_client_that_does_not_read_its_answers_cannot_swell_the_server(server) -> None:  # type: ignore[no-untyped-def]
+    """History answers are up to 5,000 times their request: a client that
+    sends 200 requests (each answered with 512 KB) in one go and reads
+    nothing makes the server hold about a megabyte, not 100 MB; the rest of
+    its requests wait in its buffer and are answered, all and in order, as
+    it reads (the server runs in this process: its memory is ours)."""
+    c = connect(server.port)
+    streams = list(range(1, 9))
+    assert c.streams("pool", "log", 1, 8192, streams)[0] == OK  # 8 streams of 8,192 positions
+    body = struct.pack("<H", 8) + b"".join(struct.pack("<Q", s) for s in streams)
+    reqs = b"".join(_raw_request(5, 8192, body)[:5] + struct.pack("<Q", 100 + i) + _raw_request(5, 8192, body)[13:]
+                    for i in range(200))
+    before = _rss()
+    c.send_raw(reqs)
+    import time
+
+    time.sleep(1.0)  # the server has read what it will
+    grown = _rss() - before
+    assert grown < 40 << 20, f"the server took {grown >> 20} MB for answers nobody reads"
+    got, ids = b"", []
+    while len(ids) < 200:
+        got += c.recv_raw(1 << 20, 10.0)
+        while len(got) >= 4:
+            (n,) = struct.unpack_from("<I", got)
+            if len(got) < 4 + n:
+                break
+            _l, st, rid, _e, _p, _c = RESP.unpack_from(got)
+            assert st == OK and n > 512 * 1024
+            ids.append(rid)
+            got = got[4 + n:]
+    assert ids == [100 + i for i in range(200)]
+    assert c.tail("pool", "log", 1)[0] == OK  # the connection goes on

@@ -263,8 +263,9 @@ class Log:
     def stream_tail(self, streams: builtins.list[int], history: int = 0) -> tuple[int, int, Any] | None:
         """(tail, K, [(stream, horizon, backpointers newest first)]) as the
         sequencer knows them now, or None when no sequencer answers. With
-        `history` (1..8192), each stream's backpointers are its last
-        `history` positions if the sequencer keeps more than K of them."""
+        `history`, each stream's backpointers are its last `history`
+        positions (at most 8,192, and 65,536 over the streams asked) if the
+        sequencer keeps more than K of them."""
         return self.positions.tail_streams(streams, history)
 
     def read_positions(self, positions: builtins.list[int]) -> dict[int, bytes | int]:

@@ -40,7 +40,7 @@ from ..core.errors import (InvalidRequest, SequencerRefused, SequencerUnavailabl
                            ZlogError)
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
-from ..core.sequencer import (BAD_REQUEST, OK, prefer_history, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
+from ..core.sequencer import (BAD_REQUEST, MAX_HISTORY_PER_REQUEST, MAX_STREAM_HISTORY, OK, prefer_history, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
                               SequencerClient)
 from .stale import StaleWait
 from ..core.state import LogState
@@ -301,15 +301,18 @@ class Positions:
     def tail_streams(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any]] | None:
         """(tail, K, [(stream, horizon, backpointers, ordinal, levels)]) from the sequencer,
         or None when none answers (a reader then scans). With `history`, each
-        stream's backpointers are its last `history` positions when the
-        sequencer keeps more of them than its K recent ones (STREAM_HISTORY;
-        a sequencer without it answers STREAM_TAIL)."""
+        stream's backpointers are its last `history` positions (at most what
+        one request may ask for) when the sequencer keeps more of them than
+        its K recent ones (STREAM_HISTORY; a sequencer without it answers
+        STREAM_TAIL)."""
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
         if seqr is None or not self._may_ask_tail():
             return None
-        want = history if seqr.address not in self._no_history else 0
+        # what the protocol allows: MAX_STREAM_HISTORY per stream, MAX_HISTORY_PER_REQUEST in all
+        want = 0 if seqr.address in self._no_history else \
+            min(history, MAX_STREAM_HISTORY, MAX_HISTORY_PER_REQUEST // len(streams))
         try:
             for _ in range(1000):
                 status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, self.log.epoch, 0, streams,

@@ -32,8 +32,10 @@ NOT_AUTHORISED = _seqr.NOT_AUTHORISED
 RATE_LIMITED = _seqr.RATE_LIMITED
 #: most streams one stream request may name, and most backpointers kept per stream
 MAX_STREAMS_PER_REQUEST = 64
-#: STREAM_HISTORY: the most positions of one stream a sequencer keeps and answers (protocol.h)
+#: STREAM_HISTORY: the most positions of one stream a sequencer keeps and answers, and
+#: the most one request may ask for, over all its streams (protocol.h)
 MAX_STREAM_HISTORY = 8192
+MAX_HISTORY_PER_REQUEST = 65536
 
 #: what to do about a refused handshake, by status
 _HINTS = {
@@ -164,9 +166,10 @@ class SequencerClient:
         (up to `history`, newest first). See docs/seqr-protocol.md, "Streams"."""
         if not 1 <= len(streams) <= MAX_STREAMS_PER_REQUEST:
             raise InvalidRequest(f"a stream request names 1..{MAX_STREAMS_PER_REQUEST} streams, not {len(streams)}")
-        if history and (count or not 1 <= history <= MAX_STREAM_HISTORY):
+        if history and (count or not 1 <= history <= MAX_STREAM_HISTORY
+                        or history * len(streams) > MAX_HISTORY_PER_REQUEST):
             raise InvalidRequest(f"a history request takes no positions and asks for 1..{MAX_STREAM_HISTORY} "
-                                 "positions per stream")
+                                 f"positions per stream, {MAX_HISTORY_PER_REQUEST} in all")
         return self._request("streams", pool, log, epoch, count, streams, history)
 
     def _drop_locked(self, pool: str) -> None:

@@ -39,9 +39,8 @@ from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, parse_backpointers
 if TYPE_CHECKING:
     from pyzlog import Log
 
-#: positions of each stream asked of the sequencer's history (STREAM_HISTORY): a
-#: stream with no more since its horizon is found in one round of reads
-HISTORY = 8192
+#: holes of a walk read one by one, at most; more are read as the one range they span
+FEW_HOLES = 16
 
 
 @dataclass
@@ -78,7 +77,10 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     st = stats if stats is not None else WalkStats()
     clock = hole_clock if hole_clock is not None else HoleClock(hole_wait)
     epoch = log.state.refresh_epoch()  # a sequencer that starts serving the log seals a newer one
-    answer = log.stream_tail(streams, history=HISTORY)
+    # each stream's history (as much as the sequencer keeps and one request may carry: a stream
+    # with no more since its horizon is found in one round), no more than the range can hold (a
+    # reader near the tail asks for a few); a history that falls short of lo is followed down
+    answer = log.stream_tail(streams, history=max(1, hi - lo))
     if answer is None:  # no sequencer: scan it all
         return _scan(log, lo, hi, clock, st, {}, hi)
     tail, k, per_stream = answer
@@ -88,11 +90,15 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     w = _Walk(streams, lo, hi, st)
     w.begin(per_stream, k, tail)
     w.read(log, known or {})
-    for p in w.holes:  # wait for its writer (or fill it) like any reader; then judge what it holds
-        for batch in log.stream_batches(p, p + 1, hole_wait=clock.hole_wait, known_tail=tail, hole_clock=clock):
-            datas = batch.column(1).to_pylist()
-            if datas and datas[0] is not None and _backpointers(datas[0], p, w.wanted)[1]:
-                w.found[p] = datas[0]
+    # wait for their writers (or fill them) like any reader; then judge what they hold. Many (a
+    # batch of appends still in flight, listed by a history): one read of the range they span
+    holes = set(w.holes)
+    spans = [(p, p + 1) for p in w.holes] if len(holes) <= FEW_HOLES else [(min(holes), max(holes) + 1)]
+    for a, b in spans:
+        for batch in log.stream_batches(a, b, hole_wait=clock.hole_wait, known_tail=tail, hole_clock=clock):
+            for p, data in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
+                if p in holes and data is not None and _backpointers(data, p, w.wanted)[1]:
+                    w.found[p] = data
     found, gaps = w.found, w.gaps
     # The answer vouches for [lo, hi) as of when it was given. A position
     # handed out then but not stored yet (a writer in flight, or dead) could

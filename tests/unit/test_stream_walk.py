@@ -148,3 +148,20 @@ def test_a_cut_history_goes_on_down_the_chain() -> None:
         assert ps == oracle(log, {sid}, 0, 1680) and len(ps) in (620, 560, 500) and kinds is None, st
         assert end == 1680
         assert st.scans == 0 and st.rounds > 1, st
+
+
+def test_many_holes_a_history_lists_are_read_as_one_range() -> None:
+    """A history lists a batch whose writer died (or is still writing): its
+    100 positions are read with one stream_batches over the range they span,
+    not one call each; a few holes are still read one by one."""
+    for dead, calls in ((100, 1), (3, 3)):
+        log = ModelLog(history=8192, budget=1 << 22)
+        for _ in range(200):
+            log.append([IDS[0]], "w")
+            log.append([IDS[1]], "w")
+        log.append([IDS[0]], "d" * dead)
+        log.append([IDS[0]], "w")
+        st = WalkStats()
+        ps, _datas, kinds, end = walk(log, [IDS[0]], 0, log.seq.counter, None, 0.0, st)  # type: ignore[arg-type]
+        assert ps == oracle(log, {IDS[0]}, 0, end) and len(ps) == 201 and st.scans == 0, st
+        assert len(log.scans) == calls, log.scans

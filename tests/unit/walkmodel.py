@@ -108,6 +108,7 @@ class ModelLog:
         self.state = _State(self)
         self.client_seq = 0
         self.reads: list[list[int]] = []
+        self.scans: list[tuple[int, int]] = []  # stream_batches' ranges
 
     # ---------------------------------------------------------- writers
     def _plain(self, streams: list[int]) -> bytes:
@@ -182,6 +183,7 @@ class ModelLog:
                        hole_clock: Any = None) -> Iterator[pa.RecordBatch]:
         """In order from lo; a hole below the known tail or below a stored entry is filled (as a
         reader that waited would), one above both ends the stream."""
+        self.scans.append((lo, hi))
         ps: list[int] = []
         ds: list[bytes | None] = []
         ks: list[str] = []
