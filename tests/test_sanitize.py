@@ -31,7 +31,7 @@ from vstartmod import ROOT, vstart
 HERE = Path(__file__).resolve().parent
 SUPP = HERE / "sanitize"
 #: the focused subset: every test of these files (a few minutes under ASan)
-TESTS = ["tests/test_seqr_server.py", "tests/test_dataplane.py", "tests/test_seqr_auth.py",
+TESTS = ["tests/test_seqr_server.py", "tests/test_streams_seqr.py", "tests/test_dataplane.py", "tests/test_seqr_auth.py",
          "tests/test_batches.py", "tests/test_aio.py", "tests/test_client.py",
          # stream()'s records (pyzlog._records) and the row sets that point into windows they hold
          "tests/unit/test_records.py", "tests/unit/test_scan.py"]
