@@ -262,6 +262,7 @@ PYBIND11_MODULE(_seqr, m) {
              d["connections_tls"] = st.connections_tls;
              d["tls_failures"] = st.tls_failures;
              d["probes"] = st.probes;
+             d["stream_history_positions"] = st.stream_history_positions;
              py::dict refused;
              for (int i = 0; i < REFUSAL_KINDS; ++i) refused[kRefusalNames[i]] = st.refused[i];
              d["refused"] = refused;

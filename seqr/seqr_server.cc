@@ -540,15 +540,17 @@ void Server::remember(StreamRing& ring, uint64_t pos, uint32_t count) {
       ring.hist[ring.hist_head] = p;
       ring.hist_head = static_cast<uint32_t>((ring.hist_head + 1) % ring.hist.size());
     } else {
-      return;  // no history, and no room for one
+      break;  // no history, and no room for one
     }
   }
+  history_kept_seen_.store(history_kept_, std::memory_order_relaxed);
 }
 
 void Server::forget_streams(LogState& s, uint64_t from) {
   for (const auto& kv : s.streams) history_kept_ -= kv.second.hist.size();
   s.streams.clear();
   s.streams_from = from;
+  history_kept_seen_.store(history_kept_, std::memory_order_relaxed);
 }
 
 void Server::on_batch_done() {
@@ -698,6 +700,7 @@ ServerStats Server::stats() const {
   s.handshake_timeouts = handshake_timeouts();
   s.revoked = revoked_.load(std::memory_order_relaxed);
   s.probes = probes_.load(std::memory_order_relaxed);
+  s.stream_history_positions = history_kept_seen_.load(std::memory_order_relaxed);
   s.connections_tls = tls_connections();
   s.tls_failures = tls_failures();
   for (int i = 0; i < REFUSAL_KINDS; ++i) s.refused[i] = refused_[i].load(std::memory_order_relaxed);

@@ -70,6 +70,7 @@ struct ServerStats {
       recovery_failed, recoveries_queued, logs;
   uint64_t auth_ok, not_authorised, rate_limited, handshake_timeouts, revoked,
       connections_tls, tls_failures, probes;
+  uint64_t stream_history_positions;  // kept in every stream's history (of kStreamHistoryBudget)
   uint64_t refused[REFUSAL_KINDS];
 };
 
@@ -224,6 +225,7 @@ class Server : public FrameServer {
   std::atomic<uint64_t> requests_{0}, positions_{0}, bad_requests_{0}, stale_{0},
       retries_{0}, recovery_failed_{0}, recoveries_queued_{0}, logs_{0};
   std::atomic<uint64_t> auth_ok_{0}, not_authorised_{0}, rate_limited_{0}, revoked_{0}, probes_{0};
+  std::atomic<uint64_t> history_kept_seen_{0};  // history_kept_, for stats() from other threads
   std::atomic<uint64_t> refused_[REFUSAL_KINDS] = {};
 
   std::mutex rq_mu_;

@@ -134,6 +134,7 @@ def test_metrics_match_the_load(rados_cluster, ceph, log_name, seqr) -> None:  #
     assert m[("zlog_seqr_request_seconds_count", ())] == requests  # every request is timed
     assert m[("zlog_seqr_request_seconds_bucket", (("le", "+Inf"),))] == requests
     assert m[("zlog_seqr_connections_open", ())] >= 1
+    assert m[("zlog_seqr_stream_history_positions", ())] == 0  # plain appends name no stream
     assert m[("zlog_seqr_logs", (("state", "ready"),))] == 3
     assert m[("zlog_seqr_recovery_seconds_count", (("kind", "recovery"), ("outcome", "ok")))] == 3
     assert m[("zlog_seqr_auth_ok_total", ())] == 2  # two connections, each authenticated once

@@ -254,6 +254,7 @@ def test_history_keeps_the_newest_within_its_caps(server) -> None:  # type: igno
     assert len(h0) == cap and h0[:3] == [pos + 2, pos + 1, pos] and h0[3:] == list(range(cap - 1, 2, -1))
     assert h1 == list(range(cap - 1, -1, -1))  # the first request: positions shared by 64 streams
     assert h2 == [] and back == [pos + 2, pos + 1, pos]
+    assert server.stats()["stream_history_positions"] == budget  # spent
     # a log recovered at a new epoch gives its histories back to the budget ...
     server.install("pool", "log", 2, 10**7)
 
@@ -270,6 +271,7 @@ def test_history_keeps_the_newest_within_its_caps(server) -> None:  # type: igno
     assert new_stream_history(10**6 + 2, 2) == []
     assert server.forget("pool", "log2")
     assert new_stream_history(10**6 + 3, 2) == [0, 1, 2, 3, 4]
+    assert server.stats()["stream_history_positions"] == 2 * 5  # the new streams that got one keep 5 each
 
 
 def _rss() -> int:

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from .. import _seqr  # type: ignore[attr-defined]
 from ..core.errors import InvalidRequest
 
 #: logs with their own series unless --metrics-max-logs says otherwise
@@ -100,6 +101,9 @@ class ServerCollector(Collector):
                        st["revoked"])
         yield _counter("zlog_seqr_connections_tls", "connections that ran TLS", st["connections_tls"])
         yield _counter("zlog_seqr_probes", "liveness probes answered (other daemons asking)", st["probes"])
+        yield _gauge("zlog_seqr_stream_history_positions",
+                     f"positions kept in the streams' histories, of a budget of {_seqr.STREAM_HISTORY_BUDGET}",
+                     st["stream_history_positions"])
         yield _counter("zlog_seqr_not_authorised_answers",
                        "NOT_AUTHORISED answers (a request for a pool other than the connection's)",
                        st["not_authorised"])
