@@ -583,7 +583,6 @@ StreamResponse Client::streams(const std::string& pool, const std::string& log, 
   for (;;) {
     const uint8_t* p;
     uint32_t len;
-    // a history answer may hold kMaxStreamHistory positions for each stream
     read_frame(p, len, 1u << 20, dl);  // a history answer holds at most kMaxHistoryPerRequest positions
     StreamResponse r = parse_stream_response(p, len, ids.size(), history);
     if (r.response.request_id == rid) {

@@ -65,6 +65,7 @@ PYBIND11_MODULE(_seqr, m) {
   m.attr("OP_STREAM_TAIL") = int(OP_STREAM_TAIL);
   m.attr("OP_STREAM_HISTORY") = int(OP_STREAM_HISTORY);
   m.attr("MAX_STREAM_HISTORY") = kMaxStreamHistory;
+  m.attr("MAX_HISTORY_PER_REQUEST") = kMaxHistoryPerRequest;
   m.attr("STREAM_HISTORY_BUDGET") = kStreamHistoryBudget;
   m.attr("STREAM_BACKPOINTERS") = int(kStreamBackpointers);
   m.attr("STREAM_FIRST_LEVEL") = int(kStreamFirstLevel);

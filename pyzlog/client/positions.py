@@ -40,8 +40,8 @@ from ..core.errors import (InvalidRequest, SequencerRefused, SequencerUnavailabl
                            ZlogError)
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
-from ..core.sequencer import (BAD_REQUEST, MAX_HISTORY_PER_REQUEST, MAX_STREAM_HISTORY, OK, prefer_history, RATE_LIMITED, RECOVERY_FAILED, RETRY, STALE_EPOCH,
-                              SequencerClient)
+from ..core.sequencer import (BAD_REQUEST, MAX_HISTORY_PER_REQUEST, MAX_STREAM_HISTORY, OK, RATE_LIMITED,
+                              RECOVERY_FAILED, RETRY, STALE_EPOCH, SequencerClient, prefer_history)
 from .stale import StaleWait
 from ..core.state import LogState
 from ..core.tailfind import find_tail, newest_position, refresh_with_newest

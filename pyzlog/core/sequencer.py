@@ -31,11 +31,11 @@ NOT_AUTHORISED = _seqr.NOT_AUTHORISED
 #: over the connection's position budget: wait the answer's count in ms, then ask again
 RATE_LIMITED = _seqr.RATE_LIMITED
 #: most streams one stream request may name, and most backpointers kept per stream
-MAX_STREAMS_PER_REQUEST = 64
+MAX_STREAMS_PER_REQUEST = _seqr.MAX_STREAMS_PER_REQUEST
 #: STREAM_HISTORY: the most positions of one stream a sequencer keeps and answers, and
 #: the most one request may ask for, over all its streams (protocol.h)
-MAX_STREAM_HISTORY = 8192
-MAX_HISTORY_PER_REQUEST = 65536
+MAX_STREAM_HISTORY = _seqr.MAX_STREAM_HISTORY
+MAX_HISTORY_PER_REQUEST = _seqr.MAX_HISTORY_PER_REQUEST
 
 #: what to do about a refused handshake, by status
 _HINTS = {
@@ -75,7 +75,6 @@ def prefer_history(answer: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     oldest; down to the horizon while it is shorter than K) the longer list
     vouches for as well."""
     return [(s, h, hist if len(hist) > len(back) else back, o, lv) for s, h, back, o, lv, hist in answer]
-
 
 
 class SequencerClient:
