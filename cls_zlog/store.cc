@@ -227,6 +227,12 @@ int OmapStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
   return 0;
 }
 
+// Whether an entry that is not trimmed lies at or past a closed view's end
+// (close refuses such an end; trimmed entries past it are allowed there).
+static bool stored_past_end(const Header& want, bool any, uint64_t top) {
+  return want.has_end && any && top >= std::max(want.view_end, want.trim_below);
+}
+
 // repair's part common to both formats: the seal, trim point and view end
 // from the log's metadata (`want`), the max position from the highest entry
 // (`any`, `top`) raised to the trim point as trim_to leaves it.
@@ -237,6 +243,12 @@ static void rebuild_header(const Header& want, bool any, uint64_t top, Header* h
   h->view_end = want.view_end;
   h->has_max = any;
   h->max_pos = top;
+  if (h->has_end && h->has_max && h->max_pos >= h->view_end) {
+    // only trimmed entries lie past the end (the caller checked): the max
+    // comes down below it, as close left it
+    h->has_max = h->view_end > 0;
+    h->max_pos = h->has_max ? h->view_end - 1 : 0;
+  }
   if (h->trim_below > 0 && (!h->has_end || h->view_end > 0)) {
     const uint64_t t = h->has_end ? std::min(h->trim_below - 1, h->view_end - 1) : h->trim_below - 1;
     if (!h->has_max || t > h->max_pos) {
@@ -279,7 +291,7 @@ int OmapStore::repair(const Header& want) {
   if ((r = cls_cxx_stat(hctx_, &size, &mtime)) < 0) return r;
   if (size > 0) return -EINVAL;  // an omap-format object has no data: this is another format's
   if (!any && bl.length() == 0) return -ENOENT;  // holds nothing: the initial state, nothing to repair
-  if (want.has_end && any && top >= want.view_end) return -EINVAL;
+  if (stored_past_end(want, any, top)) return -EINVAL;
   h = Header{};
   rebuild_header(want, any, top, &h);
   exists = true;
@@ -807,7 +819,7 @@ int DataStore::repair(const Header& want) {
       }
     }
   }
-  if (want.has_end && any && top >= want.view_end) return -EINVAL;
+  if (stored_past_end(want, any, top)) return -EINVAL;
   h.data_end = data_end;
   rebuild_header(want, any, top, &h);
   cls_log(0, "zlog: repair: data-format header rebuilt (%" PRIu64 " entries, sealed epoch %" PRIu64 ")", h.entries,
