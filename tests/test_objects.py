@@ -220,6 +220,43 @@ def test_a_proposal_stored_twice_is_applied_once(pair: Replicas) -> None:
     assert state_of(b) == state_of(a)
 
 
+def test_replay_applies_map_puts_of_every_shape_as_their_proposers_meant(pair: Replicas) -> None:
+    """Replay reads a map put of a short str key and a short bytes value
+    inline (runtime._apply_rows); every other shape, and damaged puts that
+    look like that one, go through ReplicatedMap.apply_payload. A replica
+    playing them all holds exactly what they say, each key at the version of
+    its last put, and a damaged put changes nothing."""
+    a = pair.new()
+    m = a.map("m")
+    stream = entry.stream_id("m")
+    seq = iter(range(1, 1000))
+
+    def put(body: bytes) -> int:
+        s = next(seq)
+        return pair.log.append(entry.header(entry.CMD, 0xBEEF, s, s, stream) + _OP[MAP_PUT] + body)
+
+    d = codec.dumps
+    want: dict[Any, tuple[Any, int]] = {}
+    for key, value in [("k", b"v"), ("", b""), ("é" * 127, b"x" * 255), ("k" * 255, b"y" * 256), ("long" * 100, b"z"),
+                       (7, b"int key"), (("t", 1), b"tuple key"), ("k", 3), ("s", "str value"), ("n", None),
+                       ("k", b"again")]:
+        want[key] = (value, put(d(key) + d(value)) + 1)
+    short_key = bytes((codec.SSTR, 1)) + b"q"
+    for damaged in [bytes((codec.SSTR, 2)) + b"\xff\xfe" + d(b"bad utf-8"),  # the fast path's shape, bad key
+                    short_key + d(b"v") + b"junk",                      # bytes left after the value
+                    short_key + bytes((codec.SBYTES, 10)) + b"short",   # a value cut short
+                    short_key + bytes((codec.SBYTES,)),                 # no length byte
+                    bytes((codec.SSTR, 9)) + b"q"]:                     # a key cut short
+        put(damaged)
+    a.sync()
+    assert m.to_dict() == {k: v for k, (v, _) in want.items()}
+    assert {k: m.read_version(k) for k in want} == {k: ver for k, (_, ver) in want.items()}
+    b = pair.new()  # a replica that only replays
+    b.map("m")
+    b.sync()
+    assert state_of(b) == state_of(a)
+
+
 def test_foreign_entries_are_skipped_and_newer_ones_stop_the_runtime(pair: Replicas) -> None:
     a = pair.new()
     m = a.map("m")

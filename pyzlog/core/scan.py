@@ -14,6 +14,7 @@ fake queue and windows made by RangeWindow.parse.
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
 import time
@@ -39,6 +40,8 @@ STOP_CORRUPT = -1
 #: the data plane makes the first four, a reader skipping a damaged position the last
 KIND_NAMES = ("data", "filled", "trimmed", "lost", "corrupt")
 
+#: entries per object of a scan's first call (then 2x, 4x, ... up to per_call)
+FIRST_CALL = 64
 
 _READ_RANGE = int(lib.ZLOG_OP_READ_RANGE)
 
@@ -334,6 +337,20 @@ class ViewScan:
         self._bases = [object_base(stripe_start, i, self.width, unit) for i in range(self.width)]
         self.position, self.end, self.step = start, end, step
         self.per_call, self.call_bytes, self.ahead = per_call, call_bytes, max(1, ahead)
+        # where calls end: rows of the stripe (width x unit positions) from the
+        # start's row, first FIRST_CALL entries per object and twice as many
+        # at each call up to per_call, so that the first batch comes after a
+        # short read and the reader's work on it overlaps the larger ones;
+        # every object's calls end at the same rows, so a batch ends once per
+        # round of calls, not at each object's boundary in turn
+        self._row = self.width * unit
+        self._row0 = (start - stripe_start) // self._row
+        step_rows, cap = max(1, FIRST_CALL // unit), max(1, per_call // unit)
+        self._ramp = [0]  # the ramp's call ends, in rows past row0; then every `cap` rows
+        while step_rows < cap:
+            self._ramp.append(self._ramp[-1] + step_rows)
+            step_rows *= 2
+        self._cap_rows = cap
         self.max_rows, self.signed = max_rows, signed
         self._segments: list[list[_Segment]] = [[] for _ in range(self.width)]
         self._by_tag: dict[int, tuple[int, _Segment]] = {}
@@ -363,19 +380,34 @@ class ViewScan:
                           last=last, max_entries=max_entries, max_bytes=self.call_bytes, format=self.format)
         return seg
 
+    def _call_end(self, first: int) -> int:
+        """The last position of the call (of any object) that reads `first`."""
+        r = (first - self.stripe_start) // self._row - self._row0  # rows past the start's
+        ramp = self._ramp
+        if r < ramp[-1]:
+            end = ramp[bisect.bisect_right(ramp, r)]
+        else:
+            end = ramp[-1] + ((r - ramp[-1]) // self._cap_rows + 1) * self._cap_rows
+        return self.stripe_start + (self._row0 + end) * self._row - 1
+
     def _issue(self, obj: int, first: int, index: int | None = None) -> None:
-        """Ask for the positions of object `obj` from `first` (about per_call of them)."""
+        """Ask for the positions of object `obj` from `first` (per_call of them, fewer at first)."""
         first = self._first_of(obj, first)
         if first >= self.end:
             return
-        last = min(self.end - 1, held_after(self._bases[obj], self.width, self.unit, first, self.per_call - 1))
+        base, width, unit = self._bases[obj], self.width, self.unit
+        # the call ends where every object's call that reads `first` ends
+        # (_call_end), at most per_call entries of its own
+        last = min(self.end - 1, self._call_end(first), held_after(base, width, unit, first, self.per_call - 1))
+        n = held_count(base, width, unit, first, last)
+        last = held_after(base, width, unit, first, n - 1)  # its own last there: a reply ending before reads as cut short
         segs = self._segments[obj]
         if obj in self._lost:  # every position damaged: one at a time, no call
             seg = _Segment(first, min(last, first + self.width - 1), -1)
             seg.corrupt = True
             segs.insert(len(segs) if index is None else index, seg)
             return
-        segs.insert(len(segs) if index is None else index, self._send(obj, first, last, self.per_call))
+        segs.insert(len(segs) if index is None else index, self._send(obj, first, last, n))
 
     def _top_up(self, obj: int) -> None:
         segs = self._segments[obj]

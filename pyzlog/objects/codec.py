@@ -45,6 +45,10 @@ MAX_DEPTH = 64
 
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _MISSING, _BIGINT, \
     _SSTR, _SBYTES, _SINT = range(15)
+#: the tags of a str and of a bytes of fewer than 256 bytes (a length byte follows each):
+#: the runtime's replay loop reads a map put of both inline
+SSTR: Final = _SSTR
+SBYTES: Final = _SBYTES
 
 _Q = struct.Struct("<q")
 _D = struct.Struct("<d")

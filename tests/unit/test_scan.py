@@ -14,6 +14,7 @@ import pytest
 import pyzlog
 from pyzlog.core.errors import error_for
 from pyzlog.core.native import Op
+from pyzlog.core import scan as scan_mod
 from pyzlog.core.scan import STOP_END, STOP_MISSING, RangeWindow, ViewScan
 
 WRITTEN, FILLED, TRIMMED = 1, 2, 3
@@ -192,3 +193,42 @@ def test_a_stripe_in_runs_gives_the_same_records_as_row_sets_and_as_batches(per_
     assert want[20 - 7].kind.value == "filled" and want[21 - 7].kind.value == "lost" and want[33 - 7].data is None
     assert records(True) == want
     assert (lib.dp_live(3), lib.dp_live(4)) == live
+
+
+@pytest.mark.parametrize("unit,start", [(1, 0), (1, 6), (4, 5), (4, 11)])
+def test_calls_start_small_grow_to_per_call_and_every_objects_end_at_the_same_row(
+        unit: int, start: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first batch comes after a short read (FIRST_CALL entries per
+    object), the calls then double up to per_call; each round of calls ends
+    at one row of the stripe for every object, so a batch ends once per
+    round and not at each object's boundary in turn (a stripe in runs read
+    from mid-run once gave a batch per run)."""
+    monkeypatch.setattr(scan_mod, "FIRST_CALL", 4)
+    ss, width, per_call, end = 5, 3, 16, 400
+    row = width * unit
+    log = {p: (WRITTEN, b"d") for p in range(ss, end)}
+    q = FakeQueue(dealt(3, unit, ss, log) if unit > 1 else striped(3, log))
+    scan = ViewScan(q, None, [b"o0", b"o1", b"o2"], 1, ss + start, end, per_call=per_call,  # type: ignore[arg-type]
+                    unit=unit, stripe_start=ss if unit > 1 else 0)
+    sizes = [len(b) for b in scan.batches()]
+    assert sum(sizes) == end - ss - start
+    base = ss if unit > 1 else 0
+    row0 = (ss + start - base) // row
+    # calls end at rows row0 + 4/unit.., doubling to per_call entries per object
+    first_rows = max(1, 4 // unit)
+    ends, r, step = [], row0, first_rows
+    while base + r * row < end:
+        r += step
+        ends.append(min(base + r * row, end))
+        step = min(2 * step, per_call // unit)
+    rounds: dict[bytes, list[int]] = {}
+    for oid, first, last in q.calls:  # a call ends in the last row of the round its first position is in
+        e = next(e for e in ends if first < e)
+        assert e - row <= last < e
+        rounds.setdefault(oid, []).append(ends.index(e))
+    for got in rounds.values():  # each object's calls: one per round, in turn, from the first it has positions in
+        assert got == list(range(got[0], len(ends))) and got[0] <= 1
+    # a batch per round: each ends where a round of calls ends (the first may
+    # run into the second round: an object whose positions start there)
+    stops = list(itertools.accumulate(sizes, initial=ss + start))[1:]
+    assert stops[1:] == ends[1:] and stops[0] <= ends[1]
