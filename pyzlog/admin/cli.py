@@ -795,15 +795,17 @@ def bench_storage(env: Env, entries: int, size: int, batch: int, slots: int | No
 @click.option("--entries", type=click.IntRange(20, 10_000_000), default=40000, show_default=True,
               help="puts in the log the replay cases play (a checkpoint half way)")
 @click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--replay-passes", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="passes of each replay case per round (one takes tens of ms: one alone is noise)")
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-objects.json]")
 @pass_env
 def bench_objects(env: Env, duration: float, rounds: int, size: int, depth: int, entries: int, width: int,
-                  out: str | None) -> None:
+                  replay_passes: int, out: str | None) -> None:
     """Replicated objects (pyzlog.objects): puts and transactions against raw appends, replay speed."""
     from ..bench.objects_bench import bench_objects as run
 
     run(env, duration=duration, rounds=rounds, size=size, depth=depth, entries=entries, width=width,
-        out=_bench_out("objects", out))
+        replay_passes=replay_passes, out=_bench_out("objects", out))
 
 
 @bench.command(name="failover", context_settings=CONTEXT)

@@ -57,6 +57,8 @@ _TI = struct.Struct("<BI")
 _TQ = struct.Struct("<Bq")
 _TD = struct.Struct("<Bd")
 _SMALL = {i: bytes((_SINT, i & 0xFF)) for i in range(-128, 128)}
+#: a list of three items, the first a short str (_dec's fast path for a map snapshot's items)
+_TRIPLE = bytes((_LIST,)) + _I.pack(3) + bytes((_SSTR,))
 _CONST = {None: bytes((_NONE,)), False: bytes((_FALSE,)), True: bytes((_TRUE,))}
 _MISSING_B = bytes((_MISSING,))
 
@@ -224,7 +226,19 @@ def _dec(data: bytes, off: int, depth: int) -> tuple[Any, int]:
                 d[k], off = _dec(data, off, depth + 1)  # an unhashable key: TypeError, caught above
             return d, off
         items = []
+        end = len(data)
+        triples = depth + 1 < MAX_DEPTH
         for _ in range(n):
+            # [short str, short bytes, int]: a map snapshot's item (a checkpoint's
+            # bulk), read here without four calls of the general walk
+            if triples and data.startswith(_TRIPLE, off):
+                o = off + 7 + data[off + 6]
+                if o + 1 < end and data[o] == _SBYTES:
+                    v = o + 2 + data[o + 1]
+                    if v + 9 <= end and data[v] == _INT:
+                        items.append([data[off + 7:o].decode(), data[o + 2:v], _Q.unpack_from(data, v + 1)[0]])
+                        off = v + 9
+                        continue
             x, off = _dec(data, off, depth + 1)
             items.append(x)
         return (items if tag == _LIST else tuple(items)), off
