@@ -77,6 +77,8 @@ MAX_STREAMS_PER_REQUEST = 64
 #: position to turn out to be one of them before reading it from the log
 #: (where it may still be unwritten, and the read would wait on it as a hole)
 OWN_GRACE = 0.005
+#: _wake_at with no wait_applied caller
+NO_WAITER = 1 << 64
 #: wait_applied past the log's tail asks it again after this, doubling up to TAIL_POLL_MAX
 TAIL_POLL_FIRST = 0.01
 TAIL_POLL_MAX = 1.0
@@ -167,6 +169,10 @@ class Runtime:
         self._target = 0
         #: positions wait_applied callers wait for past the tail, and how many wait for each
         self._wants: Tally[int] = Tally()
+        #: positions any wait_applied caller waits for, and the lowest (the player wakes
+        #: waiters once `applied` reaches it, not after every chunk it applies)
+        self._waiting: Tally[int] = Tally()
+        self._wake_at = NO_WAITER
         self._tail_poll = TAIL_POLL_FIRST  # seconds between tail polls while someone wants more
         self._next_tail_poll = 0.0
         self._poller: threading.Thread | None = None  # asks the tail for them (_poll_tail)
@@ -650,6 +656,8 @@ class Runtime:
             if reach > self._target:
                 self._target = reach
             wanted = position > handed_out
+            self._waiting[position] += 1
+            self._wake_at = min(self._waiting)
             if wanted:
                 self._wants[position] += 1
                 self._tail_poll = TAIL_POLL_FIRST
@@ -671,8 +679,12 @@ class Runtime:
                     self._cv.wait(left if left is not None else 1.0)
                 self._check_open()
         finally:
-            if wanted:
-                with self._cv:
+            with self._cv:
+                self._waiting[position] -= 1
+                if not self._waiting[position]:
+                    del self._waiting[position]
+                self._wake_at = min(self._waiting, default=NO_WAITER)
+                if wanted:
                     self._wants[position] -= 1
                     if not self._wants[position]:
                         del self._wants[position]
@@ -1022,8 +1034,9 @@ class Runtime:
                     else:
                         p.future.set_exception(result)
                 LazyFuture.settle_all(answered)  # one lock for the lot; a future nobody waits on needs no Condition
-            with self._cv:
-                self._cv.notify_all()
+            if self.applied >= self._wake_at:  # (read after `applied`: a waiter registers before it looks)
+                with self._cv:
+                    self._cv.notify_all()
 
     def _apply_txn(self, data: bytes, pos: int, off: int = HEADER_SIZE) -> TxnResult | None:
         streams, off = entry.unpack_u64s(data, off)
