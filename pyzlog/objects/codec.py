@@ -57,6 +57,8 @@ _TI = struct.Struct("<BI")
 _TQ = struct.Struct("<Bq")
 _TD = struct.Struct("<Bd")
 _SMALL = {i: bytes((_SINT, i & 0xFF)) for i in range(-128, 128)}
+#: an int item of a list (_dec's fast path for a session's seqs)
+_INT_ITEM = _INT
 #: a list of three items, the first a short str (_dec's fast path for a map snapshot's items)
 _TRIPLE = bytes((_LIST,)) + _I.pack(3) + bytes((_SSTR,))
 _CONST = {None: bytes((_NONE,)), False: bytes((_FALSE,)), True: bytes((_TRUE,))}
@@ -229,6 +231,10 @@ def _dec(data: bytes, off: int, depth: int) -> tuple[Any, int]:
         end = len(data)
         triples = depth + 1 < MAX_DEPTH
         for _ in range(n):
+            if data[off] == _INT_ITEM and off + 9 <= end:  # a checkpoint's session seqs: no call each
+                items.append(_Q.unpack_from(data, off + 1)[0])
+                off += 9
+                continue
             # [short str, short bytes, int]: a map snapshot's item (a checkpoint's
             # bulk), read here without four calls of the general walk
             if triples and data.startswith(_TRIPLE, off):

@@ -75,14 +75,15 @@ def test_codec_refuses_every_cut_of_a_map(d: dict[str, object]) -> None:
             codec.loads(data[:n])
 
 
-_triples = st.lists(st.tuples(st.text(max_size=300), st.binary(max_size=300),
-                              st.integers(-(1 << 63), (1 << 63) - 1)).map(list), max_size=6)
+_i64 = st.integers(-(1 << 63), (1 << 63) - 1)
+_triples = st.lists(st.tuples(st.text(max_size=300), st.binary(max_size=300), _i64).map(list) | _i64, max_size=6)
 
 
 def _general_loads(data: bytes, monkeypatch: pytest.MonkeyPatch) -> object:
-    """codec.loads with its fast path for [str, bytes, int] items off."""
+    """codec.loads with its fast paths for list items off."""
     with monkeypatch.context() as m:
         m.setattr(codec, "_TRIPLE", b"\xff" * 6)
+        m.setattr(codec, "_INT_ITEM", -1)
         try:
             return codec.loads(data)
         except BadEntry:
@@ -93,10 +94,10 @@ def _general_loads(data: bytes, monkeypatch: pytest.MonkeyPatch) -> object:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_codec_reads_a_map_snapshots_items_as_the_general_walk_does(
         items: list[list[object]], flips: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A map snapshot's items ([short str, short bytes, int]) have their own
-    path through the decoder: it reads them, every cut short form and any
-    bytes changed, exactly as the general walk does (the same value, or
-    BadEntry from both)."""
+    """A map snapshot's items ([short str, short bytes, int]) and a list's
+    ints (a session's seqs) have their own path through the decoder: it
+    reads them, every cut short form and any bytes changed, exactly as the
+    general walk does (the same value, or BadEntry from both)."""
     data = codec.dumps(items)
     assert codec.loads(data) == items
     for n in range(len(data)):
