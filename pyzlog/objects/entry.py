@@ -53,6 +53,9 @@ FLAG_BACKPOINTERS: Final = 1
 
 HEADER = struct.Struct("<2sBBBQQQQ")
 HEADER_SIZE: Final = HEADER.size  # 37
+#: the same header with the magic read as a u16 (the replay loop's: no bytes object per entry)
+HEADER_U16 = struct.Struct("<HBBBQQQQ")
+MAGIC_U16: Final = int.from_bytes(MAGIC, "little")
 _U16 = struct.Struct("<H")
 _U64 = struct.Struct("<Q")
 

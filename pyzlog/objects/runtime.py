@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pyzlog import ClusterUnavailable, HoleClock, InvalidRequest, LazyFuture, Log, Timeout, ZlogError
 
 from . import codec, entry
-from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, MAGIC, NOOP, RETIRE, TXN
+from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, HEADER_U16, MAGIC, MAGIC_U16, NOOP, RETIRE, TXN
 from .errors import (BadEntry, CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown, ResultUnavailable,
                      RuntimeClosed, RuntimeFailed, TransactionAborted, WrongType)
 from .codec import SSTR, SBYTES
@@ -881,15 +881,20 @@ class Runtime:
                 continue
             for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=target,
                                                  hole_clock=self._holes):
-                positions = batch.column(0).to_pylist()
+                col = batch.column(0)
+                n = len(col)
+                first = col[0].as_py() if n else 0
+                # a range is every position once, gaps as rows: no int object per row
+                positions: Sequence[int] = range(first, first + n) if n and col[n - 1].as_py() == first + n - 1 \
+                    else col.to_pylist()
                 datas = batch.column(1).to_pylist()
-                self.stats.read += len(positions)
+                self.stats.read += n
                 kinds = None
                 if batch.column(1).null_count:
-                    col = batch.column(2)
-                    names = col.dictionary.to_pylist()
-                    kinds = [names[i] for i in col.indices.to_pylist()]
-                for i in range(0, len(positions), CHUNK):
+                    kind_col = batch.column(2)
+                    names = kind_col.dictionary.to_pylist()
+                    kinds = [names[i] for i in kind_col.indices.to_pylist()]
+                for i in range(0, n, CHUNK):
                     self._apply_rows(positions[i:i + CHUNK], datas[i:i + CHUNK],
                                      kinds[i:i + CHUNK] if kinds is not None else None)
                 if self._closing:
@@ -921,7 +926,7 @@ class Runtime:
         The loop keeps its counts in locals and stores `applied` once at the
         end (or at the entry that stopped it): per entry, attribute stores
         cost as much as the rest of a put's apply."""
-        unpack = HEADER.unpack_from
+        unpack = HEADER_U16.unpack_from
         objects = self._objects
         sessions = self._sessions.by_client
         seen = self._streams_seen
@@ -947,7 +952,7 @@ class Runtime:
                             applied = pos + 1
                             continue
                         magic, version, kind, flags, client, seq, lwm, stream = unpack(data)
-                        if magic != MAGIC:
+                        if magic != MAGIC_U16:
                             n_foreign += 1
                             applied = pos + 1
                             continue
@@ -970,9 +975,9 @@ class Runtime:
                             continue
                         ok = True
                         if kind == CMD:
-                            seen.add(stream)
                             obj = objects.get(stream)
                             if obj is None:
+                                seen.add(stream)  # a hosted object's stream is told by its version (state_snapshot)
                                 result = None
                             else:
                                 try:
@@ -992,6 +997,7 @@ class Runtime:
                                         result = obj.apply_payload(data, off, pos)
                                     obj.version = pos + 1
                                 except Exception as e:  # noqa: BLE001 - the command's outcome, the same everywhere
+                                    seen.add(stream)  # (its version did not move)
                                     result, ok = e, False
                         elif kind == TXN:
                             result = self._apply_txn(data, pos, off)
@@ -1086,7 +1092,7 @@ class Runtime:
             pos = self.applied
             objs = {o.name: [o.type_name, o.version, o.snapshot()] for o in self._objects.values()}
             state = {"v": 1, "position": pos, "objects": objs, "sessions": self._sessions.snapshot(),
-                     "streams": sorted(self._streams_seen)}
+                     "streams": sorted(self._streams_seen | {o.stream for o in self._objects.values() if o.version})}
         return pos, state
 
     def checkpoint(self, sync: bool = True) -> CheckpointInfo:
