@@ -338,14 +338,20 @@ class ViewScan:
         self.position, self.end, self.step = start, end, step
         self.per_call, self.call_bytes, self.ahead = per_call, call_bytes, max(1, ahead)
         # where calls end: rows of the stripe (width x unit positions) from the
-        # start's row, first FIRST_CALL entries per object and twice as many
-        # at each call up to per_call, so that the first batch comes after a
-        # short read and the reader's work on it overlaps the larger ones;
-        # every object's calls end at the same rows, so a batch ends once per
-        # round of calls, not at each object's boundary in turn
+        # start's row, first FIRST_CALL entries per object and twice as many at
+        # each call up to per_call (rounded up to whole rows: a unit that does
+        # not divide per_call would take two calls where one did), so that the
+        # first batch comes after a short read and the reader's work on it
+        # overlaps the larger ones; every object's calls end at the same rows,
+        # so a batch ends once per round of calls, not at each object's
+        # boundary in turn. A run longer than per_call is read per_call at a
+        # time, with no rows to keep to.
         self._row = self.width * unit
         self._row0 = (start - stripe_start) // self._row
-        step_rows, cap = max(1, FIRST_CALL // unit), max(1, per_call // unit)
+        self._by_rows = unit <= per_call
+        cap = -(-per_call // unit)
+        self._call_entries = min(wire.MAX_RANGE_ENTRIES, cap * unit) if self._by_rows else per_call
+        step_rows = max(1, FIRST_CALL // unit)
         self._ramp = [0]  # the ramp's call ends, in rows past row0; then every `cap` rows
         while step_rows < cap:
             self._ramp.append(self._ramp[-1] + step_rows)
@@ -391,14 +397,15 @@ class ViewScan:
         return self.stripe_start + (self._row0 + end) * self._row - 1
 
     def _issue(self, obj: int, first: int, index: int | None = None) -> None:
-        """Ask for the positions of object `obj` from `first` (per_call of them, fewer at first)."""
+        """Ask for the positions of object `obj` from `first` (per_call of them, to a row's end; fewer at first)."""
         first = self._first_of(obj, first)
         if first >= self.end:
             return
         base, width, unit = self._bases[obj], self.width, self.unit
         # the call ends where every object's call that reads `first` ends
-        # (_call_end), at most per_call entries of its own
-        last = min(self.end - 1, self._call_end(first), held_after(base, width, unit, first, self.per_call - 1))
+        # (_call_end), at most _call_entries of its own
+        last = min(self.end - 1, self._call_end(first) if self._by_rows else self.end,
+                   held_after(base, width, unit, first, self._call_entries - 1))
         n = held_count(base, width, unit, first, last)
         last = held_after(base, width, unit, first, n - 1)  # its own last there: a reply ending before reads as cut short
         segs = self._segments[obj]

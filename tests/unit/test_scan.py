@@ -195,14 +195,16 @@ def test_a_stripe_in_runs_gives_the_same_records_as_row_sets_and_as_batches(per_
     assert (lib.dp_live(3), lib.dp_live(4)) == live
 
 
-@pytest.mark.parametrize("unit,start", [(1, 0), (1, 6), (4, 5), (4, 11)])
+@pytest.mark.parametrize("unit,start", [(1, 0), (1, 6), (4, 5), (4, 11), (6, 5), (6, 20)])
 def test_calls_start_small_grow_to_per_call_and_every_objects_end_at_the_same_row(
         unit: int, start: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first batch comes after a short read (FIRST_CALL entries per
     object), the calls then double up to per_call; each round of calls ends
     at one row of the stripe for every object, so a batch ends once per
     round and not at each object's boundary in turn (a stripe in runs read
-    from mid-run once gave a batch per run)."""
+    from mid-run once gave a batch per run). A unit that does not divide
+    per_call rounds a call up to a whole row, not down (down took up to
+    twice the calls)."""
     monkeypatch.setattr(scan_mod, "FIRST_CALL", 4)
     ss, width, per_call, end = 5, 3, 16, 400
     row = width * unit
@@ -220,7 +222,7 @@ def test_calls_start_small_grow_to_per_call_and_every_objects_end_at_the_same_ro
     while base + r * row < end:
         r += step
         ends.append(min(base + r * row, end))
-        step = min(2 * step, per_call // unit)
+        step = min(2 * step, -(-per_call // unit))  # per_call, to a whole row (unit 6: 18 entries)
     rounds: dict[bytes, list[int]] = {}
     for oid, first, last in q.calls:  # a call ends in the last row of the round its first position is in
         e = next(e for e in ends if first < e)
