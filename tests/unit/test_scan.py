@@ -234,3 +234,24 @@ def test_calls_start_small_grow_to_per_call_and_every_objects_end_at_the_same_ro
     # run into the second round: an object whose positions start there)
     stops = list(itertools.accumulate(sizes, initial=ss + start))[1:]
     assert stops[1:] == ends[1:] and stops[0] <= ends[1]
+
+
+@pytest.mark.parametrize("unit", [1, 3, 128, 257, 300, 640, 4100])
+def test_no_unit_costs_more_calls_than_reading_per_call_at_a_time(unit: int) -> None:
+    """Ending calls at rows never costs more calls than reading per_call
+    entries at a time would (plus the first, smaller ones): a unit that does
+    not divide per_call is rounded up to a whole row, not down (down took up
+    to twice the calls), and a run longer than per_call is read per_call at
+    a time."""
+    width, per_call, ss, start, end = 4, 512, 3, 1000, 60_000
+    log = {p: (WRITTEN, b"") for p in range(ss, end)}
+    q = FakeQueue(dealt(width, unit, ss, log) if unit > 1 else striped(width, log))
+    scan = ViewScan(q, None, [b"o%d" % i for i in range(width)], 1, start, end,  # type: ignore[arg-type]
+                    per_call=per_call, unit=unit, stripe_start=ss if unit > 1 else 0)
+    assert sum(len(b) for b in scan.batches()) == end - start
+    ramp = (per_call // scan_mod.FIRST_CALL).bit_length()  # the first, smaller calls
+    for i in range(width):
+        oid = b"o%d" % i
+        held = sum(1 for p in range(start, end) if p in q.objects[oid])
+        calls = sum(1 for o, _, _ in q.calls if o == oid)
+        assert calls <= -(-held // per_call) + ramp + 1, (oid, held, calls)
