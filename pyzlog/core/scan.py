@@ -407,7 +407,8 @@ class ViewScan:
         last = min(self.end - 1, self._call_end(first) if self._by_rows else self.end,
                    held_after(base, width, unit, first, self._call_entries - 1))
         n = held_count(base, width, unit, first, last)
-        last = held_after(base, width, unit, first, n - 1)  # its own last there: a reply ending before reads as cut short
+        # its own last position there: a reply that ends before the call's last reads as cut short
+        last = held_after(base, width, unit, first, n - 1)
         segs = self._segments[obj]
         if obj in self._lost:  # every position damaged: one at a time, no call
             seg = _Segment(first, min(last, first + self.width - 1), -1)
