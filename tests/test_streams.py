@@ -218,8 +218,9 @@ def test_a_stream_replay_reads_the_sequencers_history_in_one_round(logs: Logs, m
     more rounds, and reaches the same state."""
     w = logs.runtime(streams=True)
     maps = [w.map(f"m{i}") for i in range(3)]
-    for i in range(900):
-        maps[i % 3].put_async(f"k{i % 50}", i)
+    futures = [maps[i % 3].put_async(f"k{i % 50}", i) for i in range(900)]
+    for f in futures:  # every put in the log (a sync alone covers only what is handed out when it asks)
+        f.result(60)
     w.sync()
     one = logs.runtime(streams=True)
     one.map("m1")
