@@ -490,6 +490,32 @@ int Store::get_many(const std::vector<uint64_t>& positions, Listed* out) {
   return 0;
 }
 
+// The bytes of `extents` ((offset, len) in the object's data; offset
+// UINT64_MAX: a lost fill's mark byte) taken from `span`, the object's data
+// from `start` on, appended to `out` as one buffer: a piece per entry would
+// cost the OSD more in the reply (a node each, sent piece by piece) than
+// copying the entries does (read_set of every tenth 150-byte entry: 1.5 ->
+// 0.6 us of OSD CPU per position).
+static void append_packed(bufferlist& span, uint64_t start,
+                          const std::pair<uint64_t, uint32_t>* first, const std::pair<uint64_t, uint32_t>* last,
+                          bufferlist* out) {
+  uint64_t total = 0;
+  for (auto* x = first; x != last; ++x) total += x->second;
+  if (!total) return;
+  ceph::bufferptr packed = ceph::buffer::create(static_cast<unsigned>(total));
+  const char* base = span.length() ? span.c_str() : nullptr;  // one piece (made so if it is not)
+  char* to = packed.c_str();
+  for (auto* x = first; x != last; ++x) {
+    if (x->first == UINT64_MAX) {
+      *to = static_cast<char>(ZLOG_FILL_LOST);
+    } else {
+      memcpy(to, base + (x->first - start), x->second);
+    }
+    to += x->second;
+  }
+  out->append(std::move(packed));
+}
+
 // The slots of positions close together are read in one read; then the
 // entries' bytes, one read per run of them lying close together (a stream's
 // entries interleaved with other streams'), cut apart here: reading the few
@@ -556,11 +582,7 @@ int DataStore::get_many(const std::vector<uint64_t>& positions, Listed* out) {
     if (!gaps) {
       out->data.claim_append(bl);
     } else {
-      for (size_t x = k; x < m; ++x) {
-        bufferlist one;
-        one.substr_of(bl, static_cast<unsigned>(extents[x].first - start), extents[x].second);
-        out->data.claim_append(one);
-      }
+      append_packed(bl, start, extents.data() + k, extents.data() + m, &out->data);
     }
     k = m;
   }
@@ -742,15 +764,7 @@ int DataStore::list(uint64_t first, uint64_t last, uint32_t max_entries, uint32_
       out->data.claim_append(span);
       return 0;
     }
-    for (auto& [off, len] : extents) {
-      if (off == UINT64_MAX) {
-        out->data.append(&lost_mark, 1);
-        continue;
-      }
-      bufferlist one;
-      one.substr_of(span, static_cast<unsigned>(off - lo_off), len);  // shared, not copied
-      out->data.claim_append(one);
-    }
+    append_packed(span, lo_off, extents.data(), extents.data() + extents.size(), &out->data);
   } else {
     for (auto& [off, len] : extents) {
       if (off == UINT64_MAX) {
