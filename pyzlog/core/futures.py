@@ -68,6 +68,13 @@ class LazyFuture(Future[Any]):
             return self._result
         return super().result(timeout)
 
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Future.exception, with no Condition made for a settled future: the
+        usual done-callback (`lambda f: f.exception()`) runs on a settled one."""
+        if self._state == _futures.FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
     def done(self) -> bool:
         return self._state in _DONE  # one read of one attribute: no lock needed to take a snapshot
 

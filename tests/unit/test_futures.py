@@ -166,3 +166,29 @@ def test_the_result_of_a_settled_future_makes_no_condition() -> None:
     with pytest.raises(concurrent.futures.TimeoutError):
         pending.result(0.01)
     assert pending._cond is not None  # a real wait makes it, as before
+
+
+def test_a_callback_asking_a_settled_future_for_its_exception_makes_no_condition() -> None:
+    """What a done-callback usually does (`f.exception()`) on the future it
+    was called for: no Condition made. A cancelled or pending future still
+    goes Future's way."""
+    import concurrent.futures
+
+    seen: list[BaseException | None] = []
+    ok, bad = LazyFuture(), LazyFuture()
+    for f in (ok, bad):
+        f.add_done_callback(lambda f: seen.append(f.exception()))
+    LazyFuture.settle_all([(ok, 7)])
+    error = KeyError("k")
+    bad.set_exception(error)
+    assert seen == [None, error]
+    assert ok._cond is None and bad._cond is None
+    assert ok.exception(0) is None and bad.exception() is error
+    gone = LazyFuture()
+    assert gone.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        gone.exception(0)
+    pending = LazyFuture()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        pending.exception(0.01)
+    assert pending._cond is not None
