@@ -260,9 +260,10 @@ class Log:
 
         return append_streams(self.state, self.positions, streams, entries, build)
 
-    def stream_tail(self, streams: builtins.list[int], history: int = 0) -> tuple[int, int, Any] | None:
-        """(tail, K, [(stream, horizon, backpointers newest first)]) as the
-        sequencer knows them now, or None when no sequencer answers. With
+    def stream_tail(self, streams: builtins.list[int], history: int = 0) -> tuple[int, int, Any, int] | None:
+        """(tail, K, [(stream, horizon, backpointers newest first)], epoch) as
+        the sequencer knows them now (a sequencer answers only at its own
+        epoch, which the last item is), or None when no sequencer answers. With
         `history`, each stream's backpointers are its last `history`
         positions (at most 8,192, and 65,536 over the streams asked) if the
         sequencer keeps more than K of them."""

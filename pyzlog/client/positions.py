@@ -69,7 +69,10 @@ def max_position(log: LogState) -> int | None:
     since it was last read hold the newest positions (a handle opened before
     them would answer a lower top, and without a sequencer a lower tail)."""
     stale = StaleWait(log, "max_position")
-    log.refresh()
+    try:  # the metadata read and the last stripe's answers in one round trip, where they can be
+        return refresh_with_newest(log, lambda _meta: True)[1]
+    except StaleEpoch:
+        stale(log.meta.epoch)
     while True:
         meta = log.meta
         try:
@@ -298,9 +301,10 @@ class Positions:
         first, meta = self.take_slow(count)
         return first, 0, [(s, first, [], 0, []) for s in streams], meta
 
-    def tail_streams(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any]] | None:
-        """(tail, K, [(stream, horizon, backpointers, ordinal, levels)]) from the sequencer,
-        or None when none answers (a reader then scans). With `history`, each
+    def tail_streams(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any], int] | None:
+        """(tail, K, [(stream, horizon, backpointers, ordinal, levels)], the
+        epoch it was answered at) from the sequencer, or None when none
+        answers (a reader then scans). With `history`, each
         stream's backpointers are its last `history` positions (at most what
         one request may ask for) when the sequencer keeps more of them than
         its K recent ones (STREAM_HISTORY; a sequencer without it answers
@@ -315,12 +319,12 @@ class Positions:
             min(history, MAX_STREAM_HISTORY, MAX_HISTORY_PER_REQUEST // len(streams))
         try:
             for _ in range(1000):
-                status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, self.log.epoch, 0, streams,
-                                                           want)
-                if status == OK:
+                epoch = self.log.epoch
+                status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, epoch, 0, streams, want)
+                if status == OK:  # answered at `epoch`, the sequencer's own (else STALE_EPOCH or RETRY)
                     if want:
                         bps = prefer_history(bps)
-                    return int(pos), int(k), bps
+                    return int(pos), int(k), bps, epoch
                 if status == STALE_EPOCH:
                     self.log.refresh()
                 elif status == RETRY:

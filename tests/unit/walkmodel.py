@@ -159,14 +159,14 @@ class ModelLog:
         return max(self.data) if self.data else -1
 
     # ------------------------------------------------- what walk() uses
-    def stream_tail(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any]]:
+    def stream_tail(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any], int]:
         """As Log.stream_tail: with `history` (and a sequencer that keeps some), each
         stream's recent list replaced by its history where longer (prefer_history)."""
         _pos, answer = self.seq.answer(streams, 0)
         if history and self.history:
             hists = self.seq.history_of(streams, history)
             answer = prefer_history([(*a, h) for a, h in zip(answer, hists)])
-        return self.seq.counter, K, answer
+        return self.seq.counter, K, answer, self.epoch
 
     def read_positions(self, positions: list[int]) -> dict[int, bytes | int]:
         self.reads.append(list(positions))
