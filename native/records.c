@@ -205,8 +205,42 @@ fail:
   return NULL;
 }
 
+/* batch_into(address, out, codes, default) -> rows: every row of the
+ * dp_batch at `address` into the dict `out`, position -> the row's data as
+ * bytes (DP_KIND_DATA), else codes[kind] (`default` for a kind past them).
+ * read_positions takes a read_set reply with it: one call, not a Python
+ * loop over the reply's rows. */
+static PyObject *batch_into(PyObject *self, PyObject *args) {
+  unsigned long long address;
+  PyObject *out, *codes, *fallback;
+  if (!PyArg_ParseTuple(args, "KO!O!O", &address, &PyDict_Type, &out, &PyTuple_Type, &codes, &fallback)) return NULL;
+  if (!address) return PyErr_Format(PyExc_ValueError, "no batch");
+  const dp_batch *b = (const dp_batch *)(uintptr_t)address;
+  const Py_ssize_t ncodes = PyTuple_GET_SIZE(codes);
+  for (uint32_t i = 0; i < b->rows; ++i) {
+    PyObject *value;
+    const uint8_t kind = b->kinds[i];
+    if (kind == DP_KIND_DATA) {
+      const int32_t a = b->offsets[i], z = b->offsets[i + 1];
+      if (a < 0 || z < a || (uint64_t)z > b->data_len)
+        return PyErr_Format(PyExc_ValueError, "row %u: its data lies outside the batch", i);
+      value = PyBytes_FromStringAndSize(b->data + a, z - a);
+    } else {
+      value = Py_NewRef(kind < ncodes ? PyTuple_GET_ITEM(codes, kind) : fallback);
+    }
+    if (!value) return NULL;
+    PyObject *key = PyLong_FromUnsignedLongLong(b->positions[i]);
+    const int r = key ? PyDict_SetItem(out, key, value) : -1;
+    Py_XDECREF(key);
+    Py_DECREF(value);
+    if (r < 0) return NULL;
+  }
+  return PyLong_FromUnsignedLong(b->rows);
+}
+
 static PyMethodDef module_methods[] = {
     {"records", records, METH_VARARGS, "an iterator of the records of one batch's columns"},
+    {"batch_into", batch_into, METH_VARARGS, "a dp_batch's rows into a dict, position -> bytes or code"},
     {"rows_records", rows_records, METH_VARARGS, "an iterator of the records of a dp_rows"},
     {NULL, NULL, 0, NULL}};
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Sequence
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]
@@ -198,28 +197,20 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
     return out
 
 
-_KIND_CODES = {1: -errno.ENOMSG, 2: -errno.EIDRM, 3: -errno.ENOMSG}  # DP_KIND_*: filled, trimmed, lost
+_CODE_OF_KIND = (None, -errno.ENOMSG, -errno.EIDRM, -errno.ENOMSG)  # by DP_KIND_*: filled, trimmed, lost
 
 
 def _from_window(state: Any, window: Any, chunk: list[int], out: dict[int, bytes | int]) -> None:
     """What a read_set reply says of each position of `chunk`."""
-    ps, kinds, offs, buf = window.rows()
-    if kinds.count(0) == len(ps):  # every row is data (the usual reply)
-        datas = [buf[a:b] for a, b in pairwise(offs)]
-        if not state.plain:
-            datas = [state.decode(d) for d in datas]
-        out.update(zip(ps, datas))
-    else:
-        for i, p in enumerate(ps):
-            k = kinds[i]
-            if k:
-                out[p] = _KIND_CODES.get(k, -errno.ENOMSG)
-            else:
-                d = buf[offs[i]:offs[i + 1]]
-                out[p] = d if state.plain else state.decode(d)
-    if ps != chunk:  # positions not listed are unwritten, or trimmed below the window's trim point
-        listed = set(ps)
+    got: dict[int, bytes | int] = {}  # the reply's rows, natively: one call, not a loop over them
+    listed = window.rows_into(got, _CODE_OF_KIND, -errno.ENOMSG)
+    if not state.plain:
+        for p, d in got.items():
+            if type(d) is bytes:
+                got[p] = state.decode(d)
+    out.update(got)
+    if listed != len(chunk):  # (a reply lists positions of `chunk` only) not listed: unwritten, or trimmed
         trim = window.trim_below
         for p in chunk:
-            if p not in listed:
+            if p not in got:
                 out[p] = -errno.EIDRM if p < trim else -errno.ENODATA

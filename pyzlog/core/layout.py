@@ -258,6 +258,18 @@ def by_object(log: str, views: tuple[View, ...], positions: Sequence[int]) -> li
             for p in positions:
                 runs.setdefault((p - ss) // unit % width, []).append(p)
         return [(place(log, newest, ps[0]), ps) for ps in runs.values()]
+    if first >= newest.start:  # many stripes of the newest view (a walk's round): by arithmetic alone
+        start, span, width, unit = newest.start, stripe_span(newest), newest.width, newest.unit
+        groups: dict[int, list[int]] = {}
+        for p in positions:  # stripe * width + index (index_of, inlined)
+            at = ((p - start) // span * width + p % width if unit == 1
+                  else (p - start) // span * width + (p - start) % span // unit % width)
+            group = groups.get(at)
+            if group is None:
+                groups[at] = [p]
+            else:
+                group.append(p)
+        return [(place(log, newest, ps[0]), ps) for ps in groups.values()]
     by_key: dict[tuple[int, int, int], list[int]] = {}
     for p in positions:
         v = view_of(views, p)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 from .._dataplane import ffi, lib  # the cffi extension (untyped)
+from .._records import batch_into
 
 #: why build_batch stopped
 STOP_END, STOP_FULL, STOP_NEED, STOP_MISSING = lib.DP_STOP_END, lib.DP_STOP_FULL, lib.DP_STOP_NEED, lib.DP_STOP_MISSING
@@ -107,19 +108,15 @@ class RangeWindow:
             yield wire.RangeEntry(int(pos[0]), wire.EntryState(state[0]), int(epoch[0]),
                                   ffi.unpack(data[0], length[0]))
 
-    def rows(self) -> tuple[list[int], bytes, list[int], bytes]:
-        """Every entry not consumed yet, in order, as plain Python values:
-        (positions, kinds (one DP_KIND_* byte each), data offsets (rows + 1),
-        the data of every row end to end). For small replies (a read_set of
-        a few hundred positions): no Arrow arrays to build, whose fixed cost
-        is more than the rows' own there."""
+    def rows_into(self, out: dict[int, bytes | int], codes: tuple[int | None, ...], default: int) -> int:
+        """Every entry not consumed yet into `out`: position -> its data
+        (bytes as stored), or codes[kind] for a gap (`default` past them).
+        Returns how many. One native call for the lot (a read_set reply)."""
         b = lib.dp_window_batch(self._w)
         if b == ffi.NULL:
             raise MemoryError("dp_window_batch")
         try:
-            n = int(b.rows)
-            return (ffi.unpack(b.positions, n), ffi.unpack(ffi.cast("char *", b.kinds), n),
-                    ffi.unpack(b.offsets, n + 1), ffi.unpack(b.data, int(b.data_len)))
+            return int(batch_into(int(ffi.cast("uintptr_t", b)), out, codes, default))
         finally:
             lib.dp_batch_free(b)
 
