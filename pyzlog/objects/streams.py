@@ -153,7 +153,8 @@ class _Walk:
             self.floors[s] = horizon
             self.covered[s].append((back[-1] if k and len(back) >= k else horizon, tail))
             self.listed_from[s] = back[-1] if back else tail
-            self.todo.update(b for b in back if b >= lo)
+            # newest first: all in range when the oldest is (a history that reaches lo)
+            self.todo.update(back if not back or back[-1] >= lo else (b for b in back if b >= lo))
             self.link(back)  # the chain goes on from the oldest
             below = [p for _l, p in levels if lo <= p < self.listed_from[s]]  # skip pointers past the list
             self.lead.update(below)
