@@ -331,6 +331,84 @@ def test_a_bad_entry_in_a_batch_fails_alone_with_streams(logs: Logs) -> None:
     assert len(m) == 40
 
 
+def test_a_walk_whose_sequencer_died_asks_the_one_that_took_over(rados_cluster, ceph, log_name,  # type: ignore[no-untyped-def]
+                                                                  tmp_path) -> None:
+    """A reader whose metadata names a sequencer that died (another took the
+    log over since) reads the metadata again when that one does not answer,
+    and walks with the new one's answer (the walk does not read the
+    metadata before asking): only what lies below the new one's horizon is
+    scanned, not the whole range."""
+    import time
+
+    from pyzlog.core.sequencer import OK, SequencerClient
+    from pyzlog.objects.streams import WalkStats, walk
+
+    a = SeqrProcess(ceph.conf, log_path=tmp_path / "a.log").start()
+    b = SeqrProcess(ceph.conf, log_path=tmp_path / "b.log").start()
+    handles: list[Log] = []
+    try:
+        lg = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=a.address)
+        handles.append(lg)
+        rt = Runtime(lg, streams=True)
+        m, other = rt.map("m"), rt.map("o")
+        for i in range(30):
+            m.put(f"k{i}", b"v")
+            other.put(f"x{i}", b"v")
+        reader = Log.open(rados_cluster, ceph.pool, log_name)
+        handles.append(reader)
+        assert reader.state.meta.sequencer == a.address
+        a.kill()
+        ask_b = SequencerClient(b.address, cluster=rados_cluster, timeout=2.0)
+        deadline = time.monotonic() + 60
+        while ask_b.tail(ceph.pool, log_name, lg.state.meta.epoch)[0] != OK:  # B takes the log over
+            assert time.monotonic() < deadline, "sequencer B did not take the log over"
+            lg.state.refresh()
+            time.sleep(0.05)
+        for i in range(30, 60):
+            m.put(f"k{i}", b"v")
+            other.put(f"x{i}", b"v")
+        tail = rt.sync()
+        rt.close()
+        assert reader.state.meta.sequencer == a.address  # what it read at open: the dead one
+        stats = WalkStats()
+        ps, datas, _kinds, end = walk(reader, [m.stream], 0, tail, None, 2.0, stats)
+        # what A handed out lies below B's horizon (B knows streams from there on): scanned; the rest
+        # by B's answer (a walk that got no answer scans the whole range)
+        assert end == tail == 120 and stats.rounds == 1 and stats.ranges == [(0, 60)], stats
+        heads = [entry.parse(d) if d is not None else None for d in datas]  # a scanned range: every entry
+        assert [p for p, h in zip(ps, heads) if h and h.stream == m.stream] == list(range(0, 120, 2))
+    finally:
+        for h in handles:
+            h.close()
+        a.kill()
+        b.kill()
+
+
+def test_a_reader_from_before_a_reconfiguration_reads_the_new_views_entries(rados_cluster, ceph,  # type: ignore[no-untyped-def]
+                                                                            log_name) -> None:
+    """A reader whose metadata predates a reconfiguration maps the new view's
+    positions to objects of stripes its view never opened (ENOENT): it reads
+    the metadata again and finds the entries, where it answered "not
+    written" before (read_positions and read alike; a stream walk reads
+    without reading the metadata first)."""
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=3, slots=32)
+    other = Log.open(rados_cluster, ceph.pool, log_name)
+    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    try:
+        for i in range(100):
+            lg.append(b"a%d" % i)
+        old = lg.state.meta.epoch
+        other.reconfigure(5)
+        ps = [other.append(b"b%d" % i) for i in range(100)]
+        assert lg.state.meta.epoch == reader.state.meta.epoch == old < other.state.meta.epoch
+        last = ps[-5:]
+        assert lg.read_positions(last) == {p: b"b%d" % (95 + k) for k, p in enumerate(last)}
+        assert [reader.read(p) for p in last] == [b"b%d" % i for i in range(95, 100)]
+    finally:
+        for h in (lg, other, reader):
+            h.close()
+
+
 @pytest.mark.parametrize("fmt,compression", [("omap", "none"), ("data", "zstd")])
 def test_read_positions_other_formats(rados_cluster, ceph, log_name, seqr, fmt: str, compression: str) -> None:  # type: ignore[no-untyped-def]
     import errno

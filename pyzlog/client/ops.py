@@ -36,7 +36,7 @@ def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int
     client/positions.py)."""
     check_position(position)
     stale: StaleWait | None = None
-    made = False
+    made = rechecked = False
     while True:
         if meta is None:
             epoch, where = log.locate(position)
@@ -45,6 +45,12 @@ def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int
         code, value = log.conn.call_pos(log.data, where.oid, op, epoch, position, data, reason, where.format)
         if code == -errno.ENOENT and op == Op.READ and position < log.meta.trim_below:
             code = -errno.EIDRM  # below the log's trim point: its object is gone or was never made
+        elif code == -errno.ENOENT and op == Op.READ and meta is None and not rechecked:
+            # an older view than the log's may map the position to a stripe it never opened
+            # (the log was reconfigured since): read again under fresh metadata if it moved on
+            rechecked = True
+            if log.refresh().epoch != epoch:
+                continue
         elif code == -errno.ENOENT and where.view.bounded and op != Op.READ and not made:
             code = make(log, epoch, where)
             made = code == 0

@@ -310,36 +310,46 @@ class Positions:
         its K recent ones (STREAM_HISTORY; a sequencer without it answers
         STREAM_TAIL)."""
         self._refuse_if_blocklisted()
-        self.follow()
-        seqr = self.sequencer
-        if seqr is None or not self._may_ask_tail():
-            return None
+        for retried in (False, True):
+            self.follow()
+            seqr = self.sequencer
+            if seqr is None or not self._may_ask_tail():
+                return None
+            try:
+                return self._ask_streams(seqr, streams, history)
+            except SequencerUnavailable:
+                # a reader's metadata may name a sequencer another has taken over from (dead):
+                # fresh metadata naming another is asked at once, not after a scan of it all
+                if retried or not self._moved_on():
+                    self._tail_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
+                    return None
+        return None
+
+    def _ask_streams(self, seqr: SequencerClient, streams: list[int],
+                     history: int) -> tuple[int, int, list[Any], int] | None:
+        """tail_streams' requests to `seqr` (SequencerUnavailable if it does not answer)."""
         # what the protocol allows: MAX_STREAM_HISTORY per stream, MAX_HISTORY_PER_REQUEST in all
         want = 0 if seqr.address in self._no_history else \
             min(history, MAX_STREAM_HISTORY, MAX_HISTORY_PER_REQUEST // len(streams))
-        try:
-            for _ in range(1000):
-                epoch = self.log.epoch
-                status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, epoch, 0, streams, want)
-                if status == OK:  # answered at `epoch`, the sequencer's own (else STALE_EPOCH or RETRY)
-                    if want:
-                        bps = prefer_history(bps)
-                    return int(pos), int(k), bps, epoch
-                if status == STALE_EPOCH:
-                    self.log.refresh()
-                elif status == RETRY:
-                    time.sleep(0.01)
-                elif status == BAD_REQUEST and want:
-                    self._no_history.add(seqr.address)  # a zlog-seqr from before STREAM_HISTORY
-                    want = 0
-                elif status == BAD_REQUEST:
-                    raise StreamsUnsupported(f"sequencer {seqr.address} does not answer stream requests "
-                                             f"(an older zlog-seqr)")
-                else:
-                    return None
-        except SequencerUnavailable:
-            self._tail_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
-            return None
+        for _ in range(1000):
+            epoch = self.log.epoch
+            status, _e, pos, _n, k, bps = seqr.streams(self.log.pool, self.log.name, epoch, 0, streams, want)
+            if status == OK:  # answered at `epoch`, the sequencer's own (else STALE_EPOCH or RETRY)
+                if want:
+                    bps = prefer_history(bps)
+                return int(pos), int(k), bps, epoch
+            if status == STALE_EPOCH:
+                self.log.refresh()
+            elif status == RETRY:
+                time.sleep(0.01)
+            elif status == BAD_REQUEST and want:
+                self._no_history.add(seqr.address)  # a zlog-seqr from before STREAM_HISTORY
+                want = 0
+            elif status == BAD_REQUEST:
+                raise StreamsUnsupported(f"sequencer {seqr.address} does not answer stream requests "
+                                         f"(an older zlog-seqr)")
+            else:
+                return None
         return None
 
     def _refuse_if_blocklisted(self) -> None:

@@ -134,12 +134,14 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
     call per position on a class too old for read_set)."""
     out: dict[int, bytes | int] = {}
     todo = sorted(positions)
+    rechecked = False
     for _attempt in range(5):
         meta = state.meta
         views = meta.views
         groups = by_object(state.name, views, todo)
         fallback: list[tuple[Any, list[int]]] = []
         stale = False
+        absent: list[int] = []  # positions of objects never made
         with state.conn._waiter() as q:
             if state.read_set:
                 asked: dict[int, tuple[Any, list[int]]] = {}
@@ -160,6 +162,7 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
                         if code == 0:
                             _from_window(state, value, chunk, out)
                         elif code == -errno.ENOENT:  # the object was never made
+                            absent.extend(chunk)
                             for p in chunk:
                                 out[p] = -errno.EIDRM if p < meta.trim_below else -errno.ENODATA
                         elif code == -errno.ESTALE:
@@ -184,16 +187,23 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
                     for tag, code, value in results:
                         got += 1
                         if code == -errno.ENOENT:
+                            absent.append(tag)
                             code = -errno.EIDRM if tag < meta.trim_below else -errno.ENODATA
                         elif code == -errno.ESTALE:
                             stale = True
                         out[tag] = code if code else state.decode(value)
-        if not stale:
+        again = [p for p in todo if out.get(p) == -errno.ESTALE] if stale else []
+        if absent and not rechecked:
+            # under an older view than the log's a position may map to an object of a stripe
+            # that view never opened (the log was reconfigured since): asked again under the new one
+            rechecked = True
+            if state.refresh().epoch != meta.epoch:
+                again = sorted(set(again).union(absent))
+        if not again:
             return out
-        todo = [p for p in todo if out.get(p) == -errno.ESTALE]
-        if not todo:
-            return out
-        StaleWait(state, "read")(meta.epoch)
+        if stale:
+            StaleWait(state, "read")(meta.epoch)
+        todo = again
     return out
 
 
