@@ -332,16 +332,21 @@ def test_a_bad_entry_in_a_batch_fails_alone_with_streams(logs: Logs) -> None:
 
 
 def test_a_walk_whose_sequencer_died_asks_the_one_that_took_over(rados_cluster, ceph, log_name,  # type: ignore[no-untyped-def]
-                                                                  tmp_path) -> None:
+                                                                  tmp_path, monkeypatch) -> None:
     """A reader whose metadata names a sequencer that died (another took the
     log over since) reads the metadata again when that one does not answer,
     and walks with the new one's answer (the walk does not read the
     metadata before asking): only what lies below the new one's horizon is
-    scanned, not the whole range."""
+    scanned, not the whole range. A reader that found no sequencer at all
+    before the takeover (and so asks none for a while) asks the new one as
+    soon as its metadata names it."""
     import time
 
+    import pyzlog.client.positions
     from pyzlog.core.sequencer import OK, SequencerClient
     from pyzlog.objects.streams import WalkStats, walk
+
+    monkeypatch.setattr(pyzlog.client.positions, "SEQUENCER_RECHECK_SECONDS", 3600.0)
 
     a = SeqrProcess(ceph.conf, log_path=tmp_path / "a.log").start()
     b = SeqrProcess(ceph.conf, log_path=tmp_path / "b.log").start()
@@ -354,10 +359,13 @@ def test_a_walk_whose_sequencer_died_asks_the_one_that_took_over(rados_cluster, 
         for i in range(30):
             m.put(f"k{i}", b"v")
             other.put(f"x{i}", b"v")
-        reader = Log.open(rados_cluster, ceph.pool, log_name)
-        handles.append(reader)
+        reader, early = Log.open(rados_cluster, ceph.pool, log_name), Log.open(rados_cluster, ceph.pool, log_name)
+        handles += [reader, early]
         assert reader.state.meta.sequencer == a.address
         a.kill()
+        lost = WalkStats()
+        walk(early, [m.stream], 0, 60, None, 2.0, lost)
+        assert lost.ranges == [(0, 60)]  # no sequencer answers: all of it scanned (and none asked for a while)
         ask_b = SequencerClient(b.address, cluster=rados_cluster, timeout=2.0)
         deadline = time.monotonic() + 60
         while ask_b.tail(ceph.pool, log_name, lg.state.meta.epoch)[0] != OK:  # B takes the log over
@@ -375,6 +383,9 @@ def test_a_walk_whose_sequencer_died_asks_the_one_that_took_over(rados_cluster, 
         # what A handed out lies below B's horizon (B knows streams from there on): scanned; the rest
         # by B's answer (a walk that got no answer scans the whole range)
         assert end == tail == 120 and stats.rounds == 1 and stats.ranges == [(0, 60)], stats
+        early.state.refresh()  # its metadata names B now: B is asked at once
+        stats = WalkStats()
+        assert walk(early, [m.stream], 0, tail, None, 2.0, stats)[3] == tail and stats.ranges == [(0, 60)], stats
         heads = [entry.parse(d) if d is not None else None for d in datas]  # a scanned range: every entry
         assert [p for p, h in zip(ps, heads) if h and h.stream == m.stream] == list(range(0, 120, 2))
     finally:
@@ -385,28 +396,73 @@ def test_a_walk_whose_sequencer_died_asks_the_one_that_took_over(rados_cluster, 
 
 
 def test_a_reader_from_before_a_reconfiguration_reads_the_new_views_entries(rados_cluster, ceph,  # type: ignore[no-untyped-def]
-                                                                            log_name) -> None:
+                                                                            log_name, monkeypatch) -> None:
     """A reader whose metadata predates a reconfiguration maps the new view's
     positions to objects of stripes its view never opened (ENOENT): it reads
     the metadata again and finds the entries, where it answered "not
-    written" before (read_positions and read alike; a stream walk reads
-    without reading the metadata first)."""
+    written" before (read_positions, read and read_async alike; a stream
+    walk reads without reading the metadata first)."""
+    import pyzlog.core.state
+
+    monkeypatch.setattr(pyzlog.core.state, "VIEW_RECHECK_SECONDS", 0.0)  # however soon after it last read it
     lg = Log.create(rados_cluster, ceph.pool, log_name, width=3, slots=32)
     other = Log.open(rados_cluster, ceph.pool, log_name)
-    reader = Log.open(rados_cluster, ceph.pool, log_name)
+    readers = [Log.open(rados_cluster, ceph.pool, log_name) for _ in range(2)]
     try:
         for i in range(100):
             lg.append(b"a%d" % i)
         old = lg.state.meta.epoch
         other.reconfigure(5)
         ps = [other.append(b"b%d" % i) for i in range(100)]
-        assert lg.state.meta.epoch == reader.state.meta.epoch == old < other.state.meta.epoch
-        last = ps[-5:]
-        assert lg.read_positions(last) == {p: b"b%d" % (95 + k) for k, p in enumerate(last)}
-        assert [reader.read(p) for p in last] == [b"b%d" % i for i in range(95, 100)]
+        assert all(h.state.meta.epoch == old < other.state.meta.epoch for h in [lg, *readers])
+        last, want = ps[-5:], [b"b%d" % i for i in range(95, 100)]
+        assert lg.read_positions(last) == dict(zip(last, want))
+        assert [readers[0].read(p) for p in last] == want
+        assert [f.result(30) for f in [readers[1].read_async(p) for p in last]] == want
     finally:
-        for h in (lg, other, reader):
+        for h in (lg, other, *readers):
             h.close()
+
+
+def test_reads_of_a_stripe_not_opened_yet_read_the_metadata_at_most_so_often(  # type: ignore[no-untyped-def]
+        rados_cluster, ceph, log_name, monkeypatch) -> None:
+    """What the recheck above costs a reader polling the next position at a
+    stripe's end (its object not made yet): the metadata is read again at
+    most once per VIEW_RECHECK_SECONDS, not once per poll; and a metadata
+    read that fails (here the log was deleted under the reader) leaves the
+    reads' own answers standing, the readable ones with their data."""
+    import errno
+
+    import pyzlog.core.state
+    from pyzlog.core.layout import META_NAMESPACE
+
+    monkeypatch.setattr(pyzlog.core.state, "VIEW_RECHECK_SECONDS", 3600.0)
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=3, slots=16)
+    try:
+        for i in range(48):  # the first stripe, full: position 48 lies in one not opened yet
+            lg.append(b"a%d" % i)
+        st = lg.state
+        st.read_at = 0.0  # long ago: the next recheck reads
+        with pytest.raises(pyzlog.NotWritten):
+            lg.read(48)
+        read_at = st.read_at
+        assert read_at > 0.0  # it read the metadata once
+        for _ in range(5):
+            with pytest.raises(pyzlog.NotWritten):
+                lg.read(48)
+            assert lg.read_positions([48, 49]) == {48: -errno.ENODATA, 49: -errno.ENODATA}
+            assert lg.read_async(48).exception(30) is not None
+        assert st.read_at == read_at  # and not again within the interval
+        io = rados_cluster.open_ioctx(ceph.pool)
+        io.set_namespace(META_NAMESPACE)
+        io.remove_object(log_name)
+        io.close()
+        st.read_at = 0.0
+        assert lg.read_positions([5, 20, 48]) == {5: b"a5", 20: b"a20", 48: -errno.ENODATA}
+        with pytest.raises(pyzlog.NotWritten):
+            lg.read(48)
+    finally:
+        lg.close()
 
 
 @pytest.mark.parametrize("fmt,compression", [("omap", "none"), ("data", "zstd")])

@@ -49,7 +49,7 @@ def call_at(log: LogState, op: Op, position: int, data: bytes = b"", reason: int
             # an older view than the log's may map the position to a stripe it never opened
             # (the log was reconfigured since): read again under fresh metadata if it moved on
             rechecked = True
-            if log.refresh().epoch != epoch:
+            if log.moved_past(epoch):
                 continue
         elif code == -errno.ENOENT and where.view.bounded and op != Op.READ and not made:
             code = make(log, epoch, where)

@@ -481,6 +481,10 @@ class LogAsync:
                     self._finish(fut, error=ZlogError(f"position {position}: cannot decode entry: {e}"))
             elif code == -errno.ENOENT and position < log.meta.trim_below:
                 self._finish(fut, error=Trimmed(position, errno=errno.ENOENT))
+            elif code == -errno.ENOENT and stale is None:
+                # its object never made: under a view from before a reconfiguration, maybe
+                # not the object that holds it now (a metadata read, off the completion thread)
+                (self._pipe or self._pipeline()).later(lambda: self._recheck(position, fut, epoch))
             elif code == -errno.ENOENT:
                 self._finish(fut, error=NotWritten(position, errno=errno.ENOENT))
             elif code == -errno.ESTALE:
@@ -491,6 +495,18 @@ class LogAsync:
                                                       oid=oid, position=position, op=Op.READ))
 
         log.conn.submit(log.data, oid, Op.READ, done, epoch=epoch, position=position, format=where.format)
+
+    def _recheck(self, position: int, fut: Future[bytes], epoch: int) -> None:
+        """A read found the position's object never made: read it again if the
+        log is past the epoch it was read at (read as sync reads do), else
+        it is not written."""
+        try:
+            if self.log.moved_past(epoch):
+                self._read(position, fut, StaleWait(self.log, f"read_async at {position}"))
+            else:
+                self._finish(fut, error=NotWritten(position, errno=errno.ENOENT))
+        except ZlogError as e:
+            self._finish(fut, error=e)
 
     def _reread(self, position: int, fut: Future[bytes], stale: StaleWait | None, epoch: int) -> None:
         stale = stale or StaleWait(self.log, f"read_async at {position}")

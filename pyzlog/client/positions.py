@@ -194,6 +194,7 @@ class Positions:
             kwargs = {} if self.timeout is None else {"timeout": self.timeout}
             self.sequencer = SequencerClient(address, credentials=self.credentials, **kwargs)
             self._recheck_at = 0.0  # ask it at once (_down stays: the next answer says it is over)
+            self._tail_recheck_at = 0.0  # a tail request to the one before failed, not to it
             self._switches += 1
         logger.info("log %r: asking sequencer %s%s", self.log.name, address,
                     f" (was {old.address})" if old is not None else "")
@@ -320,7 +321,7 @@ class Positions:
             except SequencerUnavailable:
                 # a reader's metadata may name a sequencer another has taken over from (dead):
                 # fresh metadata naming another is asked at once, not after a scan of it all
-                if retried or not self._moved_on():
+                if retried or not self._moved_on_quietly():
                     self._tail_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
                     return None
         return None
@@ -475,3 +476,11 @@ class Positions:
         """After a failed request: does fresh metadata name another sequencer?"""
         self.log.refresh()
         return self.follow()
+
+    def _moved_on_quietly(self) -> bool:
+        """_moved_on, False if the metadata cannot be read (the caller's answer
+        without a sequencer stands: a reader scans)."""
+        try:
+            return self._moved_on()
+        except ZlogError:
+            return False

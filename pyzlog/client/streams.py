@@ -197,7 +197,7 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
             # under an older view than the log's a position may map to an object of a stripe
             # that view never opened (the log was reconfigured since): asked again under the new one
             rechecked = True
-            if state.refresh().epoch != meta.epoch:
+            if state.moved_past(meta.epoch):
                 again = sorted(set(again).union(absent))
         if not again:
             return out

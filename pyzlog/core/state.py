@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from . import wire
 from .codec import Codec, codec_for
+from .errors import ZlogError
 from .layout import META_NAMESPACE, Place, check_name, place_of
 from .metadata import MetaStore
 from .native import Connection
 
 if TYPE_CHECKING:
     import rados
+
+
+#: a read that finds a position's object never made reads the metadata again at most this often (moved_past)
+VIEW_RECHECK_SECONDS = 1.0
 
 
 class LogState:
@@ -35,6 +41,8 @@ class LogState:
         self.data = self.conn.pool(pool)
         self.meta_store = MetaStore(self.conn, self.conn.pool(pool, META_NAMESPACE), name)
         self._meta: wire.Meta | None = None
+        #: when the metadata was last read (time.monotonic)
+        self.read_at = 0.0
         self._meta_lock = threading.Lock()
         #: one epoch-change repair at a time per client (see tailfind.repair)
         self.repair_lock = threading.Lock()
@@ -55,6 +63,7 @@ class LogState:
     def adopt(self, fetched: wire.Meta) -> wire.Meta:
         """`fetched`, metadata just read, as this client's newest snapshot
         (unless a newer one is known: the metadata only moves forward)."""
+        self.read_at = time.monotonic()
         with self._meta_lock:
             current = self._meta
             if current is None or fetched.epoch >= current.epoch:
@@ -67,6 +76,23 @@ class LogState:
 
     def refresh_epoch(self) -> int:
         return self.refresh().epoch
+
+    def moved_past(self, epoch: int) -> bool:
+        """After a read at `epoch` found the object of a position never made:
+        is the log past that epoch? A view from before a reconfiguration maps
+        the new view's positions to stripes it never opened (the answer
+        "not written" would be wrong). The metadata is read again at most
+        once per VIEW_RECHECK_SECONDS (a reader polling the next position
+        at a stripe's end meets this on every poll); a failed read answers
+        False (the read's own answer stands)."""
+        if self.meta.epoch > epoch:
+            return True
+        if time.monotonic() - self.read_at < VIEW_RECHECK_SECONDS:
+            return False
+        try:
+            return self.refresh().epoch > epoch
+        except ZlogError:
+            return False
 
     @property
     def meta(self) -> wire.Meta:
