@@ -505,7 +505,7 @@ class LogAsync:
                 self._read(position, fut, StaleWait(self.log, f"read_async at {position}"))
             else:
                 self._finish(fut, error=NotWritten(position, errno=errno.ENOENT))
-        except ZlogError as e:
+        except BaseException as e:  # noqa: BLE001 - as read(): the future is told, whatever went wrong
             self._finish(fut, error=e)
 
     def _reread(self, position: int, fut: Future[bytes], stale: StaleWait | None, epoch: int) -> None:
