@@ -3,7 +3,9 @@ contract: what async appends, reads and proposals hand out."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, InvalidStateError, as_completed, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import pytest
@@ -149,8 +151,6 @@ def test_the_result_of_a_settled_future_makes_no_condition() -> None:
     then) reads the result with no Condition made: 16.3 -> 11.5 us of client
     CPU per map put_async, 8.4 -> 6.3 per append_async on the dev cluster.
     A failed or cancelled future still goes Future's way."""
-    import concurrent.futures
-
     ok = LazyFuture()
     LazyFuture.settle_all([(ok, 7)])
     assert ok.result() == 7 and ok.result(0) == 7 and ok._cond is None
@@ -158,22 +158,13 @@ def test_the_result_of_a_settled_future_makes_no_condition() -> None:
     bad.set_exception(KeyError("k"))
     with pytest.raises(KeyError):
         bad.result(0)
-    gone = LazyFuture()
-    assert gone.cancel()
-    with pytest.raises(concurrent.futures.CancelledError):
-        gone.result(0)
-    pending = LazyFuture()
-    with pytest.raises(concurrent.futures.TimeoutError):
-        pending.result(0.01)
-    assert pending._cond is not None  # a real wait makes it, as before
+    _unsettled_go_futures_way(LazyFuture.result)
 
 
 def test_a_callback_asking_a_settled_future_for_its_exception_makes_no_condition() -> None:
     """What a done-callback usually does (`f.exception()`) on the future it
     was called for: no Condition made. A cancelled or pending future still
     goes Future's way."""
-    import concurrent.futures
-
     seen: list[BaseException | None] = []
     ok, bad = LazyFuture(), LazyFuture()
     for f in (ok, bad):
@@ -184,11 +175,18 @@ def test_a_callback_asking_a_settled_future_for_its_exception_makes_no_condition
     assert seen == [None, error]
     assert ok._cond is None and bad._cond is None
     assert ok.exception(0) is None and bad.exception() is error
+    _unsettled_go_futures_way(LazyFuture.exception)
+
+
+def _unsettled_go_futures_way(ask: Callable[[LazyFuture, float], object]) -> None:
+    """`ask` (result or exception) of a cancelled future raises
+    CancelledError, of a pending one times out after a real wait, which
+    makes its Condition: Future's way, as before."""
     gone = LazyFuture()
     assert gone.cancel()
-    with pytest.raises(concurrent.futures.CancelledError):
-        gone.exception(0)
+    with pytest.raises(CancelledError):
+        ask(gone, 0)
     pending = LazyFuture()
-    with pytest.raises(concurrent.futures.TimeoutError):
-        pending.exception(0.01)
+    with pytest.raises(FutureTimeout):
+        ask(pending, 0.01)
     assert pending._cond is not None
