@@ -306,12 +306,14 @@ def test_a_lost_hole_is_skipped_by_every_replica(pair: Replicas) -> None:
     assert [r.kind for r in pair.log.stream(hole, hole + 1)] == [pyzlog.RecordKind.LOST]
 
 
-def test_waiting_past_the_tail_waits_for_the_writers_and_burns_no_position(pair: Replicas) -> None:
+@pytest.mark.parametrize("streams", [False, True], ids=["scan", "streams"])
+def test_waiting_past_the_tail_waits_for_the_writers_and_burns_no_position(pair: Replicas, streams: bool) -> None:
     """wait_applied(p) with p past the log's tail: the positions up to p are
     not handed out yet, so the runtime waits for their writers (it asks the
     tail again) and never plays them as holes, which would fill them as LOST
-    after hole_wait and send their writers elsewhere."""
-    a, b = pair.new(), pair.new()
+    after hole_wait and send their writers elsewhere. With streams, the
+    first walk toward p stops at the tail its stream request answers."""
+    a, b = pair.new(streams=streams), pair.new(streams=streams)
     m, m2 = a.map("m"), b.map("m")
     m["first"] = 0
     tail = pair.log.tail()
@@ -323,6 +325,34 @@ def test_waiting_past_the_tail_waits_for_the_writers_and_burns_no_position(pair:
     assert m2.to_dict() == m.to_dict() == {"first": 0} | {f"k{i}": i for i in range(5)}
     assert [r.kind for r in pair.log.stream(tail, tail + 5)] == [pyzlog.RecordKind.DATA] * 5
     assert b.stats.gaps == 0
+
+
+def test_a_stream_replica_catching_up_asks_no_tail_first(pair: Replicas, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wait_applied(p) on a runtime with streams, p handed out already: the
+    player walks toward p at once, and the walk's own stream request tells
+    the tail, so the log's tail is not asked first (one sequencer request,
+    not two). What it plays is what a full replay plays."""
+    a = pair.new(streams=True)
+    m, other = a.map("m"), a.map("other")
+    for i in range(40):
+        m.put_async(f"k{i}", i)
+        other.put_async(f"k{i}", -i)
+    a.sync()
+    tail = pair.log.tail()
+    b = pair.new(streams=True)
+    m2 = b.map("m")
+    asked: list[int] = []
+    real_tail = b.log.tail
+
+    def counted_tail() -> int:
+        asked.append(1)
+        return real_tail()
+
+    monkeypatch.setattr(b.log, "tail", counted_tail)
+    b.wait_applied(tail, timeout=60)
+    assert m2.to_dict() == m.to_dict() == {f"k{i}": i for i in range(40)}
+    assert b.applied >= tail and b.stats.read == 40 and b.walk_stats.scans == 0, (b.stats, b.walk_stats)
+    assert asked == [], "the log's tail was asked before the walk"
 
 
 # ------------------------------------------------------------ transactions

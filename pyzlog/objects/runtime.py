@@ -176,6 +176,7 @@ class Runtime:
         self._tail_poll = TAIL_POLL_FIRST  # seconds between tail polls while someone wants more
         self._next_tail_poll = 0.0
         self._poller: threading.Thread | None = None  # asks the tail for them (_poll_tail)
+        self._walk_to = 0  # streams: the player walks toward it first (_wait_applied)
         self._own: dict[int, bytes] = {}  # acknowledged own appends not yet played
         self._in_flight = 0  # own appends submitted, not yet acknowledged or failed (under _cv)
         self._grace_pos, self._grace_end = -1, 0.0
@@ -646,7 +647,10 @@ class Runtime:
         as LOST, which for a position nobody holds yet would burn it (and
         every position up to `position`) before its writer comes. Past them,
         a thread of the runtime asks the log's tail (_poll_tail), so this
-        thread only waits: its timeout and close() reach it at once."""
+        thread only waits: its timeout and close() reach it at once. With
+        streams, the player first walks toward `position` (a walk stops at
+        the tail its own stream request answers: one sequencer request
+        instead of two), and the poller starts if that falls short."""
         self.start()
         self._not_on_player("wait for the log to be played")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -660,12 +664,14 @@ class Runtime:
             self._wake_at = min(self._waiting)
             if wanted:
                 self._wants[position] += 1
-                self._tail_poll = TAIL_POLL_FIRST
-                self._next_tail_poll = 0.0
-                if self._poller is None:
-                    self._poller = threading.Thread(target=self._poll_tail, name="zlog-objects-tail", daemon=True)
-                    self._poller.start()
-                self._cv.notify_all()
+                if self.streams and self._objects:
+                    # a walk stops at the tail its own stream request answers: the player walks
+                    # toward `position` at once, with no request for the tail first (the
+                    # poller is started only if it stops short)
+                    self._walk_to = max(self._walk_to, position)
+                    self._cv.notify_all()
+                else:
+                    self._poll_now()
         try:
             if self.applied < reach:
                 self._play_here(reach)
@@ -688,6 +694,15 @@ class Runtime:
                     self._wants[position] -= 1
                     if not self._wants[position]:
                         del self._wants[position]
+
+    def _poll_now(self) -> None:
+        """Under _cv: ask the tail (_poll_tail) at once, and then less and less often."""
+        self._tail_poll = TAIL_POLL_FIRST
+        self._next_tail_poll = 0.0
+        if self._poller is None:
+            self._poller = threading.Thread(target=self._poll_tail, name="zlog-objects-tail", daemon=True)
+            self._poller.start()
+        self._cv.notify_all()
 
     def _wants_more(self) -> bool:
         """Under _cv: some wait_applied waits past every position known handed out."""
@@ -788,7 +803,7 @@ class Runtime:
                 while True:
                     if self._closing:
                         return
-                    if self._target > self.applied:
+                    if self._target > self.applied or self._walk_to > self.applied:
                         left = self._grace_left(self.applied)
                         if left <= 0:
                             break
@@ -801,15 +816,23 @@ class Runtime:
                         self._cv.wait(wait)
                     else:
                         self._cv.wait()
-                target = self._target
+                target, walk_to, self._walk_to = self._target, self._walk_to, 0
             try:
-                if target <= self.applied:  # a follow poll
+                if target <= self.applied and walk_to <= self.applied:  # a follow poll
                     next_poll = time.monotonic() + (self.follow or 0.0)
                     tail = self.log.tail()
                     with self._cv:
                         self._target = target = max(self._target, tail)
                 with self._play_lock:
-                    self._play(target)
+                    try:
+                        self._play(target)
+                        if walk_to > self.applied:
+                            self._play(walk_to, past_tail=True)
+                    finally:
+                        if walk_to:
+                            with self._cv:
+                                if self.applied < walk_to and self._wants_more():
+                                    self._poll_now()  # the walk stopped at the tail (or failed)
                 backoff = 0.0
             except _Trimmed as t:
                 try:
@@ -853,7 +876,9 @@ class Runtime:
                 exc.__cause__ = e
                 p.future.set_exception(exc)
 
-    def _play(self, target: int) -> None:
+    def _play(self, target: int, past_tail: bool = False) -> None:
+        """Play to `target` (every position below it handed out), or with
+        `past_tail` (streams only) as far toward it as the log's tail is."""
         while self.applied < target and not self._closing:
             at = self.applied
             run: list[bytes] = []
@@ -877,8 +902,11 @@ class Runtime:
                     return  # to the wait: `at` may be ours, acknowledged any moment
             end = target if nxt is None else min(target, nxt)
             if self.streams and self._objects:
-                self._play_streams(at, end)
+                if not self._play_streams(at, end, past_tail):
+                    return  # at the tail, short of target: the tail poller takes it from here
                 continue
+            if past_tail:
+                return
             for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=target,
                                                  hole_clock=self._holes):
                 col = batch.column(0)
@@ -900,9 +928,10 @@ class Runtime:
                 if self._closing:
                     return
 
-    def _play_streams(self, at: int, end: int) -> None:
+    def _play_streams(self, at: int, end: int, past_tail: bool = False) -> bool:
         """Play [at, end) reading only the hosted objects' entries
-        (streams.walk): what the backpointers cannot vouch for is scanned."""
+        (streams.walk): what the backpointers cannot vouch for is scanned.
+        `past_tail`: end may lie past the tail; False if the walk stopped short."""
         with self._cv:
             known = {p: d for p, d in self._own.items() if at <= p}
         positions, datas, kinds, upto = walk(self.log, sorted(self._objects), at, end, known,
@@ -918,7 +947,10 @@ class Runtime:
             with self._cv:
                 self._cv.notify_all()
         if upto < end:
+            if past_tail:
+                return False
             raise ZlogError(f"the log's tail is at {upto}, below {end}: playing again later")
+        return True
 
     def _apply_rows(self, positions: Sequence[int], datas: list[bytes | None], kinds: list[str] | None) -> None:
         """Apply entries (in position order, from self.applied on) under the

@@ -65,6 +65,10 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     `hole_clock`: the reader's gap clock, kept across its walks (a hole it
     has known to lie below the tail for hole_wait is filled at once, not
     waited for again by each walk that meets it); by default this walk's.
+    `hi` may lie past the positions handed out (a waiter's position): the
+    walk stops at the sequencer's tail, or with no sequencer answering where
+    a scan with no known tail stops, and never waits on (or fills) a
+    position nobody holds yet.
 
     Only the entries that lead further are parsed whole (for one stream;
     for several, every entry): those a skip pointer named, the oldest of the
@@ -80,7 +84,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     # with no more since its horizon is found in one round), no more than the range can hold (a
     # reader near the tail asks for a few); a history that falls short of lo is followed down
     answer = log.stream_tail(streams, history=max(1, hi - lo))
-    if answer is None:  # no sequencer: scan it all
+    if answer is None:  # no sequencer: scan it all (up to the position after the highest stored)
         return _scan(log, lo, hi, clock, st, {}, hi)
     # `epoch`: the sequencer's, which it answered at; one that starts serving the log later takes a newer one
     tail, k, per_stream, epoch = answer
@@ -107,11 +111,17 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     # so only positions up to what is stored now are taken on the answer's
     # word; those above are scanned with the hole rules (stored, or filled
     # and so never handed out again). Had a new sequencer started since the
-    # answer (the epoch moved), nothing is taken on its word.
-    top = log.max_position()
+    # answer (the epoch moved), nothing is taken on its word. An entry the
+    # first round found stored at hi - 1 says enough: a sequencer that takes
+    # an epoch after the read below counts from past it, and one that took
+    # it before is seen by that read.
+    if w.stored_at_end:
+        stored_to = hi
+    else:
+        top = log.max_position()
+        stored_to = lo if top is None else max(lo, top + 1)
     if log.state.refresh_epoch() != epoch:
         return _scan(log, lo, hi, clock, st, found, hi, known_tail=tail)
-    stored_to = lo if top is None else max(lo, top + 1)
     if stored_to < hi:
         gaps.append((stored_to, hi))
     if gaps:  # where some stream is not known: scan from the lowest such position to the highest
@@ -143,6 +153,8 @@ class _Walk:
         # per stream, the answer lists every position of it from here up (all read in the first
         # round): a chain or skip pointer that leads to one of them adds nothing
         self.listed_from: dict[int, int] = {}
+        # hi - 1 (read in the first round, whoever's it is) was found written or filled
+        self.stored_at_end = False
 
     def begin(self, per_stream: list[tuple[int, int, list[int], int, list[tuple[int, int]]]], k: int,
               tail: int) -> None:
@@ -171,6 +183,9 @@ class _Walk:
         single = b"\x01" + streams[0].to_bytes(8, "little") if len(streams) == 1 else b""
         seen: set[int] = set()
         thorough = False
+        end = hi - 1  # read beside the first round: is it stored (the walk's end vouched for)?
+        probe = end not in known and end not in self.todo
+        first = True
         while True:
             while self.todo:
                 batch = sorted(self.todo - seen)
@@ -179,14 +194,20 @@ class _Walk:
                     break
                 st.rounds += 1
                 seen.update(batch)
+                fetch = [p for p in batch if p not in known] if known else batch
+                if probe:
+                    fetch = fetch + [end]
+                got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
                 if known:
-                    fetch = [p for p in batch if p not in known]
-                    got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
                     got.update((p, known[p]) for p in batch if p in known)
-                else:
-                    fetch = batch
-                    got = log.read_positions(batch)
                 st.read += len(fetch)
+                if first:
+                    first = False
+                    v = known[end] if end in known else got.get(end)
+                    self.stored_at_end = type(v) is bytes or v == -errno.ENOMSG
+                    if probe:
+                        probe = False
+                        st.read -= 1
                 quick = bool(single) and not thorough
                 rest = batch
                 if quick:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pyzlog.objects import entry
 from pyzlog.objects.streams import WalkStats, walk
 
-from walkmodel import ModelLog, names, oracle
+from walkmodel import FILLED, ModelLog, names, oracle
 
 IDS = [entry.stream_id(n) for n in "abcd"]
 
@@ -81,6 +81,8 @@ def test_walk_finds_what_a_full_scan_finds(steps: list[tuple[Any, ...]], wanted_
     for p, d in zip(ps, datas):
         assert d is None or log.data.get(p) == d
     assert mine == oracle(log, w, lo, end)
+    # what it vouched for cannot change: a sequencer starting now counts from `end` on
+    assert end <= lo or log.max_stored() >= end - 1
 
 
 def test_a_long_stream_is_walked_parsing_one_entry_in_about_eight() -> None:
@@ -165,3 +167,46 @@ def test_many_holes_a_history_lists_are_read_as_one_range() -> None:
         ps, _datas, kinds, end = walk(log, [IDS[0]], 0, log.seq.counter, None, 0.0, st)  # type: ignore[arg-type]
         assert ps == oracle(log, {IDS[0]}, 0, end) and len(ps) == 201 and st.scans == 0, st
         assert len(log.scans) == calls, log.scans
+
+
+def test_a_walk_whose_last_position_is_stored_asks_no_max_position() -> None:
+    """The first round also reads hi - 1, whoever's it is: found written or
+    filled, what the answer vouches for is stored up to hi (a sequencer that
+    starts later counts from past it), so max_position's round trip is not
+    needed. Found unwritten (a writer in flight or dead), it is asked, and
+    the positions above it are scanned with the hole rules (filled here)."""
+    log = ModelLog(history=8192, budget=1 << 22)
+    for _ in range(50):
+        log.append([IDS[0]], "w")
+        log.append([IDS[1]], "w")
+    st = WalkStats()
+    ps, _d, kinds, end = walk(log, [IDS[0]], 0, 100, None, 0.0, st)  # type: ignore[arg-type]
+    assert ps == list(range(0, 100, 2)) and kinds is None and end == 100
+    assert log.max_position_calls == 0 and st.read == 50 and 99 in log.reads[0], (st, log.reads)
+    log.fill(100)
+    log.seq.counter = 101  # a filled hole at the end vouches as well as an entry
+    walk(log, [IDS[0]], 0, 101, None, 0.0, WalkStats())  # type: ignore[arg-type]
+    assert log.max_position_calls == 0
+    log.append([IDS[1]], "wd")  # the last position handed out, not written
+    ps, _d, kinds, end = walk(log, [IDS[0]], 0, 103, None, 0.0, WalkStats())  # type: ignore[arg-type]
+    assert log.max_position_calls == 1 and end == 103 and log.data[102] == FILLED
+    assert [p for p, k in zip(ps, kinds or []) if k == "data" and p % 2 == 0][:50] == list(range(0, 100, 2))
+
+
+def test_a_walk_past_the_tail_stops_there_and_fills_nothing_beyond() -> None:
+    """hi past what was handed out (a waiter's position): the walk ends at
+    the sequencer's tail, or with no sequencer answering at the position
+    after the highest stored, and leaves every position past it alone (a
+    fill there would burn a position before its writer comes)."""
+    log = ModelLog(history=8192, budget=1 << 22)
+    for _ in range(20):
+        log.append([IDS[0]], "w")
+    log.append([IDS[0]], "dd")  # handed out, writers in flight
+    ps, _d, _k, end = walk(log, [IDS[0]], 0, 1000, None, 0.0, WalkStats())  # type: ignore[arg-type]
+    assert end == 22 and [p for p in ps if p < 20] == list(range(20))
+    log.seq.counter += 5  # handed out since, not written
+    log.seqr_down = True
+    before = dict(log.data)
+    ps, _d, _k, end = walk(log, [IDS[0]], 0, 1000, None, 0.0, WalkStats())  # type: ignore[arg-type]
+    assert end == log.max_stored() + 1 == 22 and all(p < 22 for p in log.data) and \
+        {p: d for p, d in log.data.items() if p < 20} == {p: d for p, d in before.items() if p < 20}

@@ -109,6 +109,8 @@ class ModelLog:
         self.client_seq = 0
         self.reads: list[list[int]] = []
         self.scans: list[tuple[int, int]] = []  # stream_batches' ranges
+        self.max_position_calls = 0
+        self.seqr_down = False  # stream_tail answers None (no sequencer answers)
 
     # ---------------------------------------------------------- writers
     def _plain(self, streams: list[int]) -> bytes:
@@ -159,9 +161,11 @@ class ModelLog:
         return max(self.data) if self.data else -1
 
     # ------------------------------------------------- what walk() uses
-    def stream_tail(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any], int]:
+    def stream_tail(self, streams: list[int], history: int = 0) -> tuple[int, int, list[Any], int] | None:
         """As Log.stream_tail: with `history` (and a sequencer that keeps some), each
         stream's recent list replaced by its history where longer (prefer_history)."""
+        if self.seqr_down:
+            return None
         _pos, answer = self.seq.answer(streams, 0)
         if history and self.history:
             hists = self.seq.history_of(streams, history)
@@ -177,6 +181,7 @@ class ModelLog:
         return out
 
     def max_position(self) -> int | None:
+        self.max_position_calls += 1
         return max(self.data) if self.data else None
 
     def stream_batches(self, lo: int, hi: int, hole_wait: float | None = None, known_tail: int | None = None,
