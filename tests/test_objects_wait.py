@@ -3,6 +3,7 @@ shared hole clock, under a paused sequencer and a position stored past the
 sequencer's counter (found by an adversarial review of both)."""
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from typing import Any
@@ -151,3 +152,39 @@ def test_a_tail_poll_that_fails_with_a_bug_stops_the_runtime_for_every_waiter(  
         rt.close()
         lg.close()
         log.close()
+
+
+@pytest.mark.parametrize("move", ["seal", "reconfigure"])
+@pytest.mark.parametrize("streams", [False, True], ids=["scan", "streams"])
+def test_a_stale_tail_from_a_sequencer_the_log_moved_past_burns_no_position(  # type: ignore[no-untyped-def]
+        rados_cluster, ceph, log_name, seqr, streams, move) -> None:
+    """The sequencer hands out p..p+4 (never written); the log then moves to
+    a new epoch without it (slow tail finding, or a reconfiguration), so the
+    next sequencer counts from p again. A runtime whose metadata is from
+    before waits past the tail: the old sequencer still answers tail p+5 at
+    its epoch. Nobody holds p..p+4 now, so none of them may be filled (a
+    streams walk toward the wanted position took that tail on the
+    sequencer's word; found by an adversarial review)."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address)
+    lg = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    taker = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    mover = Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address)
+    rt = Runtime(lg, hole_wait=0.3, streams=streams)
+    try:
+        rt.map("m")["a"] = 1
+        rt.sync()
+        p = taker.take_positions(5)  # handed out, their writers died
+        if move == "reconfigure":
+            mover.reconfigure(2)
+            assert mover.state.meta.views[-1].start == p
+        else:
+            mover.seal_and_find_tail()
+        assert lg.state.meta.epoch < mover.state.meta.epoch  # the runtime's handle is from before
+        with pytest.raises(Timeout):
+            rt.wait_applied(p + 8, timeout=1.8)  # several hole waits
+        got = mover.read_positions(list(range(p, p + 8)))
+        assert not [q for q, v in got.items() if v == -errno.ENOMSG], (p, got)
+    finally:
+        rt.close()
+        for h in (lg, taker, mover, log):
+            h.close()

@@ -935,7 +935,7 @@ class Runtime:
         with self._cv:
             known = {p: d for p, d in self._own.items() if at <= p}
         positions, datas, kinds, upto = walk(self.log, sorted(self._objects), at, end, known,
-                                             self.hole_wait, self.walk_stats, self._holes)
+                                             self.hole_wait, self.walk_stats, self._holes, past_tail)
         self.stats.read += len(positions)
         for i in range(0, len(positions), CHUNK):
             self._apply_rows(positions[i:i + CHUNK], datas[i:i + CHUNK],

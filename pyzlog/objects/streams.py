@@ -55,8 +55,8 @@ class WalkStats:
 
 
 def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes] | None = None,
-         hole_wait: float = 2.0, stats: WalkStats | None = None,
-         hole_clock: HoleClock | None = None) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
+         hole_wait: float = 2.0, stats: WalkStats | None = None, hole_clock: HoleClock | None = None,
+         past_tail: bool = False) -> tuple[list[int], list[bytes | None], list[str] | None, int]:
     """Entries of `streams` at positions in [lo, hi) as (positions, datas,
     kinds, end), in position order. Entries from scanned ranges include
     every entry there (and gaps as data None with their kind); `end` is how
@@ -65,10 +65,14 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     `hole_clock`: the reader's gap clock, kept across its walks (a hole it
     has known to lie below the tail for hole_wait is filled at once, not
     waited for again by each walk that meets it); by default this walk's.
-    `hi` may lie past the positions handed out (a waiter's position): the
-    walk stops at the sequencer's tail, or with no sequencer answering where
-    a scan with no known tail stops, and never waits on (or fills) a
-    position nobody holds yet.
+    `past_tail`: hi may lie past the positions handed out (a waiter's
+    position). The walk then stops at the sequencer's tail, or with no
+    sequencer answering where a scan with no known tail stops, and never
+    waits on (or fills) a position nobody holds yet: the answer's tail
+    counts as handed out only once the epoch check below has passed (a
+    sequencer paused, or one whose log was sealed without it, answers at
+    its old epoch with a counter the log has moved back from). Without it,
+    the caller vouches that every position below hi was handed out.
 
     Only the entries that lead further are parsed whole (for one stream;
     for several, every entry): those a skip pointer named, the oldest of the
@@ -89,6 +93,9 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     # `epoch`: the sequencer's, which it answered at; one that starts serving the log later takes a newer one
     tail, k, per_stream, epoch = answer
     hi = min(hi, tail)
+    # below which an unwritten position is a hole, before the epoch is checked: with
+    # past_tail, only what is stored says so (an unwritten position above it ends a read)
+    unchecked_tail = None if past_tail else tail
     if hi <= lo:
         return [], [], None, max(lo, hi)
     w = _Walk(streams, lo, hi, st)
@@ -99,7 +106,8 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     holes = set(w.holes)
     spans = [(p, p + 1) for p in w.holes] if len(holes) <= FEW_HOLES else [(min(holes), max(holes) + 1)]
     for a, b in spans:
-        for batch in log.stream_batches(a, b, hole_wait=clock.hole_wait, known_tail=tail, hole_clock=clock):
+        for batch in log.stream_batches(a, b, hole_wait=clock.hole_wait, known_tail=unchecked_tail,
+                                        hole_clock=clock):
             for p, data in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
                 if p in holes and data is not None and _backpointers(data, p, w.wanted)[1]:
                     w.found[p] = data
@@ -121,7 +129,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
         top = log.max_position()
         stored_to = lo if top is None else max(lo, top + 1)
     if log.state.refresh_epoch() != epoch:
-        return _scan(log, lo, hi, clock, st, found, hi, known_tail=tail)
+        return _scan(log, lo, hi, clock, st, found, hi, known_tail=unchecked_tail)
     if stored_to < hi:
         gaps.append((stored_to, hi))
     if gaps:  # where some stream is not known: scan from the lowest such position to the highest

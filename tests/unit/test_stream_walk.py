@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pyzlog.objects import entry
 from pyzlog.objects.streams import WalkStats, walk
 
-from walkmodel import FILLED, ModelLog, names, oracle
+from walkmodel import FILLED, K, ModelLog, names, oracle
 
 IDS = [entry.stream_id(n) for n in "abcd"]
 
@@ -194,19 +194,42 @@ def test_a_walk_whose_last_position_is_stored_asks_no_max_position() -> None:
 
 
 def test_a_walk_past_the_tail_stops_there_and_fills_nothing_beyond() -> None:
-    """hi past what was handed out (a waiter's position): the walk ends at
-    the sequencer's tail, or with no sequencer answering at the position
-    after the highest stored, and leaves every position past it alone (a
-    fill there would burn a position before its writer comes)."""
+    """past_tail (hi beyond what was handed out, a waiter's position): the
+    walk ends at the sequencer's tail, or with no sequencer answering at the
+    position after the highest stored, and leaves every position past it
+    alone (a fill there would burn a position before its writer comes)."""
     log = ModelLog(history=8192, budget=1 << 22)
     for _ in range(20):
         log.append([IDS[0]], "w")
     log.append([IDS[0]], "dd")  # handed out, writers in flight
-    ps, _d, _k, end = walk(log, [IDS[0]], 0, 1000, None, 0.0, WalkStats())  # type: ignore[arg-type]
+    ps, _d, _k, end = walk(log, [IDS[0]], 0, 1000, None, 0.0, WalkStats(), past_tail=True)  # type: ignore[arg-type]
     assert end == 22 and [p for p in ps if p < 20] == list(range(20))
     log.seq.counter += 5  # handed out since, not written
     log.seqr_down = True
     before = dict(log.data)
-    ps, _d, _k, end = walk(log, [IDS[0]], 0, 1000, None, 0.0, WalkStats())  # type: ignore[arg-type]
+    ps, _d, _k, end = walk(log, [IDS[0]], 0, 1000, None, 0.0, WalkStats(), past_tail=True)  # type: ignore[arg-type]
     assert end == log.max_stored() + 1 == 22 and all(p < 22 for p in log.data) and \
         {p: d for p, d in log.data.items() if p < 20} == {p: d for p, d in before.items() if p < 20}
+
+
+def test_a_walk_past_the_tail_takes_no_tail_from_a_sequencer_the_log_moved_past() -> None:
+    """past_tail, and the answer comes from a sequencer the log has moved
+    past (paused, or the log sealed without it): it names positions that
+    were handed out then and never written, which the next sequencer hands
+    out again. The walk sees the epoch moved and scans by what is stored
+    only: it ends where the stored entries end and fills none of them."""
+    log = ModelLog(history=8192, budget=1 << 22)
+    for _ in range(20):
+        log.append([IDS[0]], "w")
+    old = log.seq
+    log.append([IDS[1]], "ddddd")  # 20..24 handed out, their writers died
+    log.restart()  # the log moves on: the next sequencer counts from 20 again
+    assert log.seq.counter == 20
+
+    def stale_answer(streams: list[int], history: int = 0) -> tuple[int, int, list[Any], int]:
+        _pos, answer = old.answer(streams, 0)
+        return old.counter, K, answer, log.epoch - 1
+
+    log.stream_tail = stale_answer  # type: ignore[method-assign]
+    ps, _d, _k, end = walk(log, [IDS[0]], 0, 1000, None, 0.0, WalkStats(), past_tail=True)  # type: ignore[arg-type]
+    assert end == 20 and ps == list(range(20)) and log.max_stored() == 19
