@@ -50,6 +50,7 @@ from .codec import SSTR, SBYTES
 from .machine import StateMachine
 from .objects import MAP_PUT, ReplicatedMap
 from .sessions import Session, Sessions
+from ._replay import apply_common as _apply_common, configure as _configure_replay
 from .streams import WalkStats, walk
 from .machine import Transaction, TxnResult
 
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
     from .objects import Counter, Queue, Register
 
 logger = logging.getLogger("pyzlog.objects")
+# the native loop takes the format's constants from where they are defined (entry, codec, objects)
+_configure_replay(MAGIC_U16, HEADER_SIZE, CMD, FLAG_BACKPOINTERS, MAP_PUT, SSTR, SBYTES, ReplicatedMap)
 
 M = TypeVar("M", bound=StateMachine)
 
@@ -957,8 +960,12 @@ class Runtime:
         state lock, then settle the proposals they answered and wake waiters.
         The loop keeps its counts in locals and stores `applied` once at the
         end (or at the entry that stopped it): per entry, attribute stores
-        cost as much as the rest of a put's apply."""
+        cost as much as the rest of a put's apply. The common entries (a
+        command for an object not hosted here or a map put, admitted in
+        the usual way) are applied in C (native/replay.c); this loop takes
+        the rest, the same way."""
         unpack = HEADER_U16.unpack_from
+        common = _apply_common
         objects = self._objects
         sessions = self._sessions.by_client
         seen = self._streams_seen
@@ -968,10 +975,21 @@ class Runtime:
         stats = self.stats
         applied = self.applied
         n_applied = n_gaps = n_foreign = n_dup = 0
+        i, n = 0, len(datas)
         try:
             with self._lock:
                 try:
-                    for pos, data in zip(positions, datas):
+                    while i < n:
+                        # the common entries in C (native/replay.c), up to the first it leaves to this loop
+                        j, k = common(positions, datas, i, sessions, objects, seen, me, pending, done)
+                        if j > i:
+                            n_applied += k
+                            applied = positions[j - 1] + 1
+                            i = j
+                            if i == n:
+                                break
+                        pos, data = positions[i], datas[i]
+                        i += 1
                         if data is None:
                             if kinds is not None and kinds[bisect_left(positions, pos)] == "trimmed":
                                 raise _Trimmed(pos)
@@ -992,7 +1010,7 @@ class Runtime:
                             entry.check(version, kind)
                         if not flags & FLAG_BACKPOINTERS:
                             off = HEADER_SIZE
-                        elif data[38] == 1 and end > 57:  # one stream: the section's length at a glance
+                        elif end > 57 and data[38] == 1:  # one stream: the section's length at a glance
                             off = 58 + data[57] * (data[55] + data[56])
                         else:
                             off = entry.body_offset(data)
@@ -1013,20 +1031,7 @@ class Runtime:
                                 result = None
                             else:
                                 try:
-                                    o = off + 3
-                                    if (type(obj) is ReplicatedMap and end > o and data[off] == MAP_PUT
-                                            and data[off + 1] == SSTR and end > (ko := o + data[off + 2]) + 1
-                                            and data[ko] == SBYTES and ko + 2 + data[ko + 1] == end):
-                                        # a map put of a short str key and a short bytes value, what
-                                        # replay mostly meets: ReplicatedMap.apply_payload's PUT
-                                        # (codec.load_key_value's fast path) inline, two calls less
-                                        try:
-                                            obj._data[data[o:ko].decode()] = (data[ko + 2:], pos + 1)
-                                            result = None
-                                        except UnicodeDecodeError:
-                                            result = obj.apply_payload(data, off, pos)  # its BadEntry
-                                    else:
-                                        result = obj.apply_payload(data, off, pos)
+                                    result = obj.apply_payload(data, off, pos)
                                     obj.version = pos + 1
                                 except Exception as e:  # noqa: BLE001 - the command's outcome, the same everywhere
                                     seen.add(stream)  # (its version did not move)

@@ -1,0 +1,211 @@
+/* pyzlog.objects._replay: the replay loop's common entry, in C.
+ *
+ * A replica replays the log by applying each entry in order
+ * (objects/runtime.py, Runtime._apply_rows). Most entries are alike: a
+ * command from a client whose session admits it in the usual way, for an
+ * object not hosted here or for a map, as a put of a short str key and a
+ * short bytes value. In Python that costs about 0.7 us an entry, most of it
+ * the interpreter's; here it is a few C-API calls. Everything else (gaps,
+ * foreign bytes, transactions, retirements, duplicates, other objects and
+ * ops, a key that is not UTF-8) is left to the Python loop: this function
+ * stops at the first entry it does not take, and the loop takes that one
+ * and calls again. The two must agree: tests/unit/test_replay_native.py
+ * replays the same entries both ways.
+ *
+ * configure(magic_u16, header_size, cmd, flag_backpointers, map_put, sstr,
+ *           sbytes, map_type): the entry format's constants, from entry.py,
+ *           codec.py and objects.py (defined there, once), and the map class.
+ * apply_common(positions, datas, i, sessions, objects, seen, me, pending,
+ *              done) -> (j, applied)
+ *   positions: a list or a range; datas: a list of bytes or None;
+ *   sessions: {client: Session}; objects: {stream: StateMachine};
+ *   seen: the set of streams met that are not hosted here; me: this
+ *   runtime's client id; pending: {seq: _Pending} of own proposals; done:
+ *   the list their applied records are appended to. Applies datas[i:j],
+ *   j the first entry it did not take (len(datas) at the end); `applied`
+ *   is how many it applied. Called with the runtime's state lock held.
+ *
+ * The header is entry.HEADER, "<2sBBBQQQQ": magic, version, kind, flags,
+ * client, seq, lwm, stream (37 bytes); a one-stream backpointer section
+ * follows it as body_offset() reads it. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static struct {
+  int ready;
+  unsigned magic, header, cmd, flag_bp, map_put, sstr, sbytes;
+  PyObject *map_type;
+} F;
+
+static PyObject *s_lwm, *s_seen, *s_data, *s_version, *s_result, *s_ok;
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "entries are little-endian: this reads them in place"
+#endif
+
+static uint64_t u64(const unsigned char *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+
+static PyObject *configure(PyObject *self, PyObject *args) {
+  PyObject *map_type;
+  if (!PyArg_ParseTuple(args, "IIIIIIIO", &F.magic, &F.header, &F.cmd, &F.flag_bp, &F.map_put, &F.sstr,
+                        &F.sbytes, &map_type))
+    return NULL;
+  if (!PyType_Check(map_type)) return PyErr_Format(PyExc_TypeError, "map_type must be a class");
+  Py_XSETREF(F.map_type, Py_NewRef(map_type));
+  F.ready = 1;
+  Py_RETURN_NONE;
+}
+
+/* 1: the session of `client` admits `seq` in the common case (its lwm does
+ * not move, seq not seen), and seq is now seen; 0: not the common case
+ * (nothing changed); -1: an error. */
+static int admit(PyObject *sessions, PyObject *client, uint64_t seq, uint64_t lwm) {
+  PyObject *s = PyDict_GetItemWithError(sessions, client);
+  if (s == NULL) return PyErr_Occurred() ? -1 : 0;
+  PyObject *slwm = PyObject_GetAttr(s, s_lwm);
+  if (slwm == NULL) return -1;
+  uint64_t have = PyLong_AsUnsignedLongLong(slwm);
+  Py_DECREF(slwm);
+  if (have == (uint64_t)-1 && PyErr_Occurred()) return -1;
+  if (!(lwm <= have && have <= seq)) return 0;
+  PyObject *seen = PyObject_GetAttr(s, s_seen);
+  if (seen == NULL) return -1;
+  PyObject *q = PyLong_FromUnsignedLongLong(seq);
+  int r = -1;
+  if (q != NULL) {
+    int in = PySet_Contains(seen, q);
+    r = in < 0 ? -1 : in ? 0 : (PySet_Add(seen, q) < 0 ? -1 : 1);
+    Py_DECREF(q);
+  }
+  Py_DECREF(seen);
+  return r;
+}
+
+/* The key of a map put of a short str key and a short bytes value at
+ * `off` (*ko: where the value's head is), or NULL: not that shape, or not
+ * UTF-8 (no exception set), or an error (one set). */
+static PyObject *put_key(const unsigned char *d, Py_ssize_t end, Py_ssize_t off, Py_ssize_t *ko) {
+  Py_ssize_t o = off + 3;
+  if (!(end > o && d[off] == F.map_put && d[off + 1] == F.sstr)) return NULL;
+  *ko = o + d[off + 2];
+  if (!(end > *ko + 1 && d[*ko] == F.sbytes && *ko + 2 + d[*ko + 1] == end)) return NULL;
+  PyObject *key = PyUnicode_DecodeUTF8((const char *)d + o, *ko - o, NULL);
+  if (key == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear(); /* the loop's BadEntry */
+  return key;
+}
+
+/* obj._data[key] = (value, pos + 1); obj.version = pos + 1. */
+static int map_put(PyObject *obj, PyObject *key, const unsigned char *d, Py_ssize_t end, Py_ssize_t ko,
+                   uint64_t pos) {
+  PyObject *table = PyObject_GetAttr(obj, s_data);
+  PyObject *value = PyBytes_FromStringAndSize((const char *)d + ko + 2, end - ko - 2);
+  PyObject *version = PyLong_FromUnsignedLongLong(pos + 1);
+  PyObject *pair = value && version ? PyTuple_Pack(2, value, version) : NULL;
+  int r = table && pair && PyDict_SetItem(table, key, pair) == 0 && PyObject_SetAttr(obj, s_version, version) == 0
+              ? 0
+              : -1;
+  Py_XDECREF(pair);
+  Py_XDECREF(version);
+  Py_XDECREF(value);
+  Py_XDECREF(table);
+  return r;
+}
+
+/* An own proposal applied with result None: its record to `done`. */
+static int settle(PyObject *pending, PyObject *done, uint64_t seq) {
+  PyObject *q = PyLong_FromUnsignedLongLong(seq);
+  if (q == NULL) return -1;
+  PyObject *p = PyDict_GetItemWithError(pending, q);
+  int r = 0;
+  if (p != NULL) {
+    Py_INCREF(p);
+    r = PyDict_DelItem(pending, q) == 0 && PyObject_SetAttr(p, s_result, Py_None) == 0 &&
+                PyObject_SetAttr(p, s_ok, Py_True) == 0 && PyList_Append(done, p) == 0
+            ? 0
+            : -1;
+    Py_DECREF(p);
+  } else if (PyErr_Occurred()) {
+    r = -1;
+  }
+  Py_DECREF(q);
+  return r;
+}
+
+static PyObject *apply_common(PyObject *self, PyObject *args) {
+  PyObject *positions, *datas, *sessions, *objects, *seen, *pending, *done;
+  Py_ssize_t i;
+  unsigned long long me;
+  if (!PyArg_ParseTuple(args, "OO!nO!O!O!KO!O!", &positions, &PyList_Type, &datas, &i, &PyDict_Type, &sessions,
+                        &PyDict_Type, &objects, &PySet_Type, &seen, &me, &PyDict_Type, &pending, &PyList_Type,
+                        &done))
+    return NULL;
+  if (!F.ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._replay is not configured");
+  int as_list = PyList_Check(positions);
+  if (!as_list && !PyRange_Check(positions)) return PyErr_Format(PyExc_TypeError, "positions: a list or a range");
+  Py_ssize_t n = PyList_GET_SIZE(datas), applied = 0;
+  if (i < 0 || PyObject_Length(positions) < n) return PyErr_Format(PyExc_ValueError, "bad index, or fewer positions");
+  const Py_ssize_t h = F.header;
+  for (; i < n; i++) {
+    PyObject *data = PyList_GET_ITEM(datas, i);
+    if (!PyBytes_Check(data)) break;
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t end = PyBytes_GET_SIZE(data), off, ko = 0;
+    if (end < h || (unsigned)(d[0] | d[1] << 8) != F.magic || (d[2] != 1 && d[2] != 2) || d[3] != F.cmd) break;
+    if (!(d[4] & F.flag_bp))
+      off = h;
+    else if (end > h + 20 && d[h + 1] == 1) /* one stream's section: 19 bytes, then its deltas */
+      off = h + 21 + d[h + 20] * (d[h + 18] + d[h + 19]);
+    else
+      break;
+    uint64_t client = u64(d + 5), seq = u64(d + 13), lwm = u64(d + 21), stream = u64(d + 29);
+    PyObject *pos_obj = as_list ? Py_NewRef(PyList_GET_ITEM(positions, i)) : PySequence_GetItem(positions, i);
+    if (pos_obj == NULL) return NULL;
+    uint64_t pos = PyLong_AsUnsignedLongLong(pos_obj);
+    Py_DECREF(pos_obj);
+    if (pos == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    /* every check before the session is asked: admit() marks seq seen */
+    PyObject *sid = PyLong_FromUnsignedLongLong(stream), *cid = NULL, *key = NULL;
+    if (sid == NULL) return NULL;
+    PyObject *obj = PyDict_GetItemWithError(objects, sid);
+    int r = obj == NULL && PyErr_Occurred() ? -1 : 1;
+    if (r == 1 && obj != NULL) {
+      if (Py_TYPE(obj) != (PyTypeObject *)F.map_type) r = 0;
+      else if ((key = put_key(d, end, off, &ko)) == NULL) r = PyErr_Occurred() ? -1 : 0;
+    }
+    if (r == 1) r = (cid = PyLong_FromUnsignedLongLong(client)) == NULL ? -1 : admit(sessions, cid, seq, lwm);
+    if (r == 1) r = (obj != NULL ? map_put(obj, key, d, end, ko, pos) : PySet_Add(seen, sid)) < 0 ? -1 : 1;
+    if (r == 1 && client == me) r = settle(pending, done, seq) < 0 ? -1 : 1;
+    Py_XDECREF(key);
+    Py_XDECREF(cid);
+    Py_DECREF(sid);
+    if (r < 0) return NULL;
+    if (r == 0) break;
+    applied++;
+  }
+  return Py_BuildValue("nn", i, applied);
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS, "the entry format's constants and the map class"},
+    {"apply_common", apply_common, METH_VARARGS, "apply the common entries from i on; (j, applied)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyzlog.objects._replay",
+                                    "the replay loop's common entry, in C", -1, methods};
+
+PyMODINIT_FUNC PyInit__replay(void) {
+  s_lwm = PyUnicode_InternFromString("lwm");
+  s_seen = PyUnicode_InternFromString("seen");
+  s_data = PyUnicode_InternFromString("_data");
+  s_version = PyUnicode_InternFromString("version");
+  s_result = PyUnicode_InternFromString("result");
+  s_ok = PyUnicode_InternFromString("ok");
+  if (!s_lwm || !s_seen || !s_data || !s_version || !s_result || !s_ok) return NULL;
+  return PyModule_Create(&module);
+}

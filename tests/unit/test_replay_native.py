@@ -1,0 +1,173 @@
+"""The replay loop's common entries are applied in C (native/replay.c,
+pyzlog.objects._replay); the Python loop in Runtime._apply_rows takes the
+rest. Replaying the same entries with the C part and with the Python loop
+alone (the C part made to decline every entry) must leave the same state:
+every object, version, session, stream seen, count and own result. The
+entries mix what the C part takes with everything it must leave alone."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pyzlog.objects._replay as native
+import pyzlog.objects.runtime as runtime_module
+from pyzlog import Log
+from pyzlog.objects import ObjectsError, Runtime, entry
+from pyzlog.objects.codec import dumps
+from pyzlog.objects.objects import MAP_DEL, MAP_PUT, _OP
+
+ME = 77
+CLIENTS = [ME, 5, 6]
+HOSTED = ["m1", "m2"]
+
+
+def runtime() -> Runtime:
+    # a Runtime that is never started needs no cluster: _apply_rows works on its state alone
+    rt = Runtime(Log.__new__(Log), client_id=ME)
+    for name in HOSTED:
+        rt.map(name)
+    rt.counter("c")
+    return rt
+
+
+KEYS = st.one_of(st.text(max_size=6), st.binary(max_size=4), st.integers(-5, 5))
+VALUES = st.one_of(st.binary(max_size=8), st.binary(min_size=250, max_size=300), st.text(max_size=4), st.integers())
+OBJECTS = st.sampled_from(HOSTED + ["c", "elsewhere"])
+
+# the common entry (the C part's), drawn as often as all the others together
+common = st.tuples(st.just("put"), st.sampled_from(HOSTED + ["elsewhere"]), st.text(max_size=6), st.binary(max_size=8))
+one = st.one_of(
+    common, common, common, common, common, common,
+    st.tuples(st.just("put"), OBJECTS, KEYS, VALUES),
+    st.tuples(st.just("del"), OBJECTS, KEYS),
+    st.tuples(st.just("bad-key"), OBJECTS),  # a str key's bytes that are not UTF-8
+    st.tuples(st.just("gap")),
+    st.tuples(st.just("foreign")),
+    st.tuples(st.just("noop"), OBJECTS),
+)
+# (client index, seq step: 0 repeats the last seq, -2 a late copy, lwm step, backpointer section or not, what);
+# mostly the common case (the next seq, the lwm unmoved) so that runs of it reach the C part
+steps = st.lists(st.tuples(st.integers(0, 2), st.sampled_from([1, 1, 1, 1, 1, 0, 2, -2]),
+                           st.sampled_from([0, 0, 0, 0, 0, 1, 3]), st.booleans(), one),
+                 min_size=20, max_size=80)
+
+
+def build(plan: list[tuple[Any, ...]]) -> list[bytes | None]:
+    seq = dict.fromkeys(CLIENTS, 0)
+    lwm = dict.fromkeys(CLIENTS, 0)
+    out: list[bytes | None] = []
+    for pos, (ci, dseq, dlwm, bps, (what, *args)) in enumerate(plan):
+        client = CLIENTS[ci]
+        if dseq >= 0:
+            seq[client] += dseq
+            lwm[client] = min(lwm[client] + dlwm, seq[client])
+        # dseq < 0: a late copy of an earlier proposal (a retried append), maybe below the lwm
+        this = seq[client] + min(dseq, 0)
+        if what == "gap":
+            out.append(None)
+            continue
+        if what == "foreign":
+            out.append(b"raw bytes of another application")
+            continue
+        stream = entry.stream_id(args[0]) if args else 0
+        kind = entry.NOOP if what == "noop" else entry.CMD
+        if what == "put":
+            body = _OP[MAP_PUT] + dumps(args[1]) + dumps(args[2])
+        elif what == "del":
+            body = _OP[MAP_DEL] + dumps(args[1])
+        elif what == "bad-key":
+            body = _OP[MAP_PUT] + bytes((dumps("ab")[0], 2)) + b"\xff\xfe" + dumps(b"v")
+        else:
+            body = b""
+        data = entry.header(kind, client, max(this, 0), lwm[client], stream) + body
+        if bps:
+            data = entry.with_backpointers(data, pos, 4, [(stream, 0, [p for p in (pos - 1, pos - 3) if p >= 0], [])])
+        out.append(data)
+    return out
+
+
+def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    rt = runtime()
+    futures = {}
+    for s in range(1, 40):  # own proposals awaiting their result
+        from concurrent.futures import Future
+
+        from pyzlog.objects.runtime import _Pending
+        f: Future[Any] = Future()
+        rt._pending[s] = _Pending(s, b"", f, 0.0)
+        futures[s] = f
+    taken = [0]
+    real = runtime_module._apply_common
+
+    def counted(*args: Any) -> tuple[int, int]:
+        j, k = real(*args)
+        taken[0] += k
+        return j, k
+
+    with monkeypatch.context() as m:
+        m.setattr(runtime_module, "_apply_common", (lambda positions, datas, i, *rest: (i, 0)) if python_only else counted)
+        stopped = None
+        for lo in range(0, len(datas), 7):  # in chunks, as the player applies them
+            chunk = datas[lo:lo + 7]
+            positions = range(lo, lo + len(chunk)) if lo % 2 else list(range(lo, lo + len(chunk)))
+            try:
+                rt._apply_rows(positions, chunk, None)
+            except ObjectsError as e:  # an entry this build cannot read stops the runtime there
+                stopped = (type(e).__name__, str(e))
+                break
+    hosted = rt.hosted()
+    return {
+        "state": {name: (obj.snapshot(), obj.version) for name, obj in sorted(hosted.items())},
+        "sessions": {c: (s.lwm, sorted(s.seen)) for c, s in rt._sessions.by_client.items()},
+        "seen": sorted(rt._streams_seen),
+        "stats": rt.stats,
+        "applied": rt.applied,
+        "stopped": stopped,
+        "native": 0 if python_only else taken[0],
+        "own": {s: (repr(f.exception()) if f.exception() else f.result()) if f.done() else "pending"
+                for s, f in futures.items()},
+    }
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps, st.one_of(st.none(), st.integers(0, 79)), st.integers(3, 255))
+def test_the_native_loop_applies_what_the_python_loop_applies(plan: list[tuple[Any, ...]], odd_at: int | None,
+                                                              version: int) -> None:
+    datas = build(plan)
+    if odd_at is not None and odd_at < len(datas) and (d := datas[odd_at]) is not None and d[:2] == entry.MAGIC:
+        datas[odd_at] = d[:2] + bytes((version,)) + d[3:]  # a version this build cannot read: the runtime stops
+    with pytest.MonkeyPatch.context() as mp:
+        fast = replay(datas, False, mp)
+        slow = replay(datas, True, mp)
+    taken = fast.pop("native")
+    slow.pop("native")
+    assert fast == slow
+    TAKEN.append(taken)
+
+
+TAKEN: list[int] = []
+
+
+def test_the_comparison_reached_the_native_loop() -> None:
+    """(After the property test, in this module's order:) its examples
+    had entries that the C part applied, thousands in all."""
+    assert sum(1 for t in TAKEN if t) >= 20 and sum(TAKEN) >= 1000, (len(TAKEN), sum(TAKEN))
+
+
+def test_the_native_loop_takes_the_common_entries() -> None:
+    """Puts of short str keys and bytes values to hosted maps, and commands
+    for objects hosted elsewhere, from known sessions: all in C."""
+    rt = runtime()
+    datas: list[bytes | None] = [entry.header(entry.NOOP, 5, 1, 0, 0)]  # the session, made by the Python loop
+    for i in range(2, 50):
+        name = HOSTED[i % 2] if i % 3 else "elsewhere"
+        body = _OP[MAP_PUT] + dumps(f"k{i}") + dumps(b"v" * i)
+        datas.append(entry.header(entry.CMD, 5, i, 0, entry.stream_id(name)) + body)
+    rt._apply_rows(list(range(1)), datas[:1], None)
+    j, k = native.apply_common(list(range(1, 50)), datas[1:], 0, rt._sessions.by_client, rt._objects,
+                               rt._streams_seen, ME, rt._pending, rt._done)
+    assert (j, k) == (48, 48)
+    assert rt.hosted()["m2"].get("k49") == b"v" * 49 and rt.hosted()["m1"].version == 46 and entry.stream_id("elsewhere") in rt._streams_seen
