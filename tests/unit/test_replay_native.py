@@ -171,3 +171,16 @@ def test_the_native_loop_takes_the_common_entries() -> None:
                                rt._streams_seen, ME, rt._pending, rt._done)
     assert (j, k) == (48, 48)
     assert rt.hosted()["m2"].get("k49") == b"v" * 49 and rt.hosted()["m1"].version == 46 and entry.stream_id("elsewhere") in rt._streams_seen
+
+
+def test_a_truncated_entry_with_a_backpointer_flag_is_a_damaged_entry() -> None:
+    """An entry cut within its backpointer section (37 or 38 bytes, the flag
+    set) is a BadEntry, told like any damaged entry, not an IndexError."""
+    from pyzlog.objects.errors import BadEntry
+
+    for cut in (entry.HEADER_SIZE, entry.HEADER_SIZE + 1, entry.HEADER_SIZE + 10):
+        rt = runtime()
+        data = entry.with_backpointers(entry.header(entry.CMD, 5, 1, 0, entry.stream_id("m1")), 9, 4,
+                                       [(entry.stream_id("m1"), 0, [3], [])])[:cut]
+        with pytest.raises(BadEntry):
+            rt._apply_rows([9], [data], None)
