@@ -62,28 +62,101 @@ static PyObject *configure(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* What one call has looked up, kept for the entries after: the session of
+ * the last client, and the objects of the streams met (a replay meets a
+ * few, over and over). New references, let go at the end of the call; no
+ * Python code runs in between that could change them (the common case
+ * moves no lwm and so prunes no seen set). */
+typedef struct {
+  int valid;
+  uint64_t id, lwm;
+  PyObject *seen;
+} SessionSeen;
+
+enum { STREAMS_KEPT = 16 };
+typedef struct {
+  uint64_t id;
+  PyObject *obj;   /* NULL: not hosted here */
+  PyObject *table; /* a map's _data; NULL: not a map (the loop takes its entries) */
+  int noted;       /* not hosted: added to `seen` (once an entry of it was applied) */
+} StreamSeen;
+
+typedef struct {
+  SessionSeen session;
+  StreamSeen streams[STREAMS_KEPT];
+  int nstreams;
+} Kept;
+
+static void let_go(Kept *k) {
+  Py_CLEAR(k->session.seen);
+  for (int j = 0; j < k->nstreams; j++) {
+    Py_CLEAR(k->streams[j].obj);
+    Py_CLEAR(k->streams[j].table);
+  }
+}
+
+/* The stream's entry in `k` (looked up and kept on a miss), or NULL with
+ * an exception set. */
+static StreamSeen *stream_of(Kept *k, PyObject *objects, uint64_t stream, StreamSeen *spare) {
+  for (int j = 0; j < k->nstreams; j++)
+    if (k->streams[j].id == stream) return &k->streams[j];
+  StreamSeen *e = k->nstreams < STREAMS_KEPT ? &k->streams[k->nstreams] : spare;
+  Py_CLEAR(e->obj);
+  Py_CLEAR(e->table);
+  e->id = stream;
+  e->noted = 0;
+  PyObject *sid = PyLong_FromUnsignedLongLong(stream);
+  if (sid == NULL) return NULL;
+  PyObject *obj = PyDict_GetItemWithError(objects, sid);
+  int r = 0;
+  if (obj == NULL)
+    r = PyErr_Occurred() ? -1 : 0;
+  else if (Py_TYPE(obj) == (PyTypeObject *)F.map_type)
+    r = (e->table = PyObject_GetAttr(obj, s_data)) == NULL ? -1 : 0;
+  Py_DECREF(sid);
+  if (r < 0) return NULL;
+  e->obj = Py_XNewRef(obj);
+  if (e != spare) k->nstreams++;
+  return e;
+}
+
+/* A command for a stream not hosted here was applied: the stream is seen. */
+static int note(PyObject *seen, StreamSeen *e) {
+  PyObject *sid = PyLong_FromUnsignedLongLong(e->id);
+  int r = sid == NULL ? -1 : PySet_Add(seen, sid);
+  Py_XDECREF(sid);
+  e->noted = r == 0;
+  return r;
+}
+
 /* 1: the session of `client` admits `seq` in the common case (its lwm does
  * not move, seq not seen), and seq is now seen; 0: not the common case
  * (nothing changed); -1: an error. */
-static int admit(PyObject *sessions, PyObject *client, uint64_t seq, uint64_t lwm) {
-  PyObject *s = PyDict_GetItemWithError(sessions, client);
-  if (s == NULL) return PyErr_Occurred() ? -1 : 0;
-  PyObject *slwm = PyObject_GetAttr(s, s_lwm);
-  if (slwm == NULL) return -1;
-  uint64_t have = PyLong_AsUnsignedLongLong(slwm);
-  Py_DECREF(slwm);
-  if (have == (uint64_t)-1 && PyErr_Occurred()) return -1;
-  if (!(lwm <= have && have <= seq)) return 0;
-  PyObject *seen = PyObject_GetAttr(s, s_seen);
-  if (seen == NULL) return -1;
-  PyObject *q = PyLong_FromUnsignedLongLong(seq);
-  int r = -1;
-  if (q != NULL) {
-    int in = PySet_Contains(seen, q);
-    r = in < 0 ? -1 : in ? 0 : (PySet_Add(seen, q) < 0 ? -1 : 1);
-    Py_DECREF(q);
+static int admit(Kept *k, PyObject *sessions, uint64_t client, uint64_t seq, uint64_t lwm) {
+  SessionSeen *c = &k->session;
+  if (!c->valid || c->id != client) {
+    Py_CLEAR(c->seen);
+    c->valid = 0;
+    PyObject *cid = PyLong_FromUnsignedLongLong(client);
+    if (cid == NULL) return -1;
+    PyObject *s = PyDict_GetItemWithError(sessions, cid);
+    Py_DECREF(cid);
+    if (s == NULL) return PyErr_Occurred() ? -1 : 0; /* a new client: the loop makes its session */
+    PyObject *slwm = PyObject_GetAttr(s, s_lwm);
+    if (slwm == NULL) return -1;
+    c->lwm = PyLong_AsUnsignedLongLong(slwm);
+    Py_DECREF(slwm);
+    if (c->lwm == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    if ((c->seen = PyObject_GetAttr(s, s_seen)) == NULL) return -1;
+    c->id = client;
+    c->valid = 1;
   }
-  Py_DECREF(seen);
+  if (!(lwm <= c->lwm && c->lwm <= seq)) return 0;
+  PyObject *q = PyLong_FromUnsignedLongLong(seq);
+  if (q == NULL) return -1;
+  int in = PySet_Contains(c->seen, q);
+  int r = in < 0 ? -1 : in ? 0 : (PySet_Add(c->seen, q) < 0 ? -1 : 1);
+  Py_DECREF(q);
   return r;
 }
 
@@ -100,20 +173,18 @@ static PyObject *put_key(const unsigned char *d, Py_ssize_t end, Py_ssize_t off,
   return key;
 }
 
-/* obj._data[key] = (value, pos + 1); obj.version = pos + 1. */
-static int map_put(PyObject *obj, PyObject *key, const unsigned char *d, Py_ssize_t end, Py_ssize_t ko,
+/* table[key] = (value, pos + 1); obj.version = pos + 1. */
+static int map_put(StreamSeen *e, PyObject *key, const unsigned char *d, Py_ssize_t end, Py_ssize_t ko,
                    uint64_t pos) {
-  PyObject *table = PyObject_GetAttr(obj, s_data);
   PyObject *value = PyBytes_FromStringAndSize((const char *)d + ko + 2, end - ko - 2);
   PyObject *version = PyLong_FromUnsignedLongLong(pos + 1);
   PyObject *pair = value && version ? PyTuple_Pack(2, value, version) : NULL;
-  int r = table && pair && PyDict_SetItem(table, key, pair) == 0 && PyObject_SetAttr(obj, s_version, version) == 0
+  int r = pair && PyDict_SetItem(e->table, key, pair) == 0 && PyObject_SetAttr(e->obj, s_version, version) == 0
               ? 0
               : -1;
   Py_XDECREF(pair);
   Py_XDECREF(version);
   Py_XDECREF(value);
-  Py_XDECREF(table);
   return r;
 }
 
@@ -137,6 +208,18 @@ static int settle(PyObject *pending, PyObject *done, uint64_t seq) {
   return r;
 }
 
+/* A range's start and step. */
+static int range_of(PyObject *range, long long *start, long long *step) {
+  PyObject *a = PyObject_GetAttrString(range, "start"), *b = a ? PyObject_GetAttrString(range, "step") : NULL;
+  if (b != NULL) {
+    *start = PyLong_AsLongLong(a);
+    *step = PyLong_AsLongLong(b);
+  }
+  Py_XDECREF(a);
+  Py_XDECREF(b);
+  return b == NULL || PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *apply_common(PyObject *self, PyObject *args) {
   PyObject *positions, *datas, *sessions, *objects, *seen, *pending, *done;
   Py_ssize_t i;
@@ -147,10 +230,15 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
     return NULL;
   if (!F.ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._replay is not configured");
   int as_list = PyList_Check(positions);
-  if (!as_list && !PyRange_Check(positions)) return PyErr_Format(PyExc_TypeError, "positions: a list or a range");
+  long long start = 0, step = 1;
+  if (!as_list && (!PyRange_Check(positions) || range_of(positions, &start, &step) < 0))
+    return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_TypeError, "positions: a list or a range");
   Py_ssize_t n = PyList_GET_SIZE(datas), applied = 0;
   if (i < 0 || PyObject_Length(positions) < n) return PyErr_Format(PyExc_ValueError, "bad index, or fewer positions");
   const Py_ssize_t h = F.header;
+  Kept k = {0};
+  StreamSeen spare = {0};
+  int failed = 0;
   for (; i < n; i++) {
     PyObject *data = PyList_GET_ITEM(datas, i);
     if (!PyBytes_Check(data)) break;
@@ -163,32 +251,35 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
       off = h + 21 + d[h + 20] * (d[h + 18] + d[h + 19]);
     else
       break;
-    uint64_t client = u64(d + 5), seq = u64(d + 13), lwm = u64(d + 21), stream = u64(d + 29);
-    PyObject *pos_obj = as_list ? Py_NewRef(PyList_GET_ITEM(positions, i)) : PySequence_GetItem(positions, i);
-    if (pos_obj == NULL) return NULL;
-    uint64_t pos = PyLong_AsUnsignedLongLong(pos_obj);
-    Py_DECREF(pos_obj);
-    if (pos == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    uint64_t client = u64(d + 5), seq = u64(d + 13), lwm = u64(d + 21), stream = u64(d + 29), pos;
+    if (as_list) {
+      pos = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, i));
+      if (pos == (uint64_t)-1 && PyErr_Occurred()) { failed = 1; break; }
+    } else {
+      pos = (uint64_t)(start + step * i);
+    }
     /* every check before the session is asked: admit() marks seq seen */
-    PyObject *sid = PyLong_FromUnsignedLongLong(stream), *cid = NULL, *key = NULL;
-    if (sid == NULL) return NULL;
-    PyObject *obj = PyDict_GetItemWithError(objects, sid);
-    int r = obj == NULL && PyErr_Occurred() ? -1 : 1;
-    if (r == 1 && obj != NULL) {
-      if (Py_TYPE(obj) != (PyTypeObject *)F.map_type) r = 0;
+    StreamSeen *e = stream_of(&k, objects, stream, &spare);
+    if (e == NULL) { failed = 1; break; }
+    PyObject *key = NULL;
+    int r = 1;
+    if (e->obj != NULL) {
+      if (e->table == NULL) r = 0; /* hosted, not a map */
       else if ((key = put_key(d, end, off, &ko)) == NULL) r = PyErr_Occurred() ? -1 : 0;
     }
-    if (r == 1) r = (cid = PyLong_FromUnsignedLongLong(client)) == NULL ? -1 : admit(sessions, cid, seq, lwm);
-    if (r == 1) r = (obj != NULL ? map_put(obj, key, d, end, ko, pos) : PySet_Add(seen, sid)) < 0 ? -1 : 1;
+    if (r == 1) r = admit(&k, sessions, client, seq, lwm);
+    if (r == 1 && e->obj != NULL) r = map_put(e, key, d, end, ko, pos) < 0 ? -1 : 1;
+    if (r == 1 && e->obj == NULL && !e->noted) r = note(seen, e) < 0 ? -1 : 1;
     if (r == 1 && client == me) r = settle(pending, done, seq) < 0 ? -1 : 1;
     Py_XDECREF(key);
-    Py_XDECREF(cid);
-    Py_DECREF(sid);
-    if (r < 0) return NULL;
+    if (r < 0) { failed = 1; break; }
     if (r == 0) break;
     applied++;
   }
-  return Py_BuildValue("nn", i, applied);
+  let_go(&k);
+  Py_XDECREF(spare.obj);
+  Py_XDECREF(spare.table);
+  return failed ? NULL : Py_BuildValue("nn", i, applied);
 }
 
 static PyMethodDef methods[] = {

@@ -184,3 +184,18 @@ def test_a_truncated_entry_with_a_backpointer_flag_is_a_damaged_entry() -> None:
                                        [(entry.stream_id("m1"), 0, [3], [])])[:cut]
         with pytest.raises(BadEntry):
             rt._apply_rows([9], [data], None)
+
+
+def test_more_streams_than_the_native_loop_keeps_at_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C part keeps the objects of 16 streams at hand per call; a chunk
+    that meets 40 (and the hosted maps between them) is applied the same."""
+    datas: list[bytes | None] = [entry.header(entry.NOOP, 5, 1, 0, 0)]
+    for i in range(2, 300):
+        name = HOSTED[i % 2] if i % 5 == 0 else f"other-{i % 40}"
+        datas.append(entry.header(entry.CMD, 5, i, 0, entry.stream_id(name)) + _OP[MAP_PUT] + dumps(f"k{i % 7}")
+                     + dumps(bytes([i % 256]) * 3))
+    fast = replay(datas, False, monkeypatch)
+    slow = replay(datas, True, monkeypatch)
+    assert fast.pop("native") > 250
+    slow.pop("native")
+    assert fast == slow and len(fast["seen"]) == len({i % 40 for i in range(2, 300) if i % 5}) > 16
