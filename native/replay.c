@@ -111,8 +111,14 @@ static StreamSeen *stream_of(Kept *k, PyObject *objects, uint64_t stream, Stream
   int r = 0;
   if (obj == NULL)
     r = PyErr_Occurred() ? -1 : 0;
-  else if (Py_TYPE(obj) == (PyTypeObject *)F.map_type)
-    r = (e->table = PyObject_GetAttr(obj, s_data)) == NULL ? -1 : 0;
+  else if (Py_TYPE(obj) == (PyTypeObject *)F.map_type) {
+    /* a map whose table is not a plain dict (replaced, or gone) is the Python loop's */
+    PyObject *table = PyObject_GetAttr(obj, s_data);
+    if (table == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
+    else if (table == NULL) r = -1;
+    else if (PyDict_CheckExact(table)) e->table = table;
+    else Py_DECREF(table);
+  }
   Py_DECREF(sid);
   if (r < 0) return NULL;
   e->obj = Py_XNewRef(obj);
@@ -146,8 +152,16 @@ static int admit(Kept *k, PyObject *sessions, uint64_t client, uint64_t seq, uin
     if (slwm == NULL) return -1;
     c->lwm = PyLong_AsUnsignedLongLong(slwm);
     Py_DECREF(slwm);
-    if (c->lwm == (uint64_t)-1 && PyErr_Occurred()) return -1;
+    if (c->lwm == (uint64_t)-1 && PyErr_Occurred()) { /* not a u64 (a damaged checkpoint's): the loop's */
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError) && !PyErr_ExceptionMatches(PyExc_TypeError)) return -1;
+      PyErr_Clear();
+      return 0;
+    }
     if ((c->seen = PyObject_GetAttr(s, s_seen)) == NULL) return -1;
+    if (!PyAnySet_Check(c->seen)) { /* not what a Session holds: the loop's */
+      Py_CLEAR(c->seen);
+      return 0;
+    }
     c->id = client;
     c->valid = 1;
   }
@@ -220,14 +234,55 @@ static int range_of(PyObject *range, long long *start, long long *step) {
   return b == NULL || PyErr_Occurred() ? -1 : 0;
 }
 
+/* Apply the entry `data` at index i if it is a common one: 1 applied, 0
+ * not (nothing changed: the Python loop takes it), -1 an error. */
+static int entry_at(Kept *k, StreamSeen *spare, PyObject *data, PyObject *positions, int as_list, long long start,
+                    long long step, Py_ssize_t i, PyObject *sessions, PyObject *objects, PyObject *seen,
+                    uint64_t me, PyObject *pending, PyObject *done) {
+  const Py_ssize_t h = F.header;
+  const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
+  Py_ssize_t end = PyBytes_GET_SIZE(data), off, ko = 0;
+  if (end < h || (unsigned)(d[0] | d[1] << 8) != F.magic || (d[2] != 1 && d[2] != 2) || d[3] != F.cmd) return 0;
+  if (!(d[4] & F.flag_bp))
+    off = h;
+  else if (end > h + 20 && d[h + 1] == 1) /* one stream's section: 19 bytes, then its deltas */
+    off = h + 21 + d[h + 20] * (d[h + 18] + d[h + 19]);
+  else
+    return 0;
+  uint64_t client = u64(d + 5), seq = u64(d + 13), lwm = u64(d + 21), stream = u64(d + 29), pos;
+  if (as_list) {
+    pos = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, i));
+    if (pos == (uint64_t)-1 && PyErr_Occurred()) return -1;
+  } else {
+    pos = (uint64_t)(start + step * i);
+  }
+  /* every check before the session is asked: admit() marks seq seen */
+  StreamSeen *e = stream_of(k, objects, stream, spare);
+  if (e == NULL) return -1;
+  PyObject *key = NULL;
+  int r = 1;
+  if (e->obj != NULL) {
+    if (e->table == NULL) r = 0; /* hosted, not a map (or not one this knows) */
+    else if ((key = put_key(d, end, off, &ko)) == NULL) r = PyErr_Occurred() ? -1 : 0;
+  }
+  if (r == 1) r = admit(k, sessions, client, seq, lwm);
+  if (r == 1 && e->obj != NULL) r = map_put(e, key, d, end, ko, pos) < 0 ? -1 : 1;
+  if (r == 1 && e->obj == NULL && !e->noted) r = note(seen, e) < 0 ? -1 : 1;
+  if (r == 1 && client == me) r = settle(pending, done, seq) < 0 ? -1 : 1;
+  Py_XDECREF(key);
+  return r;
+}
+
 static PyObject *apply_common(PyObject *self, PyObject *args) {
   PyObject *positions, *datas, *sessions, *objects, *seen, *pending, *done;
+  PyObject *me_obj;
   Py_ssize_t i;
-  unsigned long long me;
-  if (!PyArg_ParseTuple(args, "OO!nO!O!O!KO!O!", &positions, &PyList_Type, &datas, &i, &PyDict_Type, &sessions,
-                        &PyDict_Type, &objects, &PySet_Type, &seen, &me, &PyDict_Type, &pending, &PyList_Type,
-                        &done))
+  if (!PyArg_ParseTuple(args, "OO!nO!O!O!O!O!O!", &positions, &PyList_Type, &datas, &i, &PyDict_Type, &sessions,
+                        &PyDict_Type, &objects, &PySet_Type, &seen, &PyLong_Type, &me_obj, &PyDict_Type, &pending,
+                        &PyList_Type, &done))
     return NULL;
+  uint64_t me = PyLong_AsUnsignedLongLong(me_obj); /* a client id: 1 .. 2**64 - 1 */
+  if (me == (uint64_t)-1 && PyErr_Occurred()) return NULL;
   if (!F.ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._replay is not configured");
   int as_list = PyList_Check(positions);
   long long start = 0, step = 1;
@@ -235,43 +290,19 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
     return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_TypeError, "positions: a list or a range");
   Py_ssize_t n = PyList_GET_SIZE(datas), applied = 0;
   if (i < 0 || PyObject_Length(positions) < n) return PyErr_Format(PyExc_ValueError, "bad index, or fewer positions");
-  const Py_ssize_t h = F.header;
   Kept k = {0};
   StreamSeen spare = {0};
   int failed = 0;
   for (; i < n; i++) {
+    /* a collection started by an allocation below may run a finalizer, which may run any
+     * Python code: the lists are looked at afresh, and the entry held, on every pass */
+    if (i >= PyList_GET_SIZE(datas) || (as_list && i >= PyList_GET_SIZE(positions))) break;
     PyObject *data = PyList_GET_ITEM(datas, i);
     if (!PyBytes_Check(data)) break;
-    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t end = PyBytes_GET_SIZE(data), off, ko = 0;
-    if (end < h || (unsigned)(d[0] | d[1] << 8) != F.magic || (d[2] != 1 && d[2] != 2) || d[3] != F.cmd) break;
-    if (!(d[4] & F.flag_bp))
-      off = h;
-    else if (end > h + 20 && d[h + 1] == 1) /* one stream's section: 19 bytes, then its deltas */
-      off = h + 21 + d[h + 20] * (d[h + 18] + d[h + 19]);
-    else
-      break;
-    uint64_t client = u64(d + 5), seq = u64(d + 13), lwm = u64(d + 21), stream = u64(d + 29), pos;
-    if (as_list) {
-      pos = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, i));
-      if (pos == (uint64_t)-1 && PyErr_Occurred()) { failed = 1; break; }
-    } else {
-      pos = (uint64_t)(start + step * i);
-    }
-    /* every check before the session is asked: admit() marks seq seen */
-    StreamSeen *e = stream_of(&k, objects, stream, &spare);
-    if (e == NULL) { failed = 1; break; }
-    PyObject *key = NULL;
-    int r = 1;
-    if (e->obj != NULL) {
-      if (e->table == NULL) r = 0; /* hosted, not a map */
-      else if ((key = put_key(d, end, off, &ko)) == NULL) r = PyErr_Occurred() ? -1 : 0;
-    }
-    if (r == 1) r = admit(&k, sessions, client, seq, lwm);
-    if (r == 1 && e->obj != NULL) r = map_put(e, key, d, end, ko, pos) < 0 ? -1 : 1;
-    if (r == 1 && e->obj == NULL && !e->noted) r = note(seen, e) < 0 ? -1 : 1;
-    if (r == 1 && client == me) r = settle(pending, done, seq) < 0 ? -1 : 1;
-    Py_XDECREF(key);
+    Py_INCREF(data);
+    int r = entry_at(&k, &spare, data, positions, as_list, start, step, i, sessions, objects, seen, me, pending,
+                     done);
+    Py_DECREF(data);
     if (r < 0) { failed = 1; break; }
     if (r == 0) break;
     applied++;

@@ -21,7 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The checkout's pyzlog/ finds its compiled parts in the copy ./dev setup
     # installed (pyzlog/__init__.py); without that copy nothing here can run.
     try:
-        import pyzlog._appender, pyzlog._dataplane, pyzlog._seqr  # noqa: F401
+        import pyzlog._appender, pyzlog._dataplane, pyzlog._seqr, pyzlog.objects._replay  # noqa: F401
     except ImportError as e:
         raise pytest.UsageError(f"pyzlog's compiled parts are missing ({e}): run ./dev setup "
                                 "and the tests with .venv/bin/python -m pytest") from e

@@ -14,6 +14,12 @@
 
 Built only on the public pyzlog API (Log, the errors). See docs/objects.md.
 """
+from pkgutil import extend_path
+
+# run from a checkout's root, this source folder has no compiled part (_replay): the copy
+# `./dev setup` built and installed from this checkout has it (as pyzlog/__init__.py says)
+__path__ = extend_path(__path__, __name__)
+
 from .checkpoint import CheckpointInfo, CheckpointStore, RadosCheckpoints
 from .codec import MISSING
 from .errors import (BadEntry, CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown,

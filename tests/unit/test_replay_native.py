@@ -18,6 +18,7 @@ from pyzlog import Log
 from pyzlog.objects import ObjectsError, Runtime, entry
 from pyzlog.objects.codec import dumps
 from pyzlog.objects.objects import MAP_DEL, MAP_PUT, _OP
+from pyzlog.objects.sessions import Session
 
 ME = 77
 CLIENTS = [ME, 5, 6]
@@ -89,8 +90,11 @@ def build(plan: list[tuple[Any, ...]]) -> list[bytes | None]:
     return out
 
 
-def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.MonkeyPatch,
+           lwm_of_5: int | None = None) -> dict[str, Any]:
     rt = runtime()
+    if lwm_of_5 is not None:  # a session as a checkpoint restored it
+        rt._sessions.by_client[5] = Session(lwm_of_5)
     futures = {}
     for s in range(1, 40):  # own proposals awaiting their result
         from concurrent.futures import Future
@@ -199,3 +203,57 @@ def test_more_streams_than_the_native_loop_keeps_at_hand(monkeypatch: pytest.Mon
     assert fast.pop("native") > 250
     slow.pop("native")
     assert fast == slow and len(fast["seen"]) == len({i % 40 for i in range(2, 300) if i % 5}) > 16
+
+
+@pytest.mark.parametrize("lwm", [-1, 0, 3, 2**64 - 1, 2**64, 2**70])
+def test_a_session_whose_lwm_is_no_u64_is_left_to_the_python_loop(lwm: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged checkpoint may restore a session's lwm as any int: the C
+    part leaves such a session's entries to the Python loop (found by an
+    adversarial review: it raised OverflowError and stopped the runtime)."""
+    datas: list[bytes | None] = [entry.header(entry.CMD, 5, s, 0, entry.stream_id("m1")) + _OP[MAP_PUT]
+                                 + dumps(f"k{s}") + dumps(b"v") for s in range(1, 6)]
+    fast = replay(datas, False, monkeypatch, lwm)
+    slow = replay(datas, True, monkeypatch, lwm)
+    fast.pop("native")
+    slow.pop("native")
+    assert fast == slow
+
+
+def test_a_finalizer_that_empties_the_entries_mid_call_stops_the_native_loop_cleanly() -> None:
+    """An allocation in the C part may start a garbage collection, whose
+    finalizers may run any Python code: one that empties the list of
+    entries ends the call at that point, instead of reading freed memory
+    (found by an adversarial review: a segfault). Run in a subprocess so a
+    crash fails this test rather than the suite."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import gc
+        from pyzlog import Log
+        from pyzlog.objects import Runtime, entry
+        from pyzlog.objects.codec import dumps
+        from pyzlog.objects.objects import MAP_PUT, _OP
+        from pyzlog.objects.runtime import _apply_common
+        from pyzlog.objects.sessions import Session
+        rt = Runtime(Log.__new__(Log), client_id=77)
+        rt.map("m1")
+        rt._sessions.by_client[5] = Session(0)
+        datas = [entry.header(entry.CMD, 5, i, 0, entry.stream_id("m1")) + _OP[MAP_PUT] + dumps(f"k{i}")
+                 + dumps(b"x" * 100) for i in range(1, 3000)]
+        class Cycle:
+            def __del__(self):
+                datas.clear()
+        gc.collect()
+        gc.set_threshold(100)
+        c = Cycle()
+        c.me = c
+        del c
+        j, k = _apply_common(list(range(1, 3000)), datas, 0, rt._sessions.by_client, rt._objects,
+                             rt._streams_seen, 77, {}, [])
+        assert j == k and 0 < j < 2999 and len(rt.hosted()["m1"]._data) == j, (j, k)
+        print("ok", j)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert out.returncode == 0 and out.stdout.startswith("ok"), (out.returncode, out.stdout, out.stderr[-2000:])
