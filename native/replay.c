@@ -64,9 +64,10 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 
 /* What one call has looked up, kept for the entries after: the session of
  * the last client, and the objects of the streams met (a replay meets a
- * few, over and over). New references, let go at the end of the call; no
- * Python code runs in between that could change them (the common case
- * moves no lwm and so prunes no seen set). */
+ * few, over and over; `spare` holds one past the first STREAMS_KEPT). New
+ * references, let go at the end of the call, so they outlive whatever a
+ * finalizer run by a collection meanwhile does; the common case itself
+ * moves no lwm and so prunes no seen set. */
 typedef struct {
   int valid;
   uint64_t id, lwm;
@@ -83,7 +84,7 @@ typedef struct {
 
 typedef struct {
   SessionSeen session;
-  StreamSeen streams[STREAMS_KEPT];
+  StreamSeen streams[STREAMS_KEPT], spare;
   int nstreams;
 } Kept;
 
@@ -93,14 +94,16 @@ static void let_go(Kept *k) {
     Py_CLEAR(k->streams[j].obj);
     Py_CLEAR(k->streams[j].table);
   }
+  Py_CLEAR(k->spare.obj);
+  Py_CLEAR(k->spare.table);
 }
 
 /* The stream's entry in `k` (looked up and kept on a miss), or NULL with
  * an exception set. */
-static StreamSeen *stream_of(Kept *k, PyObject *objects, uint64_t stream, StreamSeen *spare) {
+static StreamSeen *stream_of(Kept *k, PyObject *objects, uint64_t stream) {
   for (int j = 0; j < k->nstreams; j++)
     if (k->streams[j].id == stream) return &k->streams[j];
-  StreamSeen *e = k->nstreams < STREAMS_KEPT ? &k->streams[k->nstreams] : spare;
+  StreamSeen *e = k->nstreams < STREAMS_KEPT ? &k->streams[k->nstreams] : &k->spare;
   Py_CLEAR(e->obj);
   Py_CLEAR(e->table);
   e->id = stream;
@@ -122,7 +125,7 @@ static StreamSeen *stream_of(Kept *k, PyObject *objects, uint64_t stream, Stream
   Py_DECREF(sid);
   if (r < 0) return NULL;
   e->obj = Py_XNewRef(obj);
-  if (e != spare) k->nstreams++;
+  if (e != &k->spare) k->nstreams++;
   return e;
 }
 
@@ -236,7 +239,7 @@ static int range_of(PyObject *range, long long *start, long long *step) {
 
 /* Apply the entry `data` at index i if it is a common one: 1 applied, 0
  * not (nothing changed: the Python loop takes it), -1 an error. */
-static int entry_at(Kept *k, StreamSeen *spare, PyObject *data, PyObject *positions, int as_list, long long start,
+static int entry_at(Kept *k, PyObject *data, PyObject *positions, int as_list, long long start,
                     long long step, Py_ssize_t i, PyObject *sessions, PyObject *objects, PyObject *seen,
                     uint64_t me, PyObject *pending, PyObject *done) {
   const Py_ssize_t h = F.header;
@@ -257,7 +260,7 @@ static int entry_at(Kept *k, StreamSeen *spare, PyObject *data, PyObject *positi
     pos = (uint64_t)(start + step * i);
   }
   /* every check before the session is asked: admit() marks seq seen */
-  StreamSeen *e = stream_of(k, objects, stream, spare);
+  StreamSeen *e = stream_of(k, objects, stream);
   if (e == NULL) return -1;
   PyObject *key = NULL;
   int r = 1;
@@ -291,7 +294,6 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
   Py_ssize_t n = PyList_GET_SIZE(datas), applied = 0;
   if (i < 0 || PyObject_Length(positions) < n) return PyErr_Format(PyExc_ValueError, "bad index, or fewer positions");
   Kept k = {0};
-  StreamSeen spare = {0};
   int failed = 0;
   for (; i < n; i++) {
     /* a collection started by an allocation below may run a finalizer, which may run any
@@ -300,7 +302,7 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
     PyObject *data = PyList_GET_ITEM(datas, i);
     if (!PyBytes_Check(data)) break;
     Py_INCREF(data);
-    int r = entry_at(&k, &spare, data, positions, as_list, start, step, i, sessions, objects, seen, me, pending,
+    int r = entry_at(&k, data, positions, as_list, start, step, i, sessions, objects, seen, me, pending,
                      done);
     Py_DECREF(data);
     if (r < 0) { failed = 1; break; }
@@ -308,8 +310,6 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
     applied++;
   }
   let_go(&k);
-  Py_XDECREF(spare.obj);
-  Py_XDECREF(spare.table);
   return failed ? NULL : Py_BuildValue("nn", i, applied);
 }
 

@@ -192,7 +192,7 @@ class _Walk:
         seen: set[int] = set()
         thorough = False
         end = hi - 1  # read beside the first round: is it stored (the walk's end vouched for)?
-        probe = end not in known and end not in self.todo
+        probe = end not in known and end not in self.todo  # else it is read (or known) anyway
         first = True
         while True:
             while self.todo:
@@ -203,9 +203,9 @@ class _Walk:
                 st.rounds += 1
                 seen.update(batch)
                 fetch = [p for p in batch if p not in known] if known else batch
-                if probe:
-                    fetch = fetch + [end]
-                got: dict[int, bytes | int] = log.read_positions(fetch) if fetch else {}
+                probing = first and probe
+                got: dict[int, bytes | int] = log.read_positions(fetch + [end] if probing else fetch) \
+                    if fetch or probing else {}
                 if known:
                     got.update((p, known[p]) for p in batch if p in known)
                 st.read += len(fetch)
@@ -213,9 +213,6 @@ class _Walk:
                     first = False
                     v = known[end] if end in known else got.get(end)
                     self.stored_at_end = type(v) is bytes or v == -errno.ENOMSG
-                    if probe:
-                        probe = False
-                        st.read -= 1
                 quick = bool(single) and not thorough
                 rest = batch
                 if quick:

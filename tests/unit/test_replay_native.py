@@ -6,6 +6,7 @@ every object, version, session, stream seen, count and own result. The
 entries mix what the C part takes with everything it must leave alone."""
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from pyzlog import Log
 from pyzlog.objects import ObjectsError, Runtime, entry
 from pyzlog.objects.codec import dumps
 from pyzlog.objects.objects import MAP_DEL, MAP_PUT, _OP
+from pyzlog.objects.runtime import _Pending
 from pyzlog.objects.sessions import Session
 
 ME = 77
@@ -97,9 +99,6 @@ def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.Mon
         rt._sessions.by_client[5] = Session(lwm_of_5)
     futures = {}
     for s in range(1, 40):  # own proposals awaiting their result
-        from concurrent.futures import Future
-
-        from pyzlog.objects.runtime import _Pending
         f: Future[Any] = Future()
         rt._pending[s] = _Pending(s, b"", f, 0.0)
         futures[s] = f
@@ -136,6 +135,18 @@ def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.Mon
     }
 
 
+def replay_both(datas: list[bytes | None], monkeypatch: pytest.MonkeyPatch,
+                lwm_of_5: int | None = None) -> tuple[dict[str, Any], int]:
+    """The outcome of replaying `datas` with the C part, asserted equal to
+    the Python loop's alone, and how many entries the C part applied."""
+    fast = replay(datas, False, monkeypatch, lwm_of_5)
+    slow = replay(datas, True, monkeypatch, lwm_of_5)
+    taken = fast.pop("native")
+    slow.pop("native")
+    assert fast == slow
+    return fast, taken
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps, st.one_of(st.none(), st.integers(0, 79)), st.integers(3, 255))
 def test_the_native_loop_applies_what_the_python_loop_applies(plan: list[tuple[Any, ...]], odd_at: int | None,
@@ -144,12 +155,7 @@ def test_the_native_loop_applies_what_the_python_loop_applies(plan: list[tuple[A
     if odd_at is not None and odd_at < len(datas) and (d := datas[odd_at]) is not None and d[:2] == entry.MAGIC:
         datas[odd_at] = d[:2] + bytes((version,)) + d[3:]  # a version this build cannot read: the runtime stops
     with pytest.MonkeyPatch.context() as mp:
-        fast = replay(datas, False, mp)
-        slow = replay(datas, True, mp)
-    taken = fast.pop("native")
-    slow.pop("native")
-    assert fast == slow
-    TAKEN.append(taken)
+        TAKEN.append(replay_both(datas, mp)[1])
 
 
 TAKEN: list[int] = []
@@ -198,11 +204,8 @@ def test_more_streams_than_the_native_loop_keeps_at_hand(monkeypatch: pytest.Mon
         name = HOSTED[i % 2] if i % 5 == 0 else f"other-{i % 40}"
         datas.append(entry.header(entry.CMD, 5, i, 0, entry.stream_id(name)) + _OP[MAP_PUT] + dumps(f"k{i % 7}")
                      + dumps(bytes([i % 256]) * 3))
-    fast = replay(datas, False, monkeypatch)
-    slow = replay(datas, True, monkeypatch)
-    assert fast.pop("native") > 250
-    slow.pop("native")
-    assert fast == slow and len(fast["seen"]) == len({i % 40 for i in range(2, 300) if i % 5}) > 16
+    fast, taken = replay_both(datas, monkeypatch)
+    assert taken > 250 and len(fast["seen"]) == len({i % 40 for i in range(2, 300) if i % 5}) > 16
 
 
 @pytest.mark.parametrize("lwm", [-1, 0, 3, 2**64 - 1, 2**64, 2**70])
@@ -212,11 +215,7 @@ def test_a_session_whose_lwm_is_no_u64_is_left_to_the_python_loop(lwm: int, monk
     adversarial review: it raised OverflowError and stopped the runtime)."""
     datas: list[bytes | None] = [entry.header(entry.CMD, 5, s, 0, entry.stream_id("m1")) + _OP[MAP_PUT]
                                  + dumps(f"k{s}") + dumps(b"v") for s in range(1, 6)]
-    fast = replay(datas, False, monkeypatch, lwm)
-    slow = replay(datas, True, monkeypatch, lwm)
-    fast.pop("native")
-    slow.pop("native")
-    assert fast == slow
+    replay_both(datas, monkeypatch, lwm)
 
 
 def test_a_finalizer_that_empties_the_entries_mid_call_stops_the_native_loop_cleanly() -> None:
