@@ -110,12 +110,19 @@ class LazyFuture(Future[Any]):
         return settled
 
     def _run_callbacks(self) -> None:
-        """What Future does after settling: each callback, an error logged, not raised."""
+        """What Future does after settling: each callback, an error logged, not
+        raised. On a pyzlog thread a callback's SystemExit is logged too: the
+        thread settles every later operation of its connection, and the
+        callbacks after this one must still run."""
         for fn in self._done_callbacks:
             try:
                 fn(self)
             except Exception:  # noqa: BLE001 - as Future: a callback's error is the callback's
                 _futures.LOGGER.exception("exception calling callback for %r", self)
+            except BaseException:
+                if threading.current_thread() is threading.main_thread():
+                    raise
+                _futures.LOGGER.exception("a callback for %r tried to end its thread: ignored", self)
 
     def set_result(self, result: Any) -> None:
         if not self._settle_unwatched(result, None):

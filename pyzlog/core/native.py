@@ -740,7 +740,7 @@ class Connection:
                 code = r.code
                 try:
                     cb(code, None if code else _value(r))
-                except Exception:  # noqa: BLE001 - this thread must outlive one bad callback
+                except BaseException:  # noqa: BLE001 - this thread must outlive one bad callback (even a SystemExit)
                     logger.exception("a data plane completion failed")
             n = nposted[0]
             if n:
@@ -750,7 +750,7 @@ class Connection:
                     continue
                 try:
                     handler(unpack(tags, n), unpack(codes, n), unpack(positions, n))
-                except Exception:  # noqa: BLE001
+                except BaseException:  # noqa: BLE001 - as above
                     logger.exception("append completions failed")
 
     @property

@@ -53,6 +53,38 @@ def test_a_failing_callback_does_not_stop_the_others() -> None:
     assert seen == [3]
 
 
+def test_a_callback_ending_its_thread_stops_neither_the_thread_nor_the_others_off_the_main_thread() -> None:
+    """On a pyzlog thread (the completion thread settles every later append
+    of its connection) a callback's SystemExit is logged, and the batch's
+    other futures are settled and called back; on the main thread it is
+    raised, as Future does."""
+    fs = [LazyFuture() for _ in range(3)]
+    seen: list[int] = []
+
+    def leave(_f: Future[Any]) -> None:
+        raise SystemExit("a callback calling sys.exit()")
+
+    fs[0].add_done_callback(leave)
+    for f in fs:
+        f.add_done_callback(lambda x: seen.append(x.result()))
+    watched = LazyFuture()
+    watched._condition  # noqa: B018 - someone waits on it: settle_all sets it the ordinary way
+    went_on: list[bool] = []
+
+    def settle() -> None:
+        LazyFuture.settle_all([(f, i) for i, f in enumerate(fs)] + [(watched, 9)])
+        went_on.append(True)
+
+    t = threading.Thread(target=settle)
+    t.start()
+    t.join(10)
+    assert went_on == [True] and seen == [0, 1, 2] and watched.result(timeout=1) == 9
+    f = LazyFuture()
+    f.add_done_callback(leave)
+    with pytest.raises(SystemExit):
+        f.set_result(1)
+
+
 def test_waiters_in_other_threads_wake() -> None:
     futures = [LazyFuture() for _ in range(3)]
     got: list[Any] = []
