@@ -402,3 +402,37 @@ def test_appends_that_time_out_are_applied_exactly_once(ceph, log_name, tmp_path
         lg.close()
         cluster.shutdown()
         seqr.kill()
+
+
+def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(rados_cluster, ceph, log_name,  # type: ignore
+                                                                               tmp_path) -> None:
+    """Ctrl-C while put() appends (its sequencer paused, so the append
+    waits): KeyboardInterrupt reaches the caller instead of being taken for
+    a failed append and retried under its feet, and the entry, which may be
+    stored, is retried in the background and applied once."""
+    import _thread
+    seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
+    try:
+        log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+        rt = Runtime(log)
+        m = rt.map("m")
+        m.put("warm", b"w")
+        seqr.pause()
+        timer = threading.Timer(0.3, _thread.interrupt_main)  # lands in the append's sequencer request
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            m.put("k", b"v", timeout=60)
+        timer.join()
+        seqr.resume()
+        deadline = time.monotonic() + 60
+        while m.get("k") is None and time.monotonic() < deadline:
+            rt.sync(timeout=30)
+            time.sleep(0.05)
+        assert m.get("k") == b"v"
+        m.put("k2", b"v2")
+        assert dict(m.items()) == {"warm": b"w", "k": b"v", "k2": b"v2"}
+        assert rt.stats.applied == 3  # the interrupted put once, whatever copies were stored
+        rt.close()
+        log.close()
+    finally:
+        seqr.kill()

@@ -348,9 +348,18 @@ class Runtime:
                 pos, stored = self._store([p])[0]
             else:
                 pos, stored = self.log.append(p.data), p.data
-        except BaseException as e:  # noqa: BLE001 - retried, or told, like any failed append
+        except Exception as e:  # noqa: BLE001 - retried, or told, like any failed append
             self._landed(None)
             self._append_failed(p, e)
+        except BaseException as e:
+            # Ctrl-C (or SystemExit) mid-append: the entry may be stored. The
+            # caller stops here; the proposal is retried in the background like
+            # any append that may have been stored, so it is applied at most
+            # once and its outcome still reaches the play
+            self._landed(None)
+            p.maybe_stored = True
+            self._append_failed(p, ZlogError(f"the append was interrupted ({type(e).__name__})"))
+            raise
         else:
             self._landed(pos, stored, wake=False)
             self._play_here(pos + 1)
