@@ -436,3 +436,79 @@ def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(ra
         log.close()
     finally:
         seqr.kill()
+
+
+def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_cluster, ceph, log_name,  # type: ignore
+                                                                        monkeypatch) -> None:
+    """A proposal's retry is on its way when the runtime closes (held back
+    here until the test lets it go). close() waits for it, so a runtime
+    started again with the same client id finds it in the log and numbers
+    its own proposals after it; had it not waited, the new runtime's first
+    put would take the retry's seq and be dropped as its duplicate,
+    acknowledged but lost."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    fixed = 0x5EED
+    rt1 = Runtime(log, client_id=fixed)
+    m1 = rt1.map("m")
+    m1.put("w", b"w")
+    real_many, real_async = log.append_many, log.append_async
+    refused: list[int] = []
+
+    def refuse_once(entries: list[bytes]) -> list[int]:
+        if not refused:
+            refused.append(len(entries))
+            raise pyzlog.ZlogError("refused once by the test")  # refused, not stored: retried
+        return real_many(entries)
+
+    gate = threading.Event()
+
+    def held(data: bytes) -> Any:  # the retry's append, on its way until the gate opens
+        from concurrent.futures import Future
+        f: Future[int] = Future()
+
+        def go() -> None:
+            gate.wait(60)
+            try:
+                f.set_result(real_async(data).result(60))
+            except BaseException as e:  # noqa: BLE001 - handed to the runtime
+                f.set_exception(e)
+        threading.Thread(target=go, daemon=True).start()
+        return f
+
+    monkeypatch.setattr(log, "append_many", refuse_once)
+    monkeypatch.setattr(log, "append_async", held)
+    m1.put_async("a", b"a")
+    deadline = time.monotonic() + 30
+    while rt1.stats.retries < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the retry (after 50 ms) is handed to append_async, and held
+    closer = threading.Thread(target=rt1.close, kwargs={"timeout": 60})
+    closer.start()
+    closer.join(1.0)
+
+    def restart() -> None:
+        rt2 = Runtime(log, client_id=fixed)
+        m2 = rt2.map("m")
+        rt2.start()  # a fixed id: plays the log, then numbers its proposals after its last seq there
+        restarted.append((rt2, m2))
+
+    restarted: list[Any] = []
+    if not closer.is_alive():
+        restart()  # close did not wait: the new runtime starts while the retry is on its way
+    gate.set()
+    closer.join(60)
+    assert not closer.is_alive()
+    if not restarted:
+        restart()
+    rt2, m2 = restarted[0]
+    deadline = time.monotonic() + 30
+    while m2.get("a") is None and time.monotonic() < deadline:  # the retry landed: seen by the new runtime
+        rt2.sync(timeout=30)
+        time.sleep(0.05)
+    m2.put("b", b"b", timeout=30)
+    fresh = Runtime(log)
+    mf = fresh.map("m")
+    fresh.sync(timeout=30)
+    assert dict(mf.items()) == {"w": b"w", "a": b"a", "b": b"b"}
+    for rt in (rt2, fresh):
+        rt.close()

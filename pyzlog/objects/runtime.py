@@ -289,7 +289,12 @@ class Runtime:
         return self
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop playing; pending proposals fail with RuntimeClosed. The log stays open."""
+        """Stop playing; pending proposals fail with RuntimeClosed. The log
+        stays open. Appends already sent (a sender's batch, a retry) are
+        waited for, up to `timeout`: a runtime started again with this
+        client id then finds them in the log, rather than taking their seqs
+        for its own proposals while they are still on their way."""
+        end = time.monotonic() + timeout
         with self._cv:
             if self._closing:
                 return
@@ -299,7 +304,14 @@ class Runtime:
             self._send_cv.notify_all()
         for t in (self._player, self._retrier, *self._senders):
             if t is not None and t is not threading.current_thread():
-                t.join(timeout)
+                t.join(max(0.0, end - time.monotonic()))
+        with self._cv:
+            while self._in_flight and (left := end - time.monotonic()) > 0:
+                self._cv.wait(left)
+            if self._in_flight:
+                logger.warning("runtime of %r closed with %d own appends still on their way: a runtime started "
+                               "again with client id %d before they land may reuse their seqs", self.log.name,
+                               self._in_flight, self.client_id)
         for p in list(self._pending.values()):
             self._pending.pop(p.seq, None)
             if not p.future.done():
@@ -522,7 +534,7 @@ class Runtime:
         a thread switch per entry."""
         with self._cv:
             self._in_flight -= 1
-            now = self._in_flight == 0 and not self._queue
+            now = self._in_flight == 0 and (not self._queue or self._closing)  # (close waits for none in flight)
             if pos is not None:
                 if pos >= self.applied:
                     self._own[pos] = data  # type: ignore[assignment]
