@@ -7,7 +7,8 @@
  * short bytes value. In Python that costs about 0.7 us an entry, most of it
  * the interpreter's; here it is a few C-API calls. Everything else (gaps,
  * foreign bytes, transactions, retirements, duplicates, other objects and
- * ops, a key that is not UTF-8) is left to the Python loop: this function
+ * ops, a key that is not UTF-8, an own entry that is not the pending
+ * proposal of its seq) is left to the Python loop: this function
  * stops at the first entry it does not take, and the loop takes that one
  * and calls again. The two must agree: tests/unit/test_replay_native.py
  * replays the same entries both ways.
@@ -39,7 +40,7 @@ static struct {
   PyObject *map_type;
 } F;
 
-static PyObject *s_lwm, *s_seen, *s_data, *s_version, *s_result, *s_ok;
+static PyObject *s_lwm, *s_seen, *s_data, *s_version, *s_result, *s_ok, *s_pdata;
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "entries are little-endian: this reads them in place"
@@ -225,6 +226,28 @@ static int settle(PyObject *pending, PyObject *done, uint64_t seq) {
   return r;
 }
 
+/* An own entry whose seq a pending proposal holds: 1 if the entry is not
+ * that proposal (another kind, stream or body: a runtime of the same client
+ * id took the seq first), which the Python loop then answers; 0 if it is,
+ * or none is pending; -1 an error. */
+static int own_differs(PyObject *pending, uint64_t seq, const unsigned char *d, Py_ssize_t end, Py_ssize_t off) {
+  PyObject *q = PyLong_FromUnsignedLongLong(seq);
+  if (q == NULL) return -1;
+  PyObject *p = PyDict_GetItemWithError(pending, q);
+  Py_DECREF(q);
+  if (p == NULL) return PyErr_Occurred() ? -1 : 0;
+  PyObject *pd = PyObject_GetAttr(p, s_pdata);
+  if (pd == NULL) return -1;
+  const Py_ssize_t h = F.header;
+  int r = 1;
+  if (PyBytes_Check(pd) && PyBytes_GET_SIZE(pd) - h == end - off) {
+    const unsigned char *e = (const unsigned char *)PyBytes_AS_STRING(pd);
+    r = e[3] == d[3] && memcmp(e + 29, d + 29, 8) == 0 && memcmp(e + h, d + off, (size_t)(end - off)) == 0 ? 0 : 1;
+  }
+  Py_DECREF(pd);
+  return r;
+}
+
 /* A range's start and step. */
 static int range_of(PyObject *range, long long *start, long long *step) {
   PyObject *a = PyObject_GetAttrString(range, "start"), *b = a ? PyObject_GetAttrString(range, "step") : NULL;
@@ -260,6 +283,10 @@ static int entry_at(Kept *k, PyObject *data, PyObject *positions, int as_list, l
     pos = (uint64_t)(start + step * i);
   }
   /* every check before the session is asked: admit() marks seq seen */
+  if (client == me) {
+    int o = own_differs(pending, seq, d, end, off);
+    if (o != 0) return o < 0 ? -1 : 0;
+  }
   StreamSeen *e = stream_of(k, objects, stream);
   if (e == NULL) return -1;
   PyObject *key = NULL;
@@ -328,6 +355,7 @@ PyMODINIT_FUNC PyInit__replay(void) {
   s_version = PyUnicode_InternFromString("version");
   s_result = PyUnicode_InternFromString("result");
   s_ok = PyUnicode_InternFromString("ok");
-  if (!s_lwm || !s_seen || !s_data || !s_version || !s_result || !s_ok) return NULL;
+  s_pdata = PyUnicode_InternFromString("data");
+  if (!s_lwm || !s_seen || !s_data || !s_version || !s_result || !s_ok || !s_pdata) return NULL;
   return PyModule_Create(&module);
 }

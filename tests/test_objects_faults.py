@@ -38,7 +38,7 @@ from seqr_proc import SeqrProcess, _die_with_parent
 
 import pyzlog
 from pyzlog import Log
-from pyzlog.objects import MISSING, RadosCheckpoints, Runtime
+from pyzlog.objects import MISSING, NotApplied, RadosCheckpoints, Runtime
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "objects_worker.py"
@@ -438,14 +438,16 @@ def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(ra
         seqr.kill()
 
 
+@pytest.mark.parametrize("close_timeout", [60.0, 0.2], ids=["close-waits", "close-gives-up"])
 def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_cluster, ceph, log_name,  # type: ignore
-                                                                        monkeypatch) -> None:
+                                                                        monkeypatch, close_timeout: float) -> None:
     """A proposal's retry is on its way when the runtime closes (held back
     here until the test lets it go). close() waits for it, so a runtime
     started again with the same client id finds it in the log and numbers
-    its own proposals after it; had it not waited, the new runtime's first
-    put would take the retry's seq and be dropped as its duplicate,
-    acknowledged but lost."""
+    its own proposals after it. When close() gives up waiting, the new
+    runtime's first put takes the retry's seq: it is NotApplied (its copy
+    is dropped as the other's duplicate), never acknowledged and lost, and
+    put again it is applied."""
     log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     fixed = 0x5EED
     rt1 = Runtime(log, client_id=fixed)
@@ -482,7 +484,7 @@ def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_c
     while rt1.stats.retries < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.3)  # the retry (after 50 ms) is handed to append_async, and held
-    closer = threading.Thread(target=rt1.close, kwargs={"timeout": 60})
+    closer = threading.Thread(target=rt1.close, kwargs={"timeout": close_timeout})
     closer.start()
     closer.join(1.0)
 
@@ -505,6 +507,9 @@ def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_c
     while m2.get("a") is None and time.monotonic() < deadline:  # the retry landed: seen by the new runtime
         rt2.sync(timeout=30)
         time.sleep(0.05)
+    if close_timeout < 1:
+        with pytest.raises(NotApplied, match="took it first"):
+            m2.put("b", b"b", timeout=30)
     m2.put("b", b"b", timeout=30)
     fresh = Runtime(log)
     mf = fresh.map("m")

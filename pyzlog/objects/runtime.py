@@ -87,6 +87,15 @@ TAIL_POLL_FIRST = 0.01
 TAIL_POLL_MAX = 1.0
 
 
+def _seq_taken(seq: int) -> NotApplied:
+    """What a proposal learns when the log holds another entry of its client
+    id under its seq: a runtime started with the same client_id while this
+    one's appends were on their way took the seq first (or it was retired)."""
+    return NotApplied(f"proposal {seq}: the log holds another entry of this client id under its seq (a runtime "
+                      "started with the same client_id took it first, or the seq was retired): it was not "
+                      "applied and never will be")
+
+
 class _Pending:
     __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire", "streams", "result", "ok")
 
@@ -1043,6 +1052,10 @@ class Runtime:
                         elif not s.admit(seq, lwm):
                             n_dup += 1
                             applied = pos + 1
+                            if client == me and seq in pending:  # ours, its seq taken first: never applied now
+                                taken = pending.pop(seq)
+                                taken.result, taken.ok = _seq_taken(seq), False
+                                done.append(taken)
                             continue
                         ok = True
                         if kind == CMD:
@@ -1071,7 +1084,11 @@ class Runtime:
                         if client == me:
                             p = pending.pop(seq, None)
                             if p is not None:
-                                p.result, p.ok = result, ok
+                                pd = p.data  # the entry is this proposal if kind, stream and body are its own
+                                if pd[3] == kind and pd[29:37] == data[29:37] and data[off:] == pd[HEADER_SIZE:]:
+                                    p.result, p.ok = result, ok
+                                else:
+                                    p.result, p.ok = _seq_taken(seq), False
                                 done.append(p)
                 finally:
                     self.applied = applied  # under the lock: a snapshot sees state and position together

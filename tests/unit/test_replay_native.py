@@ -92,15 +92,36 @@ def build(plan: list[tuple[Any, ...]]) -> list[bytes | None]:
     return out
 
 
+def own_proposals(datas: list[bytes | None]) -> dict[int, bytes]:
+    """What this runtime proposed under each of its seqs in `datas`: the
+    first entry of ME with that seq, as proposed (no backpointer section);
+    under every fifth seq something else, as if a runtime of the same client
+    id had taken the seq first (its proposal is then NotApplied)."""
+    own: dict[int, bytes] = {}
+    for d in datas:
+        if d is None or d[:2] != entry.MAGIC or len(d) < entry.HEADER_SIZE:
+            continue
+        _m, _v, kind, flags, client, seq, lwm, stream = entry.HEADER.unpack_from(d)
+        if client != ME or seq in own:
+            continue
+        try:
+            off = entry.body_offset(d) if flags & entry.FLAG_BACKPOINTERS else entry.HEADER_SIZE
+        except ObjectsError:
+            continue
+        own[seq] = entry.header(kind, ME, seq, lwm, stream) + (d[off:] if seq % 5 else b"another incarnation's")
+    return own
+
+
 def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.MonkeyPatch,
            lwm_of_5: int | None = None) -> dict[str, Any]:
     rt = runtime()
     if lwm_of_5 is not None:  # a session as a checkpoint restored it
         rt._sessions.by_client[5] = Session(lwm_of_5)
     futures = {}
+    own = own_proposals(datas)
     for s in range(1, 40):  # own proposals awaiting their result
         f: Future[Any] = Future()
-        rt._pending[s] = _Pending(s, b"", f, 0.0)
+        rt._pending[s] = _Pending(s, own.get(s, entry.header(entry.CMD, ME, s, 0, 0) + b"never sent"), f, 0.0)
         futures[s] = f
     taken = [0]
     real = runtime_module._apply_common
@@ -256,3 +277,35 @@ def test_a_finalizer_that_empties_the_entries_mid_call_stops_the_native_loop_cle
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert out.returncode == 0 and out.stdout.startswith("ok"), (out.returncode, out.stdout, out.stderr[-2000:])
+
+
+@pytest.mark.parametrize("native_loop", [True, False], ids=["C", "python"])
+def test_an_own_seq_taken_by_another_runtime_of_the_client_id_is_not_applied(native_loop: bool,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime started again with its client id while the last one's
+    appends were on their way can meet that one's entry under a seq it has
+    given a proposal of its own. The proposal is then NotApplied (never an
+    acknowledgement with the other entry's result), whether the other entry
+    comes while it is pending or before it was made and its own copy is a
+    duplicate; the other entry is applied, as everywhere else."""
+    from pyzlog.objects import NotApplied
+    if not native_loop:
+        monkeypatch.setattr(runtime_module, "_apply_common", lambda positions, datas, i, *rest: (i, 0))
+    rt = runtime()
+    m1 = entry.stream_id("m1")
+
+    def put(seq: int, key: str, value: bytes) -> bytes:
+        return entry.header(entry.CMD, ME, seq, 1, m1) + _OP[MAP_PUT] + dumps(key) + dumps(value)
+
+    mine, theirs = Future[Any](), Future[Any]()
+    rt._pending[2] = _Pending(2, put(2, "b", b"mine"), mine, 0.0)
+    rt._apply_rows([0, 1], [put(1, "w", b"w"), put(2, "a", b"theirs")], None)  # the other runtime's seq 2
+    assert isinstance(mine.exception(timeout=1), NotApplied)
+    rt._pending[3] = _Pending(3, put(3, "c", b"mine"), theirs, 0.0)  # made after the other's seq 3 was applied
+    rt._apply_rows([2, 3], [put(3, "d", b"theirs"), put(3, "c", b"mine")], None)
+    assert isinstance(theirs.exception(timeout=1), NotApplied)
+    assert rt.hosted()["m1"].items() == [("w", b"w"), ("a", b"theirs"), ("d", b"theirs")]
+    ok = Future[Any]()
+    rt._pending[4] = _Pending(4, put(4, "e", b"mine"), ok, 0.0)
+    rt._apply_rows([4], [put(4, "e", b"mine")], None)
+    assert ok.result(timeout=1) is None and rt.hosted()["m1"].get("e") == b"mine" and not rt._pending
