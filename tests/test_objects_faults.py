@@ -405,11 +405,12 @@ def test_appends_that_time_out_are_applied_exactly_once(ceph, log_name, tmp_path
 
 
 def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(rados_cluster, ceph, log_name,  # type: ignore
-                                                                               tmp_path) -> None:
-    """Ctrl-C while put() appends (its sequencer paused, so the append
-    waits): KeyboardInterrupt reaches the caller instead of being taken for
-    a failed append and retried under its feet, and the entry, which may be
-    stored, is retried in the background and applied once."""
+                                                                               tmp_path, monkeypatch) -> None:
+    """Ctrl-C as put()'s append returns, its entry stored: KeyboardInterrupt
+    reaches the caller instead of being taken for a failed append and
+    retried while the caller waits on, and the entry is retried in the
+    background and applied once (the stored copy; the retry's is a
+    duplicate)."""
     import _thread
     seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
     try:
@@ -417,13 +418,18 @@ def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(ra
         rt = Runtime(log)
         m = rt.map("m")
         m.put("warm", b"w")
-        seqr.pause()
-        timer = threading.Timer(0.3, _thread.interrupt_main)  # lands in the append's sequencer request
-        timer.start()
+        real_append = log.append
+
+        def stored_then_interrupted(data: bytes) -> int:
+            monkeypatch.setattr(log, "append", real_append)  # once
+            pos = real_append(data)
+            _thread.interrupt_main()
+            time.sleep(0.01)  # a call: the interrupt is raised here, within the append
+            return pos
+
+        monkeypatch.setattr(log, "append", stored_then_interrupted)
         with pytest.raises(KeyboardInterrupt):
             m.put("k", b"v", timeout=60)
-        timer.join()
-        seqr.resume()
         deadline = time.monotonic() + 60
         while m.get("k") is None and time.monotonic() < deadline:
             rt.sync(timeout=30)
@@ -436,6 +442,18 @@ def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(ra
         log.close()
     finally:
         seqr.kill()
+
+
+def refuse_the_first_batch(log: Log, monkeypatch: Any) -> None:
+    """The runtime's first batch (a sender's append_many) is refused, nothing
+    stored: its proposal is retried, one by one, with append_async."""
+    real_many = log.append_many
+
+    def refuse_once(entries: list[bytes]) -> list[int]:
+        monkeypatch.setattr(log, "append_many", real_many)
+        raise pyzlog.ZlogError("refused once by the test")
+
+    monkeypatch.setattr(log, "append_many", refuse_once)
 
 
 @pytest.mark.parametrize("close_timeout", [60.0, 0.2], ids=["close-waits", "close-gives-up"])
@@ -453,20 +471,13 @@ def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_c
     rt1 = Runtime(log, client_id=fixed)
     m1 = rt1.map("m")
     m1.put("w", b"w")
-    real_many, real_async = log.append_many, log.append_async
-    refused: list[int] = []
-
-    def refuse_once(entries: list[bytes]) -> list[int]:
-        if not refused:
-            refused.append(len(entries))
-            raise pyzlog.ZlogError("refused once by the test")  # refused, not stored: retried
-        return real_many(entries)
-
-    gate = threading.Event()
+    real_async = log.append_async
+    gate, sent = threading.Event(), threading.Event()
 
     def held(data: bytes) -> Any:  # the retry's append, on its way until the gate opens
         from concurrent.futures import Future
         f: Future[int] = Future()
+        sent.set()
 
         def go() -> None:
             gate.wait(60)
@@ -477,13 +488,10 @@ def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_c
         threading.Thread(target=go, daemon=True).start()
         return f
 
-    monkeypatch.setattr(log, "append_many", refuse_once)
+    refuse_the_first_batch(log, monkeypatch)
     monkeypatch.setattr(log, "append_async", held)
     m1.put_async("a", b"a")
-    deadline = time.monotonic() + 30
-    while rt1.stats.retries < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)  # the retry (after 50 ms) is handed to append_async, and held
+    assert sent.wait(30)  # refused once, retried: the retry is on its way, held
     closer = threading.Thread(target=rt1.close, kwargs={"timeout": close_timeout})
     closer.start()
     closer.join(1.0)
@@ -517,3 +525,55 @@ def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_c
     assert dict(mf.items()) == {"w": b"w", "a": b"a", "b": b"b"}
     for rt in (rt2, fresh):
         rt.close()
+
+
+def test_ctrl_c_while_a_put_waits_on_a_hole_leaves_the_runtime_running(rados_cluster, ceph, log_name) -> None:  # type: ignore
+    """Ctrl-C while put() plays the log on the caller's thread and waits out
+    a hole below its entry: the caller gets KeyboardInterrupt, nothing was
+    applied half way, so the runtime does not stop; its player applies the
+    put once the hole is filled."""
+    import _thread
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    rt = Runtime(log, hole_wait=3.0)
+    m = rt.map("m")
+    m.put("warm", b"w")
+    log.take_positions(1)  # a hole below the next put: playing past it waits hole_wait
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        m.put("k", b"v", timeout=60)
+    timer.join()
+    assert rt.failed is None
+    rt.sync(timeout=60)
+    assert m.get("k") == b"v"
+    m.put("k2", b"v2")
+    assert dict(m.items()) == {"warm": b"w", "k": b"v", "k2": b"v2"} and rt.stats.applied == 3
+    rt.close()
+
+
+def test_a_runtime_closed_on_the_clients_completion_thread_does_not_wait_for_it(rados_cluster, ceph,  # type: ignore
+                                                                              log_name, monkeypatch) -> None:
+    """close() from an append future's done-callback runs on the client's
+    completion thread, where the runtime's own retry in flight would land:
+    it does not wait for that (it would wait out its whole timeout, with
+    every async append of the connection stalled behind it)."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    rt = Runtime(log)
+    m = rt.map("m")
+    m.put("w", b"w")
+    real_async = log.append_async
+    closed = threading.Event()
+
+    def close_here(_f: Any) -> None:
+        rt.close(timeout=120)
+        closed.set()
+
+    def with_a_user_append(data: bytes) -> Any:  # the runtime's retry, beside a user's append that closes it
+        real_async(b"user entry").add_done_callback(close_here)
+        return real_async(data)
+
+    refuse_the_first_batch(log, monkeypatch)
+    monkeypatch.setattr(log, "append_async", with_a_user_append)
+    m.put_async("k", b"v")
+    assert closed.wait(60), "close() on the completion thread waited for what lands on that thread"
+    assert log.append_async(b"after").result(timeout=30) >= 0  # the connection is not stalled

@@ -197,6 +197,7 @@ class Runtime:
         self._idle_senders = 0
         self._senders: list[threading.Thread] = []
         self._play_lock = threading.Lock()  # one thread plays at a time: the player, or a caller (_play_here)
+        self._applying = False  # _apply_rows is under way (or stopped half way by an exception)
         self._own_heap: list[int] = []
         self._pending: dict[int, _Pending] = {}
         self._sessions = Sessions()
@@ -314,8 +315,10 @@ class Runtime:
         for t in (self._player, self._retrier, *self._senders):
             if t is not None and t is not threading.current_thread():
                 t.join(max(0.0, end - time.monotonic()))
+        # (not on the client's completion or retry thread: what is on its way lands on that thread)
+        on_client_thread = threading.current_thread().name.startswith("pyzlog-")
         with self._cv:
-            while self._in_flight and (left := end - time.monotonic()) > 0:
+            while self._in_flight and not on_client_thread and (left := end - time.monotonic()) > 0:
                 self._cv.wait(left)
             if self._in_flight:
                 logger.warning("runtime of %r closed with %d own appends still on their way: a runtime started "
@@ -363,7 +366,12 @@ class Runtime:
         p = self._new_pending(kind, stream, body, None, streams)
         p.attempts += 1
         with self._cv:
-            self._in_flight += 1
+            closing = self._closing  # looked at again once counted: close() waits for what it counts
+            if not closing:
+                self._in_flight += 1
+        if closing:
+            self._drop(p, RuntimeClosed("the runtime is closed"))
+            return p.future.result(0)
         try:
             if self.streams:
                 pos, stored = self._store([p])[0]
@@ -557,6 +565,7 @@ class Runtime:
     def _play_here(self, target: int) -> None:
         """Play to `target` on this thread if no one else is playing; else
         (or if it cannot finish) leave it to the player, woken."""
+        interrupted: BaseException | None = None
         if self._play_lock.acquire(blocking=False):
             try:
                 self._play(target)
@@ -565,13 +574,18 @@ class Runtime:
                     self._fail(e)
                 # else a trim or an outage: the player reloads or retries
             except BaseException as e:  # noqa: BLE001 - a bug; told to every waiter
-                logger.exception("playing log %r stopped", self.log.name)
-                self._fail(e)
+                if isinstance(e, Exception) or self._applying:  # (mid-apply, an object may be half changed)
+                    logger.exception("playing log %r stopped", self.log.name)
+                    self._fail(e)
+                else:  # Ctrl-C in a read or a hole's wait: nothing changed, the player plays on
+                    interrupted = e
             finally:
                 self._play_lock.release()
         if self.applied < target:
             with self._cv:
                 self._cv.notify_all()
+        if interrupted is not None:
+            raise interrupted
 
     def _appended(self, p: _Pending, f: Future[int]) -> None:
         """On the client's completion thread: keep it short."""
@@ -1006,6 +1020,7 @@ class Runtime:
         applied = self.applied
         n_applied = n_gaps = n_foreign = n_dup = 0
         i, n = 0, len(datas)
+        self._applying = True  # until the lot is applied and settled: an interrupt meanwhile stops the runtime
         try:
             with self._lock:
                 try:
@@ -1092,6 +1107,9 @@ class Runtime:
                                 done.append(p)
                 finally:
                     self.applied = applied  # under the lock: a snapshot sees state and position together
+        except Exception:  # a trim or a damaged entry, met before its entry was applied
+            self._applying = False
+            raise
         finally:
             stats.applied += n_applied
             stats.gaps += n_gaps
@@ -1118,6 +1136,7 @@ class Runtime:
             if self.applied >= self._wake_at:  # (read after `applied`: a waiter registers before it looks)
                 with self._cv:
                     self._cv.notify_all()
+        self._applying = False
 
     def _apply_txn(self, data: bytes, pos: int, off: int = HEADER_SIZE) -> TxnResult | None:
         streams, off = entry.unpack_u64s(data, off)
@@ -1236,13 +1255,19 @@ class Runtime:
                 obj.version = int(version)
             self._sessions = sessions
             self._streams_seen = streams
+            # before any play: a copy of one of these met later is a duplicate of the checkpoint's, not a taken seq
+            held = self._held_by_checkpoint()
             with self._cv:
                 self.applied = max(pos, 0)
                 if self._target < self.applied:
                     self._target = self.applied
                 self._cv.notify_all()
         self.stats.reloads += 1
-        self._settle_after_load()
+        for p in held:
+            self._settle(p.seq)
+            if not p.future.done():
+                p.future.set_exception(ResultUnavailable(
+                    f"proposal {p.seq} was applied (or retired) before the checkpoint this runtime started from"))
         logger.info("log %r: started from checkpoint %s at position %d", self.log.name, info.id, pos)
 
     def _reload_after_trim(self, position: int) -> None:
@@ -1273,21 +1298,16 @@ class Runtime:
                     raise  # still listed: damaged, not replaced
         return None
 
-    def _settle_after_load(self) -> None:
-        """Proposals the checkpoint already holds: applied (result unknown
-        here) or retired."""
+    def _held_by_checkpoint(self) -> list[_Pending]:
+        """Proposals the restored checkpoint already holds (applied, result
+        unknown here, or retired), taken out of the pending ones."""
         s = self._sessions.get(self.client_id)
         if s is None:
-            return
-        for p in list(self._pending.values()):
-            state = s.applied(p.seq)
-            if state is False:
-                continue
+            return []
+        held = [p for p in list(self._pending.values()) if s.applied(p.seq) is not False]
+        for p in held:
             self._pending.pop(p.seq, None)
-            self._settle(p.seq)
-            if not p.future.done():
-                p.future.set_exception(ResultUnavailable(
-                    f"proposal {p.seq} was applied (or retired) before the checkpoint this runtime started from"))
+        return held
 
 
 __all__ = ["Runtime", "Stats"]
