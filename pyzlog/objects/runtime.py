@@ -87,6 +87,16 @@ TAIL_POLL_FIRST = 0.01
 TAIL_POLL_MAX = 1.0
 
 
+def _seq_clock() -> int:
+    """Where a runtime with a fixed client id starts its seqs, at the least:
+    microseconds since the epoch. A client proposes far fewer than a million
+    entries a second, so the seqs an earlier run of it used stay below this,
+    those that a streams replica never reads and those still on their way
+    included (the log's own count cannot see either). Its first entry's
+    low-water mark then tells every replica to drop such late copies."""
+    return time.time_ns() // 1000
+
+
 def _seq_taken(seq: int) -> NotApplied:
     """What a proposal learns when the log holds another entry of its client
     id under its seq: a runtime started with the same client_id while this
@@ -292,10 +302,10 @@ class Runtime:
                                      daemon=True)
                 t.start()
                 self._senders.append(t)
-        if self._fixed_id:  # a restarted client: continue its seqs after the log's
+        if self._fixed_id:  # a restarted client: its seqs go on above every one it used before
             self.sync()
             with self._plock:
-                self._next_seq = max(self._next_seq, self._sessions.max_seq(self.client_id) + 1)
+                self._next_seq = max(self._next_seq, self._sessions.max_seq(self.client_id) + 1, _seq_clock())
         return self
 
     def close(self, timeout: float = 30.0) -> None:
@@ -321,9 +331,9 @@ class Runtime:
             while self._in_flight and not on_client_thread and (left := end - time.monotonic()) > 0:
                 self._cv.wait(left)
             if self._in_flight:
-                logger.warning("runtime of %r closed with %d own appends still on their way: a runtime started "
-                               "again with client id %d before they land may reuse their seqs", self.log.name,
-                               self._in_flight, self.client_id)
+                logger.warning("runtime of %r closed with %d own appends still on their way: their proposals are "
+                               "told RuntimeClosed, yet each may still be applied, if it lands before a runtime of "
+                               "client id %d appends again", self.log.name, self._in_flight, self.client_id)
         for p in list(self._pending.values()):
             self._pending.pop(p.seq, None)
             if not p.future.done():
