@@ -607,3 +607,45 @@ def test_a_streams_replica_restarted_with_its_client_id_takes_no_seq_of_a_stream
     assert b.walk_stats.rounds > 0 and b.stats.read < 7  # b read its stream, not the whole log
     b.close()
     seqr.kill()
+
+
+def test_a_streams_replica_hosting_some_objects_writes_no_checkpoint_to_trim_the_others_by(  # type: ignore
+        rados_cluster, ceph, log_name, tmp_path) -> None:
+    """A streams replica never reads the streams of what it does not host,
+    so it cannot know its checkpoint holds every object the log has entries
+    for: it is not complete, and trim() does not cut below it (found by an
+    adversarial review: it was marked complete, and trim() erased the other
+    objects' history). 65 objects are more than one stream request names:
+    hosting the 65th is refused, rather than playing never."""
+    from pyzlog import InvalidRequest
+    seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+    w = Runtime(log, streams=True)
+    wm, wn = w.map("m"), w.map("n")
+    for i in range(5):
+        wn.put(f"n{i}", b"x")
+        wm.put(f"m{i}", b"y")
+    w.close()
+    r = Runtime(log, streams=True, checkpoints=RadosCheckpoints.for_log(log))
+    r.map("m")
+    info = r.checkpoint()
+    assert info.objects == ("m",) and not info.complete
+    assert r.trim() is None and log.first_position() == 0
+    r.close()
+    full = Runtime(log, checkpoints=RadosCheckpoints.for_log(log))
+    full.map("m"), full.map("n")
+    assert full.checkpoint().complete  # a replica of the whole log can tell
+    full.close()
+    for streams in (True, False):
+        f = Runtime(log, streams=streams, checkpoints=RadosCheckpoints.for_log(log))
+        fn = f.map("n")
+        f.sync(timeout=30)
+        assert len(dict(fn.items())) == 5, streams
+        f.close()
+    many = Runtime(log, streams=True)
+    for i in range(64):
+        many.map(f"o{i}")
+    with pytest.raises(InvalidRequest, match="at most 64 objects"):
+        many.map("o64")
+    many.close()
+    seqr.kill()

@@ -74,7 +74,8 @@ PLAY_BACKOFF_MAX = 2.0
 #: the most entries one append_many takes
 SENDERS = 2
 MAX_BATCH = 256
-#: most streams (objects written) one entry may belong to with streams on
+#: most streams (objects written) one entry may belong to with streams on, and
+#: most objects a streams runtime hosts (its stream requests name them all)
 MAX_STREAMS_PER_REQUEST = 64
 #: while own appends are in flight, how long the player waits for the next
 #: position to turn out to be one of them before reading it from the log
@@ -246,6 +247,10 @@ class Runtime:
             if other is not None:
                 raise InvalidRequest(f"an object named {other.name!r} is already hosted here"
                                      + ("" if other.name == name else " (its stream id is the same)"))
+            if self.streams and len(self._objects) >= MAX_STREAMS_PER_REQUEST:
+                raise InvalidRequest(f"with streams on, a runtime hosts at most {MAX_STREAMS_PER_REQUEST} objects "
+                                     "(one sequencer request names their streams): host the rest in another "
+                                     "runtime, or play the whole log (streams=False)")
             obj._runtime, obj.name, obj.stream = self, name, sid
             try:
                 self._initial[sid] = codec.dumps(obj.snapshot())
@@ -1207,7 +1212,9 @@ class Runtime:
             self.sync()
         pos, state = self.state_snapshot()
         names = sorted(state["objects"])
-        complete = set(state["streams"]) <= set(self._objects)
+        # complete: it holds every object the log has entries for. A streams
+        # replica reads only its own streams and cannot tell, so never says so
+        complete = not self.streams and set(state["streams"]) <= set(self._objects)
         return self.checkpoints.write(codec.dumps(state), pos, names, complete)
 
     def trim(self, keep: int = 1) -> int | None:
