@@ -649,3 +649,60 @@ def test_a_streams_replica_hosting_some_objects_writes_no_checkpoint_to_trim_the
         many.map("o64")
     many.close()
     seqr.kill()
+
+
+def test_a_batch_refused_after_part_of_it_was_stored_tells_no_proposal_it_was_not_applied(  # type: ignore
+        rados_cluster, ceph, log_name, monkeypatch) -> None:
+    """A sender's batch is one write per object: the pool can refuse one
+    (full) after another was stored. The refusal lasting past the proposals'
+    deadline, each is retired, not told NotApplied outright: those stored
+    are applied everywhere and their proposer learns so from the play
+    (found by an adversarial review: every one was told NotApplied, half of
+    them applied)."""
+    from concurrent.futures import Future
+
+    from pyzlog.objects import NotApplied, OutcomeUnknown
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
+    rt = Runtime(log, propose_timeout=1.0)
+    m = rt.map("m")
+    m.put("w", b"w")
+    real_many, real_async = log.append_many, log.append_async
+    full_until = [0.0]
+
+    def many(entries: list[bytes]) -> list[int]:
+        if full_until[0] == 0.0 and len(entries) >= 2:
+            full_until[0] = time.monotonic() + 3.0
+            real_many(entries[: len(entries) // 2])  # one object's write stored...
+            raise pyzlog.PoolFull("the pool is at its quota (the test)")  # ...the other's refused
+        if time.monotonic() < full_until[0]:
+            raise pyzlog.PoolFull("the pool is at its quota (the test)")
+        return real_many(entries)
+
+    def full_async(data: bytes) -> Any:
+        if time.monotonic() < full_until[0]:
+            f: Future[int] = Future()
+            f.set_exception(pyzlog.PoolFull("the pool is at its quota (the test)"))
+            return f
+        return real_async(data)
+
+    monkeypatch.setattr(log, "append_many", many)
+    monkeypatch.setattr(log, "append_async", full_async)
+    futures = {f"k{i}": m.put_async(f"k{i}", b"v") for i in range(8)}
+    told = {}
+    for k, f in futures.items():
+        try:
+            f.result(60)
+            told[k] = "applied"
+        except NotApplied:
+            told[k] = "not applied"
+        except OutcomeUnknown:  # its RETIRE was refused too, while the pool stayed full
+            told[k] = "unknown"
+    monkeypatch.undo()
+    fresh = Runtime(log)
+    fm = fresh.map("m")
+    fresh.sync(timeout=30)
+    stored = {k for k in futures if fm.get(k) is not None}
+    assert stored and all(told[k] != "not applied" for k in stored), (told, stored)
+    assert all(told[k] != "applied" for k in futures if k not in stored), (told, stored)
+    rt.close()
+    fresh.close()

@@ -542,7 +542,11 @@ class Runtime:
                     for p in batch:  # one bad entry refuses the call: send each alone, so only it fails
                         self._submit(p)
                     continue
+                # a batch is one write per object: some may be stored before another is refused,
+                # so a proposal of it that is given up on is retired, never told NotApplied outright
+                partly = len(batch) > 1
                 for p in batch:
+                    p.maybe_stored = p.maybe_stored or partly
                     self._append_failed(p, e)
                 continue
             with self._cv:
