@@ -615,7 +615,9 @@ def test_a_streams_replica_hosting_some_objects_writes_no_checkpoint_to_trim_the
     so it cannot know its checkpoint holds every object the log has entries
     for: it is not complete, and trim() does not cut below it (found by an
     adversarial review: it was marked complete, and trim() erased the other
-    objects' history). 65 objects are more than one stream request names:
+    objects' history). Nor can a replica of the whole log that started from
+    such a checkpoint (found by the next review). 65 objects are more than
+    one stream request names:
     hosting the 65th is refused, rather than playing never."""
     from pyzlog import InvalidRequest
     seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
@@ -632,9 +634,14 @@ def test_a_streams_replica_hosting_some_objects_writes_no_checkpoint_to_trim_the
     assert info.objects == ("m",) and not info.complete
     assert r.trim() is None and log.first_position() == 0
     r.close()
+    late = Runtime(log, checkpoints=RadosCheckpoints.for_log(log))  # the whole log, from the incomplete checkpoint
+    late.map("m")
+    late.sync(timeout=30)
+    assert late.stats.reloads == 1 and not late.checkpoint().complete and late.trim() is None
+    late.close()
     full = Runtime(log, checkpoints=RadosCheckpoints.for_log(log))
     full.map("m"), full.map("n")
-    assert full.checkpoint().complete  # a replica of the whole log can tell
+    assert full.checkpoint().complete  # a replica of the whole log from its start can tell
     full.close()
     for streams in (True, False):
         f = Runtime(log, streams=streams, checkpoints=RadosCheckpoints.for_log(log))

@@ -213,6 +213,9 @@ class Runtime:
         self._pending: dict[int, _Pending] = {}
         self._sessions = Sessions()
         self._streams_seen: set[int] = set()
+        #: every stream with an entry below `applied` is in _streams_seen: a replica of
+        #: the whole log, from its start or from a complete checkpoint (so its own can be)
+        self._sees_every_stream = not self.streams
         self._done: list[_Pending] = []  # applied, to settle once the state lock is let go
         self._one_stream: dict[int, tuple[int]] = {}  # (stream,) per object: one tuple, not one per proposal
 
@@ -316,9 +319,10 @@ class Runtime:
     def close(self, timeout: float = 30.0) -> None:
         """Stop playing; pending proposals fail with RuntimeClosed. The log
         stays open. Appends already sent (a sender's batch, a retry) are
-        waited for, up to `timeout`: a runtime started again with this
-        client id then finds them in the log, rather than taking their seqs
-        for its own proposals while they are still on their way."""
+        waited for, up to `timeout`, so that they land before a runtime
+        started again with this client id appends: that one's first entry
+        drops later copies by its low-water mark, which a streams replica
+        of other objects does not read."""
         end = time.monotonic() + timeout
         with self._cv:
             if self._closing:
@@ -1214,11 +1218,13 @@ class Runtime:
             raise CheckpointError("this runtime has no checkpoint store (Runtime(checkpoints=...))")
         if sync:
             self.sync()
+        whole = self._sees_every_stream
         pos, state = self.state_snapshot()
         names = sorted(state["objects"])
         # complete: it holds every object the log has entries for. A streams
-        # replica reads only its own streams and cannot tell, so never says so
-        complete = not self.streams and set(state["streams"]) <= set(self._objects)
+        # replica reads only its own streams and cannot tell, nor can one that
+        # started from a checkpoint that was not complete, so neither says so
+        complete = whole and self._sees_every_stream and set(state["streams"]) <= set(self._objects)
         return self.checkpoints.write(codec.dumps(state), pos, names, complete)
 
     def trim(self, keep: int = 1) -> int | None:
@@ -1276,6 +1282,7 @@ class Runtime:
                 obj.version = int(version)
             self._sessions = sessions
             self._streams_seen = streams
+            self._sees_every_stream = not self.streams and info.complete  # its streams are the checkpoint's
             # before any play: a copy of one of these met later is a duplicate of the checkpoint's, not a taken seq
             held = self._held_by_checkpoint()
             with self._cv:
