@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import InvalidRequest
-from .wire import ANY_STRIPES, MAX_POSITION, View
+from .wire import MAX_POSITION, View
 
 #: RADOS namespace of the per-log metadata objects (one object per log, named
 #: after it), so listing logs never walks the data objects.
@@ -55,24 +55,9 @@ def stripe_span(view: View) -> int:
     return view.width * view.slots if view.bounded else 0
 
 
-#: the stripes a data-format view can have: a stripe number and a view's
-#: stripe count travel as u32 (cls_zlog/ops.h), and the count ANY_STRIPES
-#: means "any" in a metadata CAS
-MAX_STRIPES = ANY_STRIPES - 1
-
-
 def stripe_of(view: View, position: int) -> int:
-    """The stripe holding `position`; InvalidRequest past the view's last
-    stripe (at 16,384 positions an object, width 1: 7e13 positions)."""
     span = stripe_span(view)
-    if not span:
-        return 0
-    stripe = (position - view.start) // span
-    if stripe >= MAX_STRIPES:
-        raise InvalidRequest(f"position {position} lies past the last position of its view "
-                             f"({view.start + MAX_STRIPES * span - 1}: {MAX_STRIPES} stripes of {span}); "
-                             "reconfigure() starts a new view at the tail")
-    return stripe
+    return (position - view.start) // span if span else 0
 
 
 def stripe_start(view: View, stripe: int) -> int:

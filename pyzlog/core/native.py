@@ -137,7 +137,12 @@ def request(op: Op | int, **fields: Any) -> tuple[Any, list[Any]]:
             keep += [bufs, positions, datas, lens]
             req.count, req.positions, req.datas, req.lens = len(value), positions, datas, lens
         else:
-            setattr(req, key, value)
+            try:
+                setattr(req, key, value)
+            except OverflowError:  # a field out of its wire range: say which, not cffi's words
+                hint = (": the position lies past its view's last stripe (stripe numbers are 32 bits); "
+                        "reconfigure() starts a new view at the tail" if key == "stripe" else "")
+                raise InvalidRequest(f"{key} {value} is out of range in a {Op(op).name} request{hint}") from None
     return req, keep
 
 

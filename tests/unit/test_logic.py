@@ -18,7 +18,6 @@ from pyzlog.core import wire
 from pyzlog.core import layout
 from pyzlog.core.layout import (by_object, check_name, check_position, data_oid, first_in_stride, oid_of, place_of,
                                 stride_positions, view_end, view_of)
-from pyzlog.core.errors import InvalidRequest
 from pyzlog.core.wire import View
 
 
@@ -31,18 +30,6 @@ def test_positions_map_to_the_object_of_their_view() -> None:
     assert oid_of("lg", VIEWS, 9) == "zlog.lg.1.1" and oid_of("lg", VIEWS, 11) == "zlog.lg.3.1"
     assert oid_of("lg", VIEWS, 31) == data_oid("lg", VIEWS[2], 1)
     assert [view_end(VIEWS, v) for v in VIEWS] == [10, 30, None]
-
-
-def test_a_position_past_a_views_last_stripe_is_refused() -> None:
-    """Stripe numbers travel as u32: past the last one a clear error, not an OverflowError from cffi."""
-    view = View(2, 100, 2, wire.FORMAT_DATA, slots=16384, unit=1)
-    last = 100 + layout.MAX_STRIPES * 2 * 16384 - 1
-    assert layout.stripe_of(view, last) == layout.MAX_STRIPES - 1 < wire.ANY_STRIPES
-    assert layout.place("lg", view, last).stripe == layout.MAX_STRIPES - 1
-    for p in (last + 1, wire.MAX_POSITION):
-        with pytest.raises(InvalidRequest, match="past the last position of its view"):
-            layout.place("lg", view, p)
-    assert layout.stripe_of(View(1, 0, 2), wire.MAX_POSITION) == 0  # an omap view is one unbounded stripe
 
 
 @st.composite
