@@ -400,10 +400,10 @@ class LogAsync:
         conn, pool = self.log.conn, self.log.data
         epoch = meta.epoch
         for item, pos in placed:
+            where = place_of(self.log.name, meta.views, pos)
             def done(code: int, _v: Any, item: Item = item, pos: int = pos) -> None:
                 self.outcome(item, code, pos, meta)
             try:
-                where = place_of(self.log.name, meta.views, pos)  # InvalidRequest past the view's last stripe
                 conn.submit(pool, where.oid, Op.WRITE, done,
                             epoch=epoch, position=pos, data=item[2], format=where.format)
             except ZlogError as e:
@@ -420,15 +420,14 @@ class LogAsync:
         made: dict[tuple[int, int, int], int] = {}
         again: list[tuple[Item, int, wire.Meta]] = []
         for item, pos, meta in batch:
-            epoch = meta.epoch
-            try:
-                where = place_of(self.log.name, meta.views, pos)
-                key = (epoch, where.view.epoch, where.stripe)
-                if key not in made:
+            epoch, where = meta.epoch, place_of(self.log.name, meta.views, pos)
+            key = (epoch, where.view.epoch, where.stripe)
+            if key not in made:
+                try:
                     made[key] = make(self.log, epoch, where) if where.view.bounded else -errno.ENOENT
-            except ZlogError as e:  # told to the entry, never left waiting
-                self._finish(item[1], error=e)
-                continue
+                except ZlogError as e:  # told to the entry, never left waiting
+                    self._finish(item[1], error=e)
+                    continue
             code = made[key]
             if code == 0:
                 again.append((item, pos, meta))
