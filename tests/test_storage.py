@@ -17,9 +17,13 @@ import pyzlog
 from pyzlog import Log, RecordKind
 from pyzlog.core import wire
 from pyzlog.core.layout import place, stripe_places, view_objects
+from pyzlog.admin.damage import deep_scan
+from pyzlog.admin.status import stored
+from pyzlog.core import stripes
 from pyzlog.core.stripes import make
 
 from clsobj import log_obj
+from seqr_proc import SeqrProcess
 
 #: small objects, so a test crosses many stripes: 64 positions per object
 SLOTS = 64
@@ -99,6 +103,52 @@ def test_trim_to_gives_the_space_of_whole_stripes_back(rados_cluster, ceph, log_
     with pytest.raises(pyzlog.Trimmed):
         lg.read(1500)
     assert lg.append(b"after") == 2001
+
+
+@pytest.mark.parametrize("sequencer", [False, True])
+def test_a_fill_far_past_the_tail_costs_what_exists_not_what_it_opened(rados_cluster, ceph, log_name, own_pool,  # type: ignore[no-untyped-def]
+                                                                      monkeypatch, tmp_path, request, sequencer) -> None:
+    """A fill 4,000 stripes past the tail opens them all and makes one. The
+    status's counts, the damage scan and trim_to look only at the objects
+    that exist (the pool's listing, once the names outnumber the pool's
+    objects), and trim_to makes none of the missing ones. A trim between
+    the sequencer's counter and the fill moves the log to a new epoch, so
+    the sequencer counts on from past the fill instead of handing out
+    trimmed positions."""
+    monkeypatch.setattr(stripes, "NAMED_MAX", 64)  # what "many names" means for a pool this small
+    Log.create(rados_cluster, own_pool, log_name, width=2, slots=SLOTS)
+    seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log", pool=own_pool).start() if sequencer else None
+    request.addfinalizer(lambda: seqr and seqr.kill())
+    lg = Log.open(rados_cluster, own_pool, log_name, sequencer=seqr.address if seqr else None)
+    assert lg.append_many([b"a%d" % i for i in range(10)]) == list(range(10))
+    far = 4000 * 2 * SLOTS + 5
+    lg.fill(far)
+    view = lg.refresh().views[-1]
+    assert view.stripes == 4001
+
+    def data_objects() -> set[str]:
+        io = rados_cluster.open_ioctx(own_pool)
+        try:
+            return {o.key for o in io.list_objects() if o.key.startswith(f"zlog.{log_name}.")}
+        finally:
+            io.close()
+
+    made = {p.oid for s in (0, 4000) for p in stripe_places(log_name, view, s)}
+    assert data_objects() == made
+    counted = stored(lg.state, lg.meta)
+    assert counted["objects"] == 4 and counted["entries"] == 10  # a fill is not an entry
+    damage, scanned = deep_scan(lg.state)
+    assert damage == [] and scanned == 4
+    lg.trim_to(far - 1)  # every stripe: the 3,999 never made stay so
+    assert data_objects() == made
+    assert lg.first_position() == far
+    with pytest.raises(pyzlog.Trimmed):
+        lg.read(3)
+    with pytest.raises(pyzlog.Filled):
+        lg.read(far)
+    assert lg.append(b"after") == far + 1
+    if seqr:
+        assert lg.append_async(b"async").result(60) == far + 2
 
 
 def test_tail_finding_walks_back_over_empty_stripes(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
@@ -258,10 +308,11 @@ def pool_stored(ceph, pool: str) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def quota_pool(rados_cluster, ceph):  # type: ignore[no-untyped-def]
+def own_pool(rados_cluster, ceph):  # type: ignore[no-untyped-def]
+    """A pool of the test's own (made and removed), for quotas and counts."""
     if ceph.dir is None:
-        pytest.skip("needs the test's own cluster (a pool with a quota is made and removed)")
-    pool = f"quota-{uuid.uuid4().hex[:8]}"
+        pytest.skip("needs the test's own cluster (a pool is made and removed)")
+    pool = f"own-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "create", pool, "8", "8"], check=True,
                    capture_output=True, timeout=60)
     subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "application", "enable", pool, "zlog"], check=True,
@@ -271,14 +322,14 @@ def quota_pool(rados_cluster, ceph):  # type: ignore[no-untyped-def]
                    capture_output=True, timeout=60)
 
 
-def test_ceph_counts_the_log_and_its_quota_stops_it(rados_cluster, ceph, log_name, quota_pool) -> None:  # type: ignore[no-untyped-def]
+def test_ceph_counts_the_log_and_its_quota_stops_it(rados_cluster, ceph, log_name, own_pool) -> None:  # type: ignore[no-untyped-def]
     """A 16 MiB quota: appends of 1 MiB a second (Ceph notices a full pool
     within seconds, not at once) are refused with PoolFull before 32 MiB are
     stored, and nothing acknowledged is lost; `ceph df` shows the bytes;
     with the quota raised, appends go on."""
-    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "set-quota", quota_pool, "max_bytes", str(16 << 20)],
+    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "set-quota", own_pool, "max_bytes", str(16 << 20)],
                    check=True, capture_output=True, timeout=60)
-    lg = Log.create(rados_cluster, quota_pool, log_name, width=2)
+    lg = Log.create(rados_cluster, own_pool, log_name, width=2)
     entry = b"q" * 4096
     acked: list[int] = []
     refused: pyzlog.PoolFull | None = None
@@ -289,15 +340,15 @@ def test_ceph_counts_the_log_and_its_quota_stops_it(rados_cluster, ceph, log_nam
             refused = e
             break
         time.sleep(1.0)
-    assert refused is not None and refused.pool == quota_pool and "quota" in str(refused)
+    assert refused is not None and refused.pool == own_pool and "quota" in str(refused)
     assert len(acked) * len(entry) < 32 << 20
     with pytest.raises(pyzlog.PoolFull):
         lg.append_async(entry).result(timeout=60)
     deadline = time.monotonic() + 60
-    while pool_stored(ceph, quota_pool) < len(acked) * len(entry) and time.monotonic() < deadline:
+    while pool_stored(ceph, own_pool) < len(acked) * len(entry) and time.monotonic() < deadline:
         time.sleep(1)  # the mgr reports usage every second or so
-    assert pool_stored(ceph, quota_pool) >= len(acked) * len(entry)
-    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "set-quota", quota_pool, "max_bytes", "0"],
+    assert pool_stored(ceph, own_pool) >= len(acked) * len(entry)
+    subprocess.run(["ceph", "-c", ceph.conf, "osd", "pool", "set-quota", own_pool, "max_bytes", "0"],
                    check=True, capture_output=True, timeout=60)
     while True:  # space returns: appends go on by themselves once the OSDs know it
         try:
@@ -306,7 +357,7 @@ def test_ceph_counts_the_log_and_its_quota_stops_it(rados_cluster, ceph, log_nam
         except pyzlog.PoolFull:
             assert time.monotonic() < deadline + 60, "appends did not resume after the quota was lifted"
             time.sleep(0.5)
-    recs = [r for r in Log.open(rados_cluster, quota_pool, log_name).stream() if r.kind == RecordKind.DATA]
+    recs = [r for r in Log.open(rados_cluster, own_pool, log_name).stream() if r.kind == RecordKind.DATA]
     assert {r.position for r in recs} >= set(acked)
 
 

@@ -24,9 +24,10 @@ from typing import Any
 
 from ..core import wire
 from ..core.errors import Corrupt, InvalidRequest, ZlogError
-from ..core.layout import Place, first_in_stride, held_after, held_count, next_held, view_end, view_places
+from ..core.layout import Place, first_in_stride, held_after, held_count, next_held, place_named, view_end
 from ..core.native import Op
 from ..core.state import LogState
+from ..core.stripes import made_places
 
 #: positions asked of one object per read_range call while scanning
 PER_CALL = 1024
@@ -48,9 +49,9 @@ class Damage:
 Progress = Callable[[int, int, int], None]  # (objects scanned, objects in all, damage found)
 
 
-def log_places(meta: wire.Meta, name: str) -> list[Place]:
+def log_places(state: LogState, meta: wire.Meta) -> list[Place]:
     """Every object of the log's views that may hold entries."""
-    return [p for v in meta.views for p in view_places(name, v)]
+    return [p for v in meta.views for p in made_places(state, v)]
 
 
 def deep_scan(state: LogState, progress: Progress | None = None) -> tuple[list[Damage], int]:
@@ -60,7 +61,7 @@ def deep_scan(state: LogState, progress: Progress | None = None) -> tuple[list[D
     except Corrupt as e:
         return [Damage(state.meta_store.name, "metadata", None, f"the log's metadata object does not parse "
                                                                  f"({e}): the log cannot be opened")], 0
-    places = log_places(meta, state.name)
+    places = log_places(state, meta)
     found: list[Damage] = []
     for i, p in enumerate(places):
         found += _scan_object(state, meta, p)
@@ -139,9 +140,10 @@ def damaged_positions(state: LogState, p: Place, epoch: int, first: int, last: i
 
 
 def find_place(meta: wire.Meta, name: str, oid: str) -> Place:
-    """The object `oid` of log `name` (any stripe its view may have)."""
-    for p in log_places(meta, name):
-        if p.oid == oid:
+    """The object `oid` of log `name` (of a stripe its view opened)."""
+    for v in meta.views:
+        p = place_named(name, v, oid)
+        if p is not None and (not v.bounded or p.stripe < v.stripes):
             return p
     raise InvalidRequest(f"{oid!r} is not a data object of log {name!r} (zlog check --log {name} --deep "
                          "names the damaged ones)")

@@ -16,7 +16,8 @@ import rados
 from ..core import offsets, wire
 from ..core.cluster import mon_json, open_ioctx
 from ..core.errors import ZlogError
-from ..core.layout import META_NAMESPACE, view_places
+from ..core.layout import META_NAMESPACE
+from ..core.stripes import made_places
 from ..core.metadata import MetaStore
 from ..client.positions import next_position_hint
 from ..core.registry import preference, read_records, recent, registry_ioctx
@@ -85,7 +86,7 @@ def stored(state: LogState, meta: wire.Meta) -> dict[str, Any]:
     bytes, from every object's header), how many objects it has, and its
     first untrimmed position. Omap-format views are not counted (their
     objects do not count what they hold): `counted` says whether all were."""
-    places = [p for v in meta.views if v.bounded for p in view_places(state.name, v)]
+    places = [p for v in meta.views if v.bounded for p in made_places(state, v)]
     stats = stat_places(state, places) if places else []
     return {"entries": sum(st.entries for st in stats), "bytes": sum(st.bytes for st in stats),
             "objects": len(stats), "first_position": meta.trim_below,

@@ -173,7 +173,8 @@ class Log:
 
     def trim_to(self, position: int) -> None:
         """Trim every position <= `position` (see ops.trim_to)."""
-        ops.trim_to(self.state, position)
+        check_position(position)
+        ops.trim_to(self.state, position, handed_out=self.positions.tail())
 
     # ------------------------------------------------------------------ tail
     def max_position(self) -> int | None:

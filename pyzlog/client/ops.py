@@ -14,7 +14,7 @@ from ..core.errors import Filled, ReadOnly, StaleEpoch, Trimmed
 from ..core.layout import META_NAMESPACE, Place, check_position, place_of, stripe_of, view_end, view_places
 from ..core.native import Op
 from ..core.state import LogState
-from ..core.stripes import make
+from ..core.stripes import made_places, make
 from ..core.tailfind import find_tail, stat_objects
 from .positions import max_position
 from .stale import StaleWait
@@ -101,7 +101,7 @@ def trim(log: LogState, position: int) -> None:
     call_at(log, Op.TRIM, position)
 
 
-def trim_to(log: LogState, position: int) -> None:
+def trim_to(log: LogState, position: int, handed_out: int | None = None) -> None:
     """Trim every position <= `position`, on every object that may hold one.
 
     The log's trim point is raised first (the metadata keeps it for
@@ -110,9 +110,10 @@ def trim_to(log: LogState, position: int) -> None:
     never hands out a trimmed position again; a data-format object wholly
     trimmed keeps only its header. Only stripes from where the last finished
     trim_to stopped are asked (a trim_to cut short is finished by the next).
-    A trim beyond what is stored also moves the log to a new epoch, so a
-    sequencer counting below it recovers its counter above it instead of
-    handing out trimmed positions."""
+    A trim beyond what is stored, or beyond `handed_out` (the sequencer's
+    counter: a fill far past the tail stores positions it has not reached),
+    also moves the log to a new epoch, so a sequencer counting below it
+    recovers its counter above it instead of handing out trimmed positions."""
     check_position(position)
     stored_top = max_position(log)
     done_below = _objects_trimmed_below(log)
@@ -128,7 +129,7 @@ def trim_to(log: LogState, position: int) -> None:
             break
         stale(meta.epoch)
     _note_objects_trimmed_below(log, done_below, position + 1)
-    if stored_top is None or position > stored_top:
+    if stored_top is None or position > stored_top or (handed_out is not None and position >= handed_out):
         find_tail(log)
 
 
@@ -208,7 +209,7 @@ def _trimmed_places(log: LogState, meta: wire.Meta, position: int, done_below: i
         end = view_end(meta.views, v)
         if end is not None:
             last = min(last, stripe_of(v, max(v.start, end - 1)))
-        out += view_places(log.name, v, range(first, last + 1))
+        out += made_places(log, v, range(first, last + 1))
     return out
 
 

@@ -175,6 +175,26 @@ def view_places(log: str, view: View, stripes: range | None = None) -> list[Plac
             for p in stripe_places(log, view, s)]
 
 
+_STRIPE_OID_RE = re.compile(r"s([0-9]+)\.([0-9]+)")
+_OMAP_OID_RE = re.compile(r"[0-9]+")
+
+
+def place_named(log: str, view: View, oid: str) -> Place | None:
+    """The object `oid` of `view` (any stripe of it, open or not), or None if
+    no object of the view has that name: data_oid's inverse."""
+    prefix = data_oid_prefix(log, view)
+    if not oid.startswith(prefix):
+        return None
+    if view.bounded:
+        m = _STRIPE_OID_RE.fullmatch(oid, len(prefix))
+        stripe, index = (int(m[1]), int(m[2])) if m else (0, -1)
+    else:
+        stripe, index = 0, int(oid[len(prefix):]) if _OMAP_OID_RE.fullmatch(oid, len(prefix)) else -1
+    if not 0 <= index < view.width or data_oid(log, view, index, stripe) != oid:  # (no leading zeros)
+        return None
+    return Place(oid, view, stripe, index)
+
+
 def view_objects(log: str, view: View) -> list[str]:
     """The names of a view's objects (a data-format view's open stripes')."""
     return [p.oid for p in view_places(log, view)]

@@ -10,14 +10,26 @@ began: tail finding counts the open stripes in its own compare-and-swap
 ENOENT, makes it here, and sends its call again to the same position.
 Objects made after the log's trim point rose get its watermark here: the
 trim_to that raised it listed only the stripes open then (client/ops.py).
+
+Opening is by count: a fill far past the tail opens every stripe below its
+own and makes one. Whatever looks at every object of a range of stripes
+(trim_to, status, the damage scan) takes them from made_places, whose cost
+follows the objects that exist, not the stripes open.
 """
 from __future__ import annotations
 
 import errno
 
-from .layout import Place, stripe_end, stripe_places, stripe_start, view_end
+from .cluster import open_ioctx
+from .errors import ZlogError, error_for
+from .layout import Place, place_named, stripe_end, stripe_places, stripe_start, view_end, view_places
 from .native import Op
 from .state import LogState
+from .wire import View
+
+#: a range of stripes with up to this many objects is asked object by object,
+#: without looking at the pool (made_places)
+NAMED_MAX = 16384
 
 
 def make(log: LogState, epoch: int, place: Place) -> int:
@@ -62,3 +74,43 @@ def make(log: LogState, epoch: int, place: Place) -> int:
             if code < 0 and code not in (-errno.ESTALE, -errno.EINVAL):
                 return code
     return 0
+
+
+def made_places(log: LogState, view: View, stripes: range | None = None) -> list[Place]:
+    """The objects of `stripes` of `view` (default: every open one) that may
+    exist, by stripe and index: every name, or, when the names outnumber
+    the objects in the pool (a fill far past the tail opened millions of
+    stripes), those the pool's listing shows. An object made after the
+    listing began is not in it: a trim_to raises the trim point first, and
+    make() gives it the watermark."""
+    if stripes is None:
+        stripes = range(view.stripes) if view.bounded else range(1)
+    named = len(stripes) * view.width
+    if not view.bounded or named <= NAMED_MAX or named <= _pool_objects(log):
+        return view_places(log.name, view, stripes)
+    import rados
+
+    ioctx = open_ioctx(log.cluster, log.pool)  # data objects are in the default namespace
+    try:
+        found = [p for o in ioctx.list_objects()
+                 if (p := place_named(log.name, view, o.key)) is not None and p.stripe in stripes]
+    except rados.Error as e:
+        raise error_for(-(getattr(e, "errno", None) or errno.EIO), f"listing the objects of pool {log.pool!r}",
+                        pool=log.pool) from None
+    finally:
+        ioctx.close()
+    return sorted(found, key=lambda p: (p.stripe, p.index))
+
+
+def _pool_objects(log: LogState) -> int:
+    """How many objects the pool holds (every namespace), 0 if Ceph cannot say."""
+    import rados
+
+    try:
+        ioctx = open_ioctx(log.cluster, log.pool)
+        try:
+            return int(ioctx.get_stats()["num_objects"])
+        finally:
+            ioctx.close()
+    except (rados.Error, ZlogError, KeyError, ValueError):
+        return 0

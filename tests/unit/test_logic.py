@@ -109,6 +109,24 @@ def test_grouping_by_object_places_each_position_as_place_of_does(views: tuple[V
             by_object("lg", views, sorted(scattered, reverse=True))
 
 
+@settings(max_examples=200, deadline=None)
+@given(_views(), st.integers(0, 2**32 - 2), st.integers(0, 5))
+def test_an_object_name_gives_back_its_place(views: tuple[View, ...], stripe: int, index: int) -> None:
+    """place_named is data_oid's inverse, and names of no object of the view
+    (another view or log, even one whose name extends this one's; a bad
+    index; leading zeros) are None."""
+    v = views[-1]
+    stripe, index = (stripe if v.bounded else 0), index % v.width
+    oid = data_oid("lg", v, index, stripe)
+    assert layout.place_named("lg", v, oid) == layout.Place(oid, v, stripe, index)
+    others = [data_oid("lg", w, index, stripe) for w in views[:-1]] + [data_oid("lg.1", v, index, stripe),
+                                                                    data_oid("l", v, index, stripe)]
+    bad_index = data_oid("lg", v, v.width, stripe)
+    zeros = oid.rsplit(".", 1)[0] + ".0" + str(index) if v.bounded else f"zlog.lg.{v.epoch}.0{index}"
+    for name in [*others, bad_index, zeros, oid + ".0", oid[:-1] + "x"]:
+        assert layout.place_named("lg", v, name) is None, name
+
+
 @pytest.mark.parametrize("start,end,stride", [(0, 40, 4), (7, 100, 3), (5, 6, 8), (9, 9, 2), (0, 1, 1)])
 def test_stride_arithmetic(start: int, end: int, stride: int) -> None:
     for index in range(stride):
