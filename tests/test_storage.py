@@ -16,7 +16,7 @@ import pytest
 import pyzlog
 from pyzlog import Log, RecordKind
 from pyzlog.core import wire
-from pyzlog.core.layout import place, stripe_places, view_objects
+from pyzlog.core.layout import place, stripe_places, stripe_start, view_objects
 from pyzlog.admin.damage import deep_scan
 from pyzlog.admin.status import stored
 from pyzlog.core import stripes
@@ -105,50 +105,99 @@ def test_trim_to_gives_the_space_of_whole_stripes_back(rados_cluster, ceph, log_
     assert lg.append(b"after") == 2001
 
 
-@pytest.mark.parametrize("sequencer", [False, True])
+FAR = 4000 * 2 * SLOTS + 5  # a fill 4,000 stripes past the tail of a width-2 log
+
+
+def objects_of(rados_cluster, pool: str, name: str) -> set[str]:  # type: ignore[no-untyped-def]
+    """The log's data objects, as the pool lists them."""
+    io = rados_cluster.open_ioctx(pool)
+    try:
+        return {o.key for o in io.list_objects() if o.key.startswith(f"zlog.{name}.")}
+    finally:
+        io.close()
+
+
+def far_filled(rados_cluster, pool: str, name: str, sequencer: str | None = None) -> Log:  # type: ignore[no-untyped-def]
+    """A width-2 log of 10 entries and a fill at FAR."""
+    Log.create(rados_cluster, pool, name, width=2, slots=SLOTS)
+    lg = Log.open(rados_cluster, pool, name, sequencer=sequencer)
+    assert lg.append_many([b"a%d" % i for i in range(10)]) == list(range(10))
+    lg.fill(FAR)
+    assert lg.refresh().views[-1].stripes == 4001
+    return lg
+
+
+@pytest.mark.parametrize("listed,sequencer", [(True, False), (True, True), (False, True)])
 def test_a_fill_far_past_the_tail_costs_what_exists_not_what_it_opened(rados_cluster, ceph, log_name, own_pool,  # type: ignore[no-untyped-def]
-                                                                      monkeypatch, tmp_path, request, sequencer) -> None:
+                                                                      monkeypatch, tmp_path, request, listed,
+                                                                      sequencer) -> None:
     """A fill 4,000 stripes past the tail opens them all and makes one. The
     status's counts, the damage scan and trim_to look only at the objects
     that exist (the pool's listing, once the names outnumber the pool's
-    objects), and trim_to makes none of the missing ones. A trim between
-    the sequencer's counter and the fill moves the log to a new epoch, so
-    the sequencer counts on from past the fill instead of handing out
-    trimmed positions."""
-    monkeypatch.setattr(stripes, "NAMED_MAX", 64)  # what "many names" means for a pool this small
-    Log.create(rados_cluster, own_pool, log_name, width=2, slots=SLOTS)
+    objects), and trim_to makes none of the missing ones, listed or asked
+    by name. A trim between the sequencer's counter and the fill moves the
+    log to a new epoch, so the sequencer counts on from past the fill
+    instead of handing out trimmed positions."""
+    if listed:
+        monkeypatch.setattr(stripes, "NAMED_MAX", 64)  # what "many names" means for a pool this small
     seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log", pool=own_pool).start() if sequencer else None
     request.addfinalizer(lambda: seqr and seqr.kill())
-    lg = Log.open(rados_cluster, own_pool, log_name, sequencer=seqr.address if seqr else None)
-    assert lg.append_many([b"a%d" % i for i in range(10)]) == list(range(10))
-    far = 4000 * 2 * SLOTS + 5
-    lg.fill(far)
-    view = lg.refresh().views[-1]
-    assert view.stripes == 4001
-
-    def data_objects() -> set[str]:
-        io = rados_cluster.open_ioctx(own_pool)
-        try:
-            return {o.key for o in io.list_objects() if o.key.startswith(f"zlog.{log_name}.")}
-        finally:
-            io.close()
-
+    lg = far_filled(rados_cluster, own_pool, log_name, seqr.address if seqr else None)
+    view = lg.meta.views[-1]
     made = {p.oid for s in (0, 4000) for p in stripe_places(log_name, view, s)}
-    assert data_objects() == made
+    assert objects_of(rados_cluster, own_pool, log_name) == made
     counted = stored(lg.state, lg.meta)
     assert counted["objects"] == 4 and counted["entries"] == 10  # a fill is not an entry
     damage, scanned = deep_scan(lg.state)
-    assert damage == [] and scanned == 4
-    lg.trim_to(far - 1)  # every stripe: the 3,999 never made stay so
-    assert data_objects() == made
-    assert lg.first_position() == far
+    assert damage == [] and scanned == (4 if listed else 8002)
+    lg.trim_to(FAR - 1)  # every stripe: the 3,999 never made stay so
+    assert objects_of(rados_cluster, own_pool, log_name) == made
+    assert lg.first_position() == FAR
     with pytest.raises(pyzlog.Trimmed):
         lg.read(3)
     with pytest.raises(pyzlog.Filled):
-        lg.read(far)
-    assert lg.append(b"after") == far + 1
+        lg.read(FAR)
+    assert lg.append(b"after") == FAR + 1
     if seqr:
-        assert lg.append_async(b"async").result(60) == far + 2
+        assert lg.append_async(b"async").result(60) == FAR + 2
+
+
+def test_objects_made_while_sealing_get_the_trim_point(rados_cluster, ceph, log_name, own_pool,  # type: ignore[no-untyped-def]
+                                                       monkeypatch) -> None:
+    """A writer that died between opening a stripe and making its objects
+    leaves them to tail finding, which makes them while it seals. A trim_to
+    that listed the pool before then did not find them: they must get the
+    trim point from their maker, and refuse every position below it."""
+    monkeypatch.setattr(stripes, "NAMED_MAX", 64)
+    lg = far_filled(rados_cluster, own_pool, log_name)
+    meta = lg.refresh()
+    view = meta.views[-1]
+    assert lg.state.meta_store.open_stripe(meta.epoch, 4002) == 0  # the dead writer's step; no init follows
+    top = stripe_start(view, 4002) + 40
+    lg.trim_to(top)  # past everything stored: tail finding seals stripes 4002 and 4001, making their objects
+    assert objects_of(rados_cluster, own_pool, log_name) >= {p.oid for p in stripe_places(log_name, view, 4002)}
+    for q in (stripe_start(view, 4002) + 1, top, stripe_start(view, 4001) + 3):
+        with pytest.raises(pyzlog.Trimmed):
+            Log.open(rados_cluster, own_pool, log_name).write(q, b"late")
+    assert lg.append(b"after") == top + 1
+
+
+def test_a_trim_while_the_sequencer_does_not_answer_moves_the_log_on(rados_cluster, ceph, log_name, own_pool,  # type: ignore[no-untyped-def]
+                                                                     tmp_path, request) -> None:
+    """A trim between a paused sequencer's counter and a far fill cannot
+    learn the counter: it moves the log to a new epoch anyway, so once the
+    sequencer answers again it counts on from past the trim point."""
+    seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log", pool=own_pool).start()
+    request.addfinalizer(seqr.kill)
+    far_filled(rados_cluster, own_pool, log_name, seqr.address)
+    seqr.pause()
+    request.addfinalizer(seqr.resume)
+    epoch = Log.open(rados_cluster, own_pool, log_name).refresh().epoch
+    trimmer = Log.open(rados_cluster, own_pool, log_name, sequencer=seqr.address)
+    trimmer.trim_to(1000)
+    assert trimmer.refresh().epoch > epoch
+    seqr.resume()
+    assert Log.open(rados_cluster, own_pool, log_name, sequencer=seqr.address).append(b"after") == FAR + 1
 
 
 def test_tail_finding_walks_back_over_empty_stripes(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]

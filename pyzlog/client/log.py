@@ -174,7 +174,10 @@ class Log:
     def trim_to(self, position: int) -> None:
         """Trim every position <= `position` (see ops.trim_to)."""
         check_position(position)
-        ops.trim_to(self.state, position, handed_out=self.positions.tail())
+        counter = self.positions.counter()
+        # a sequencer whose counter is not known to lie past the trim point counts on from past it (ops.trim_to)
+        past = position >= counter if counter is not None else self.positions.sequencer is not None
+        ops.trim_to(self.state, position, past_counter=past)
 
     # ------------------------------------------------------------------ tail
     def max_position(self) -> int | None:

@@ -101,7 +101,7 @@ def trim(log: LogState, position: int) -> None:
     call_at(log, Op.TRIM, position)
 
 
-def trim_to(log: LogState, position: int, handed_out: int | None = None) -> None:
+def trim_to(log: LogState, position: int, past_counter: bool = False) -> None:
     """Trim every position <= `position`, on every object that may hold one.
 
     The log's trim point is raised first (the metadata keeps it for
@@ -110,16 +110,17 @@ def trim_to(log: LogState, position: int, handed_out: int | None = None) -> None
     never hands out a trimmed position again; a data-format object wholly
     trimmed keeps only its header. Only stripes from where the last finished
     trim_to stopped are asked (a trim_to cut short is finished by the next).
-    A trim beyond what is stored, or beyond `handed_out` (the sequencer's
-    counter: a fill far past the tail stores positions it has not reached),
-    also moves the log to a new epoch, so a sequencer counting below it
-    recovers its counter above it instead of handing out trimmed positions."""
+    A trim beyond what is stored, or `past_counter` (at or past the
+    sequencer's counter, or that counter unknown: a fill far past the tail
+    stores positions it has not reached), also moves the log to a new
+    epoch, so a sequencer counting below it recovers its counter above it
+    instead of handing out trimmed positions."""
     check_position(position)
     stored_top = max_position(log)
     done_below = _objects_trimmed_below(log)
     log.meta_store.trim(position)
-    # read after the trim point rose: a stripe opened later is made with the
-    # watermark by its writer (stripes.make); one opened before is listed here
+    # read after the trim point rose: an object made later gets it from its
+    # maker (stripes.give_trim_point); one made before is found here
     log.refresh()
     stale = StaleWait(log, f"trim_to {position}")
     while True:
@@ -129,33 +130,24 @@ def trim_to(log: LogState, position: int, handed_out: int | None = None) -> None
             break
         stale(meta.epoch)
     _note_objects_trimmed_below(log, done_below, position + 1)
-    if stored_top is None or position > stored_top or (handed_out is not None and position >= handed_out):
+    if stored_top is None or position > stored_top or past_counter:
         find_tail(log)
 
 
 def _trim_places(log: LogState, meta: wire.Meta, places: list[Place], position: int) -> int:
-    """trim_to `position` on each of `places` at meta's epoch, making the
-    objects of an open stripe nobody made yet: 0, or -ESTALE if the log
-    moved on; raises any other failure."""
-    while places:
-        results = log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position,
-                                                                 "format": p.format}) for p in places])
-        if any(code == -errno.ESTALE for code, _ in results):
-            return -errno.ESTALE
-        missing = {(p.view.epoch, p.stripe): p for p, (code, _) in zip(places, results)
-                   if code == -errno.ENOENT and p.view.bounded}
-        for p, (code, _) in zip(places, results):
-            if code < 0 and (p.view.epoch, p.stripe) not in missing:
-                raise log.conn.error(code, f"trim_to {position} on {p.oid}", pool=log.data, oid=p.oid,
-                                     op=Op.TRIM_TO)
-        for p in missing.values():
-            code = make(log, meta.epoch, p)
-            if code == -errno.ESTALE:
-                return code
-            if code < 0:  # not asked again: it would find the object missing for ever
-                raise log.conn.error(code, f"trim_to {position}: making {p.oid}", pool=log.data, oid=p.oid,
-                                     op=Op.INIT)
-        places = [p for p in places if (p.view.epoch, p.stripe) in missing]
+    """trim_to `position` on each of `places` at meta's epoch: 0, or -ESTALE
+    if the log moved on; raises any other failure. An object not made yet
+    is left to its maker, which gives it the trim point raised before this
+    (stripes.give_trim_point)."""
+    if not places:
+        return 0
+    results = log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position,
+                                                             "format": p.format}) for p in places])
+    if any(code == -errno.ESTALE for code, _ in results):
+        return -errno.ESTALE
+    for p, (code, _) in zip(places, results):
+        if code < 0 and not (code == -errno.ENOENT and p.view.bounded):
+            raise log.conn.error(code, f"trim_to {position} on {p.oid}", pool=log.data, oid=p.oid, op=Op.TRIM_TO)
     return 0
 
 

@@ -258,6 +258,12 @@ class Positions:
     def tail(self) -> int:
         """The next position an append would get (the sequencer's counter, or
         without a sequencer the position after the highest one stored)."""
+        counter = self.counter()
+        return counter if counter is not None else next_position_hint(self.log)
+
+    def counter(self) -> int | None:
+        """The sequencer's counter, or None if no sequencer answers (or none
+        is known: self.sequencer is None)."""
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
@@ -282,7 +288,7 @@ class Positions:
                         break
             except SequencerUnavailable:  # no timeout per sync(); appends find out for themselves
                 self._tail_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
-        return next_position_hint(self.log)
+        return None
 
     def take_streams(self, count: int, streams: list[int]) -> tuple[int, int, list[Any], wire.Meta]:
         """First of `count` fresh positions that belong to `streams`, with

@@ -6,10 +6,10 @@ compare-and-swap at the writer's epoch (meta_open_stripe), so a client
 whose epoch is stale can neither open a stripe nor, since init seals what
 it makes at that epoch, store into a stripe opened after an epoch change
 began: tail finding counts the open stripes in its own compare-and-swap
-(tailfind.py). A writer, filler or trimmer meets a missing object as
-ENOENT, makes it here, and sends its call again to the same position.
-Objects made after the log's trim point rose get its watermark here: the
-trim_to that raised it listed only the stripes open then (client/ops.py).
+(tailfind.py). A writer or filler meets a missing object as ENOENT, makes
+it here, and sends its call again to the same position; tail finding
+makes the missing objects of the stripes it seals. A trimmer makes none:
+whoever makes an object gives it the log's trim point (give_trim_point).
 
 Opening is by count: a fill far past the tail opens every stripe below its
 own and makes one. Whatever looks at every object of a range of stripes
@@ -54,17 +54,10 @@ def make(log: LogState, epoch: int, place: Place) -> int:
                                                     for p in places])):
         if code < 0:
             return code
-    # once per stripe: the client's metadata shows what it opened, and the
-    # trim point as it was once the objects existed
-    trim_below = log.refresh().trim_below
-    if trim_below > stripe_start(view, place.stripe):
-        # the log's trim point rose before the stripe opened or its objects
-        # were made (read after both, so a trim_to that did not list the
-        # stripe raised it before): its objects refuse what lies below
-        for code, _ in log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": epoch, "position": trim_below - 1,
-                                                                      "format": p.format}) for p in places]):
-            if code < 0:
-                return code
+    # once per stripe: the client's metadata shows what it opened (read by give_trim_point)
+    code = give_trim_point(log, places, epoch)
+    if code:
+        return code
     last = stripe_end(view, place.stripe)
     if end is not None and last is not None and end < last:
         # what a reconfiguration closed, an object made after it must refuse
@@ -74,6 +67,35 @@ def make(log: LogState, epoch: int, place: Place) -> int:
             if code < 0 and code not in (-errno.ESTALE, -errno.EINVAL):
                 return code
     return 0
+
+
+def give_trim_point(log: LogState, places: list[Place], epoch: int) -> int:
+    """Objects just made (by make, or by tail finding's seal) refuse what
+    lies below the log's trim point, read now that they exist: a trim_to
+    raises it before it looks for objects, so one it did not find gets it
+    here. The trim point is no epoch's: an object sealed above `epoch`
+    meanwhile is trimmed at its own. 0 or -errno."""
+    trim_below = log.refresh().trim_below
+    todo = [p for p in places if trim_below > stripe_start(p.view, p.stripe)]
+    at = {p.oid: epoch for p in todo}
+    for _ in range(8):
+        if not todo:
+            return 0
+        stale = []
+        for p, (code, _) in zip(todo, log.conn.calls([
+                (log.data, p.oid, Op.TRIM_TO, {"epoch": at[p.oid], "position": trim_below - 1, "format": p.format})
+                for p in todo])):
+            if code == -errno.ESTALE:
+                stale.append(p)
+            elif code < 0:
+                return code
+        for p, (code, st) in zip(stale, log.conn.calls([(log.data, p.oid, Op.STAT, {"format": p.format})
+                                                        for p in stale])):
+            if code < 0:
+                return code
+            at[p.oid] = st.sealed_epoch
+        todo = stale
+    return -errno.ESTALE
 
 
 def made_places(log: LogState, view: View, stripes: range | None = None) -> list[Place]:

@@ -17,6 +17,7 @@ from .layout import Place, stripe_places, view_places
 from .metadata import Geometry
 from .native import Op
 from .state import LogState
+from .stripes import give_trim_point
 
 logger = logging.getLogger("pyzlog")
 
@@ -126,7 +127,7 @@ def refresh_with_newest(log: LogState, wanted: Callable[[wire.Meta], bool]) -> t
 def seal_places(log: LogState, places: list[Place], epoch: int) -> None:
     """Seal every object at `epoch`. A data-format object of an open stripe
     that nobody made yet is made, sealed at `epoch` (so a writer making it
-    late finds it sealed). Raises StaleEpoch if some object is already
+    late finds it sealed), with the log's trim point. Raises StaleEpoch if some object is already
     sealed at `epoch` or above (someone else is sealing)."""
     missing = []
     for p, code, _ in _each(log, Op.SEAL, places, epoch=epoch):
@@ -146,6 +147,11 @@ def seal_places(log: LogState, places: list[Place], epoch: int) -> None:
         for p, code, _ in _each(log, Op.SEAL, missing, epoch=epoch):
             if code != -errno.ESTALE:
                 _check(log, Op.SEAL, p.oid, code)
+        # a trim_to that listed the pool before they existed left them to their maker
+        code = give_trim_point(log, missing, epoch)
+        if code < 0:
+            raise log.conn.error(code, f"trimming {len(missing)} object(s) made while sealing", pool=log.data,
+                                 oid=missing[0].oid, op=Op.TRIM_TO)
 
 
 def close_places(log: LogState, places: list[Place], epoch: int, end: int) -> None:
