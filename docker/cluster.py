@@ -76,6 +76,11 @@ POOL = "zlog"
 PG_NUM = 32
 DOCKERD_LOG = Path("/var/log/pyzlog-dockerd.log")
 DOCKERD_PID = Path("/run/pyzlog-dockerd.pid")
+#: pid files that a dockerd killed outright leaves behind, and the process
+#: each names. A new dockerd trusts them: a pid reused since by another
+#: process makes it wait for a containerd that is not there, and fail.
+DOCKER_PID_FILES = ((Path("/var/run/docker.pid"), "dockerd"),
+                    (Path("/var/run/docker/containerd/containerd.pid"), "containerd"))
 #: what goes into the pyzlog wheel (hashed for the node image's tag)
 WHEEL_INPUTS = ("pyproject.toml", "CMakeLists.txt", "pyzlog", "cls_zlog", "seqr", "appender")
 #: raise when the way an image is made changes without its inputs changing
@@ -169,6 +174,9 @@ def ensure_docker(say: Say = _say) -> list[str]:
     # file. No default bridge, no iptables rules, no IP forwarding: the
     # project's networks are internal and the host talks to them directly.
     cmd = ["dockerd", "--bridge=none", "--iptables=false", "--ip-forward=false"]
+    stale = clear_stale_pid_files()
+    if stale:
+        say(f"removed pid files of a dockerd that did not stop cleanly: {', '.join(stale)}")
     say(f"starting {' '.join(cmd)} with setsid (log: {DOCKERD_LOG})")
     DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
     with open(DOCKERD_LOG, "ab") as log:
@@ -188,6 +196,28 @@ def ensure_docker(say: Say = _say) -> list[str]:
     done.append(f"started dockerd (pid {p.pid}, log {DOCKERD_LOG}); it keeps running")
     say(done[-1])
     return done
+
+
+def clear_stale_pid_files(files: tuple[tuple[Path, str], ...] = DOCKER_PID_FILES) -> list[str]:
+    """Remove each pid file whose pid is not a running process of its name
+    (called only when no dockerd answers); returns the paths removed."""
+    removed = []
+    for path, name in files:
+        try:
+            pid = int(path.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            running = Path(f"/proc/{pid}/comm").read_text().strip() == name
+        except OSError:
+            running = False
+        if not running:
+            try:
+                path.unlink()
+                removed.append(str(path))
+            except OSError:  # not ours to remove (not root): dockerd says what it finds
+                pass
+    return removed
 
 
 def _tail(path: Path, n: int = 20) -> str:

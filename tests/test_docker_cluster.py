@@ -73,6 +73,20 @@ def test_source_hash_follows_every_wheel_input(tmp_path: Path) -> None:
     assert dcluster.source_hash(tmp_path) not in (first, second)
 
 
+def test_stale_docker_pid_files_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    """A dockerd killed outright leaves its containerd's pid file; once that
+    pid names another process, a new dockerd waits for it and fails."""
+    me = Path("/proc/self/comm").read_text().strip()
+    reused, live, dead, junk = (tmp_path / n for n in ("reused.pid", "live.pid", "dead.pid", "junk.pid"))
+    reused.write_text(f"{os.getpid()}\n")  # a running process, not a containerd
+    live.write_text(f"{os.getpid()}\n")
+    dead.write_text("999999999\n")
+    junk.write_text("not a pid")
+    files = ((reused, "containerd"), (live, me), (dead, "dockerd"), (junk, "dockerd"), (tmp_path / "none", "x"))
+    assert dcluster.clear_stale_pid_files(files) == [str(reused), str(dead)]
+    assert not reused.exists() and not dead.exists() and live.exists() and junk.exists()
+
+
 def test_cephx_key_is_well_formed() -> None:
     raw = base64.b64decode(dcluster.cephx_key())
     kind, _sec, _nsec, length = struct.unpack("<HIIH", raw[:12])
