@@ -113,12 +113,17 @@ def trim_to(log: LogState, position: int, past_counter: bool = False) -> None:
     A trim beyond what is stored, or `past_counter` (at or past the
     sequencer's counter, or that counter unknown: a fill far past the tail
     stores positions it has not reached), also moves the log to a new
-    epoch, so a sequencer counting below it recovers its counter above it
-    instead of handing out trimmed positions."""
+    epoch right after the trim point rises, so a sequencer counting below
+    it recovers its counter above it instead of handing out trimmed
+    positions."""
     check_position(position)
     stored_top = max_position(log)
     done_below = _objects_trimmed_below(log)
     log.meta_store.trim(position)
+    if stored_top is None or position > stored_top or past_counter:
+        # at once, not after the objects: a trimmer killed in between would
+        # leave the sequencer handing out trimmed positions to every append
+        find_tail(log)
     # read after the trim point rose: an object made later gets it from its
     # maker (stripes.give_trim_point); one made before is found here
     log.refresh()
@@ -130,24 +135,35 @@ def trim_to(log: LogState, position: int, past_counter: bool = False) -> None:
             break
         stale(meta.epoch)
     _note_objects_trimmed_below(log, done_below, position + 1)
-    if stored_top is None or position > stored_top or past_counter:
-        find_tail(log)
 
 
 def _trim_places(log: LogState, meta: wire.Meta, places: list[Place], position: int) -> int:
-    """trim_to `position` on each of `places` at meta's epoch: 0, or -ESTALE
-    if the log moved on; raises any other failure. An object not made yet
-    is left to its maker, which gives it the trim point raised before this
-    (stripes.give_trim_point)."""
-    if not places:
-        return 0
-    results = log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position,
-                                                             "format": p.format}) for p in places])
-    if any(code == -errno.ESTALE for code, _ in results):
-        return -errno.ESTALE
-    for p, (code, _) in zip(places, results):
-        if code < 0 and not (code == -errno.ENOENT and p.view.bounded):
-            raise log.conn.error(code, f"trim_to {position} on {p.oid}", pool=log.data, oid=p.oid, op=Op.TRIM_TO)
+    """trim_to `position` on each of `places` at meta's epoch, making the
+    objects of an open stripe nobody made yet: 0, or -ESTALE if the log
+    moved on; raises any other failure. Made here, an object has the trim
+    point before anyone can write to it: a writer that made it could die
+    between making it and giving it the trim point. (A listed range holds
+    only objects that exist: what a listing did not find is left to its
+    maker, stripes.give_trim_point.)"""
+    while places:
+        results = log.conn.calls([(log.data, p.oid, Op.TRIM_TO, {"epoch": meta.epoch, "position": position,
+                                                                 "format": p.format}) for p in places])
+        if any(code == -errno.ESTALE for code, _ in results):
+            return -errno.ESTALE
+        missing = {(p.view.epoch, p.stripe): p for p, (code, _) in zip(places, results)
+                   if code == -errno.ENOENT and p.view.bounded}
+        for p, (code, _) in zip(places, results):
+            if code < 0 and (p.view.epoch, p.stripe) not in missing:
+                raise log.conn.error(code, f"trim_to {position} on {p.oid}", pool=log.data, oid=p.oid,
+                                     op=Op.TRIM_TO)
+        for p in missing.values():
+            code = make(log, meta.epoch, p)
+            if code == -errno.ESTALE:
+                return code
+            if code < 0:  # not asked again: it would find the object missing for ever
+                raise log.conn.error(code, f"trim_to {position}: making {p.oid}", pool=log.data, oid=p.oid,
+                                     op=Op.INIT)
+        places = [p for p in places if (p.view.epoch, p.stripe) in missing]
     return 0
 
 

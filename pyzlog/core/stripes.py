@@ -8,8 +8,9 @@ it makes at that epoch, store into a stripe opened after an epoch change
 began: tail finding counts the open stripes in its own compare-and-swap
 (tailfind.py). A writer or filler meets a missing object as ENOENT, makes
 it here, and sends its call again to the same position; tail finding
-makes the missing objects of the stripes it seals. A trimmer makes none:
-whoever makes an object gives it the log's trim point (give_trim_point).
+makes the missing objects of the stripes it seals, and a trimmer those of
+the stripes it names (not those a listing could not find). Whoever makes
+an object gives it the log's trim point (give_trim_point).
 
 Opening is by count: a fill far past the tail opens every stripe below its
 own and makes one. Whatever looks at every object of a range of stripes
