@@ -404,7 +404,17 @@ def test_appends_that_time_out_are_applied_exactly_once(ceph, log_name, tmp_path
         seqr.kill()
 
 
-def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(rados_cluster, ceph, log_name,  # type: ignore
+@pytest.fixture
+def ctrl_c() -> Any:
+    """SIGINT raises KeyboardInterrupt, as in a terminal: a suite started in
+    the background (`cmd &` in a script) inherits it ignored, and then
+    _thread.interrupt_main() does nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(ctrl_c, rados_cluster, ceph, log_name,  # type: ignore
                                                                                tmp_path, monkeypatch) -> None:
     """Ctrl-C as put()'s append returns, its entry stored: KeyboardInterrupt
     reaches the caller instead of being taken for a failed append and
@@ -523,7 +533,7 @@ def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_c
         rt.close()
 
 
-def test_ctrl_c_while_a_put_waits_on_a_hole_leaves_the_runtime_running(rados_cluster, ceph, log_name) -> None:  # type: ignore
+def test_ctrl_c_while_a_put_waits_on_a_hole_leaves_the_runtime_running(ctrl_c, rados_cluster, ceph, log_name) -> None:  # type: ignore
     """Ctrl-C while put() plays the log on the caller's thread and waits out
     a hole below its entry: the caller gets KeyboardInterrupt, nothing was
     applied half way, so the runtime does not stop; its player applies the
