@@ -17,12 +17,12 @@ from ..core import offsets, wire
 from ..core.cluster import mon_json, open_ioctx
 from ..core.errors import ZlogError
 from ..core.layout import META_NAMESPACE
-from ..core.stripes import made_places
 from ..core.metadata import MetaStore
 from ..client.positions import next_position_hint
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.sequencer import parse_address
 from ..core.state import LogState
+from ..core.stripes import made_places
 from ..core.tailfind import stat_places
 
 PROBE_TIMEOUT = 0.5

@@ -229,3 +229,10 @@ def error_for(code: int, what: str, *, position: int | None = None, oid: str | N
         return (Corrupt if position is None else CorruptEntry)(message, errno=err, oid=oid, position=position)
     return kind(message, errno=err)
 
+
+def error_from(e: Exception, what: str) -> ZlogError:
+    """The typed error for an exception of a library that carries an errno
+    (python3-rados' rados.Error): error_for its code, or a ZlogError
+    quoting it when it has none."""
+    code = getattr(e, "errno", None)
+    return error_for(-code, what) if isinstance(code, int) and code else ZlogError(f"{what}: {e}")

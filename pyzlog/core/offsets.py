@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import CommitRefused, InvalidRequest, ZlogError, error_for
+from .errors import CommitRefused, InvalidRequest, ZlogError, error_from
 from .layout import check_name, check_position
 
 if TYPE_CHECKING:
@@ -102,11 +102,6 @@ def _pad(position: int) -> bytes:
     return b"%020d" % position
 
 
-def _error(e: Exception, what: str) -> ZlogError:
-    code = getattr(e, "errno", None)
-    return error_for(-code, what) if isinstance(code, int) and code else ZlogError(f"{what}: {e}")
-
-
 def _parse(vals: dict[str, bytes], oid: str) -> Committed:
     try:
         return Committed(int(vals[_POSITION]), float(vals.get(_AT, b"0")), vals.get(_BY, b"").decode())
@@ -127,7 +122,7 @@ def read(meta_ioctx: rados.Ioctx, log: str, consumer: str) -> Committed | None:
     except rados.ObjectNotFound:
         return None
     except rados.Error as e:
-        raise _error(e, f"read the position of consumer {consumer!r} of log {log!r}") from None
+        raise error_from(e, f"read the position of consumer {consumer!r} of log {log!r}") from None
     finally:
         meta_ioctx.release_read_op(op)
     return _parse(vals, oid) if vals else None
@@ -168,7 +163,7 @@ def commit(meta_ioctx: rados.Ioctx, log: str, consumer: str, position: int) -> i
                 break  # created meanwhile: compare with what it holds
             except rados.Error as e:
                 if getattr(e, "errno", None) != errno.ECANCELED:
-                    raise _error(e, what) from None
+                    raise error_from(e, what) from None
                 break  # the stored position is not below ours
             finally:
                 meta_ioctx.release_write_op(op)
@@ -202,7 +197,7 @@ def commit_async(meta_ioctx: rados.Ioctx, log: str, consumer: str, position: int
         meta_ioctx.operate_aio_write_op(op, oid, oncomplete=finished)
     except rados.Error as e:
         meta_ioctx.release_write_op(op)
-        raise _error(e, f"commit position {position} of consumer {consumer!r} of log {log!r}") from None
+        raise error_from(e, f"commit position {position} of consumer {consumer!r} of log {log!r}") from None
 
 
 def reset(meta_ioctx: rados.Ioctx, log: str, consumer: str, position: int) -> None:
@@ -215,7 +210,7 @@ def reset(meta_ioctx: rados.Ioctx, log: str, consumer: str, position: int) -> No
     try:
         meta_ioctx.operate_write_op(op, consumer_oid(log, consumer))
     except rados.Error as e:
-        raise _error(e, f"reset consumer {consumer!r} of log {log!r}") from None
+        raise error_from(e, f"reset consumer {consumer!r} of log {log!r}") from None
     finally:
         meta_ioctx.release_write_op(op)
 
@@ -230,4 +225,4 @@ def remove(meta_ioctx: rados.Ioctx, log: str, consumer: str) -> bool:
     except rados.ObjectNotFound:
         return False
     except rados.Error as e:
-        raise _error(e, f"remove consumer {consumer!r} of log {log!r}") from None
+        raise error_from(e, f"remove consumer {consumer!r} of log {log!r}") from None

@@ -20,13 +20,17 @@ follows the objects that exist, not the stripes open.
 from __future__ import annotations
 
 import errno
+from typing import TYPE_CHECKING
 
 from .cluster import open_ioctx
-from .errors import ZlogError, error_for
+from .errors import error_from
 from .layout import Place, place_named, stripe_end, stripe_places, stripe_start, view_end, view_places
 from .native import Op
 from .state import LogState
 from .wire import View
+
+if TYPE_CHECKING:
+    import rados
 
 #: a range of stripes with up to this many objects is asked object by object,
 #: without looking at the pool (made_places)
@@ -105,35 +109,32 @@ def made_places(log: LogState, view: View, stripes: range | None = None) -> list
     the objects in the pool (a fill far past the tail opened millions of
     stripes), those the pool's listing shows. An object made after the
     listing began is not in it: a trim_to raises the trim point first, and
-    make() gives it the watermark."""
+    its maker gives it the trim point (give_trim_point)."""
     if stripes is None:
         stripes = range(view.stripes) if view.bounded else range(1)
     named = len(stripes) * view.width
-    if not view.bounded or named <= NAMED_MAX or named <= _pool_objects(log):
+    if not view.bounded or named <= NAMED_MAX:
         return view_places(log.name, view, stripes)
     import rados
 
     ioctx = open_ioctx(log.cluster, log.pool)  # data objects are in the default namespace
     try:
+        if named <= _pool_objects(ioctx):
+            return view_places(log.name, view, stripes)
         found = [p for o in ioctx.list_objects()
                  if (p := place_named(log.name, view, o.key)) is not None and p.stripe in stripes]
     except rados.Error as e:
-        raise error_for(-(getattr(e, "errno", None) or errno.EIO), f"listing the objects of pool {log.pool!r}",
-                        pool=log.pool) from None
+        raise error_from(e, f"listing the objects of pool {log.pool!r}") from None
     finally:
         ioctx.close()
     return sorted(found, key=lambda p: (p.stripe, p.index))
 
 
-def _pool_objects(log: LogState) -> int:
+def _pool_objects(ioctx: rados.Ioctx) -> int:
     """How many objects the pool holds (every namespace), 0 if Ceph cannot say."""
     import rados
 
     try:
-        ioctx = open_ioctx(log.cluster, log.pool)
-        try:
-            return int(ioctx.get_stats()["num_objects"])
-        finally:
-            ioctx.close()
-    except (rados.Error, ZlogError, KeyError, ValueError):
+        return int(ioctx.get_stats()["num_objects"])
+    except (rados.Error, KeyError, ValueError):
         return 0

@@ -127,8 +127,9 @@ def refresh_with_newest(log: LogState, wanted: Callable[[wire.Meta], bool]) -> t
 def seal_places(log: LogState, places: list[Place], epoch: int) -> None:
     """Seal every object at `epoch`. A data-format object of an open stripe
     that nobody made yet is made, sealed at `epoch` (so a writer making it
-    late finds it sealed), with the log's trim point. Raises StaleEpoch if some object is already
-    sealed at `epoch` or above (someone else is sealing)."""
+    late finds it sealed), with the log's trim point. Raises StaleEpoch if
+    some object is already sealed at `epoch` or above (someone else is
+    sealing)."""
     missing = []
     for p, code, _ in _each(log, Op.SEAL, places, epoch=epoch):
         if code == -errno.ENOENT and p.view.bounded:
