@@ -723,23 +723,35 @@ def bench_read(env: Env, duration: float, rounds: int, entries: int, size: int, 
               help="a directory holding another build's pyzlog package (pip install --no-deps --target DIR ...)")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               help="seconds per case and round")
-@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True)
+@click.option("--rounds", type=click.IntRange(1, 100), default=6, show_default=True,
+              help="each case runs once per round and build, alternately; from 6 rounds on a case gets a "
+                   "verdict (slower, faster, no difference shown)")
 @click.option("--size", type=click.IntRange(0, 1 << 20), default=1024, show_default=True)
 @click.option("--entries", type=click.IntRange(1, 10_000_000), default=20000, show_default=True,
               help="entries of the log the read cases read")
+@click.option("--cases", default=None, metavar="A,B,...",
+              help="the cases to run, comma-separated [default: all: append_async, append_many, append, stream, "
+                   "stream_batches, read, read_async]")
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-before-after.json]")
 @click.option("--baseline-reads", type=click.Choice(["data", "omap"]), default="data", show_default=True,
               help="the format of the log the baseline reads: data (unit 1; builds since the data format "
                    "became the default) or omap (round 2's builds)")
 @pass_env
 def bench_compare(env: Env, baseline: str, duration: float, rounds: int, size: int, entries: int,
-                  out: str | None, baseline_reads: str) -> None:
+                  cases: str | None, out: str | None, baseline_reads: str) -> None:
     """This build of the client against another one, same cluster, one sitting."""
+    from ..bench.compare import CASES
     from ..bench.compare import bench_compare as run
     from ..core.cluster import resolve_conf
 
+    chosen = CASES if cases is None else tuple(c.strip() for c in cases.split(",") if c.strip())
+    unknown = [c for c in chosen if c not in CASES]
+    if unknown or not chosen:
+        raise click.BadParameter(f"{', '.join(unknown) or 'none given'}: the cases are {', '.join(CASES)}",
+                                 param_hint="--cases")
     run(resolve_conf(env.conf), env.pool, baseline, seqr=env.seqr or "", duration=duration, rounds=rounds,
-        size=size, entries=entries, out=out or "results/bench-before-after.json", baseline_reads=baseline_reads)
+        size=size, entries=entries, out=out or "results/bench-before-after.json", cases=chosen,
+        baseline_reads=baseline_reads)
 
 
 @bench.command(name="peer", context_settings=CONTEXT)

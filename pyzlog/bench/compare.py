@@ -11,10 +11,19 @@ round, so a change in the shared machine's speed hits both alike. Per case:
 entries/s, the child's CPU per entry (all its threads, librados' included,
 from getrusage) and the local OSDs' (CpuMeter), and the ratio of this build
 to the baseline (median of the per-round ratios).
+
+A shared 2-core machine moves a case's rate by 10-20% from one round to the
+next, so one median says little. Each case also gets a distribution-free
+interval for its median ratio (order statistics of the paired rounds: a
+sign test, which assumes nothing of the noise's shape) and a verdict:
+"slower" or "faster" only when the whole interval lies on one side of 1,
+"no difference shown" when it straddles 1, and "too few rounds" below six
+(no interval of five rounds reaches 95%).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -123,6 +132,46 @@ print(json.dumps({"entries": n, "elapsed_s": elapsed, "cpu_s": cpu_s, "osd_s": o
                   "library": pyzlog.__file__}))
 '''
 
+#: the least coverage the interval of a case's median ratio must reach
+INTERVAL_LEVEL = 0.95
+
+
+def median_interval(ratios: list[float], level: float = INTERVAL_LEVEL) -> tuple[float, float, float] | None:
+    """The narrowest interval [r_(j), r_(n+1-j)] of the sorted ratios that
+    holds their true median with probability >= `level`, whatever the
+    noise's distribution (the count of rounds below the median is
+    Binomial(n, 1/2)): (low, high, coverage), or None if even [min, max]
+    falls short (fewer than six rounds at 95%)."""
+    n = len(ratios)
+    if n == 0:
+        return None
+    r = sorted(ratios)
+    below = 0.0  # P(K < j) for K ~ Binomial(n, 1/2)
+    best = None
+    for j in range(1, n // 2 + 1):
+        below += math.comb(n, j - 1) / 2 ** n
+        coverage = 1 - 2 * below
+        if coverage < level:
+            break
+        best = (r[j - 1], r[n - j], coverage)
+    return best
+
+
+def verdict(ratios: list[float], level: float = INTERVAL_LEVEL) -> str:
+    """"slower" / "faster" when the interval of the median ratio lies wholly
+    below / above 1, "no difference shown" when it holds 1, "too few rounds"
+    when there is no such interval."""
+    interval = median_interval(ratios, level)
+    if interval is None:
+        return "too few rounds"
+    low, high, _ = interval
+    if high < 1:
+        return "slower"
+    if low > 1:
+        return "faster"
+    return "no difference shown"
+
+
 CASES = ("append_async", "append_many", "append", "stream", "stream_batches", "read", "read_async")
 READ_CASES = ("stream", "stream_batches", "read", "read_async")
 
@@ -210,7 +259,13 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
             }
         ratios = [c["entries"] / c["elapsed_s"] / (b["entries"] / b["elapsed_s"])
                   for b, c in zip(runs[case]["baseline"], runs[case]["current"])]
-        result["cases"][case] = {**sides, "ratio": statistics.median(ratios), "rounds_ratio": ratios}
+        interval = median_interval(ratios)
+        result["cases"][case] = {**sides, "ratio": statistics.median(ratios), "rounds_ratio": ratios,
+                                 "interval": None if interval is None else list(interval[:2]),
+                                 "interval_coverage": None if interval is None else interval[2],
+                                 "verdict": verdict(ratios)}
+    slower = [case for case, c in result["cases"].items() if c["verdict"] == "slower"]
+    result["slower_cases"] = slower
     result["markdown"] = markdown_compare(result)
     write_json(out, result)
     print(result["markdown"])
@@ -221,13 +276,20 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
 def markdown_compare(r: dict[str, Any]) -> str:
     p = r["params"]
     lines = [f"This build against {p['baseline']}, {p['entry_bytes']} B entries, {p['rounds']} alternating "
-             f"rounds of {p['duration_s']:g} s per case (ratio: median of the per-round ratios)", "",
-             "| case | baseline entries/s | current entries/s | ratio | client µs/entry before → after "
-             "| OSD µs/entry before → after |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             f"rounds of {p['duration_s']:g} s per case (ratio: median of the per-round ratios; interval: "
+             f"where the median lies with {INTERVAL_LEVEL:.0%} confidence, from the rounds' order)", "",
+             "| case | baseline entries/s | current entries/s | ratio | interval | verdict "
+             "| client µs/entry before → after | OSD µs/entry before → after |",
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for case, c in r["cases"].items():
         b, n = c["baseline"], c["current"]
+        iv = c.get("interval")
+        span = "–" if iv is None else f"{iv[0]:.2f}–{iv[1]:.2f}"
         lines.append(f"| {case} | {_fmt(b['entries_per_s'])} | {_fmt(n['entries_per_s'])} | {c['ratio']:.2f} | "
+                     f"{span} | {c.get('verdict', '')} | "
                      f"{_fmt(b['client_us_per_entry'], '.1f')} → {_fmt(n['client_us_per_entry'], '.1f')} | "
                      f"{_fmt(b['osd_us_per_entry'], '.1f')} → {_fmt(n['osd_us_per_entry'], '.1f')} |")
+    if "slower_cases" in r:
+        slower = r["slower_cases"]
+        lines += ["", "slower beyond the noise: " + (", ".join(slower) if slower else "no case")]
     return "\n".join(lines)
