@@ -150,10 +150,12 @@ bool Pipeline::try_append(uint32_t id, uint64_t ticket, const char* data, uint32
   return true;
 }
 
-bool Pipeline::wait_room(double timeout_s) {
+bool Pipeline::wait_room(double timeout_s, uint32_t len) {
   std::unique_lock<std::mutex> l(mu_);
-  return room_.wait_for(l, std::chrono::duration<double>(timeout_s), [this] {
-    return closing_ || entries_ < opt_.window_entries;
+  // try_append's test: waking on room for entries alone spun while the bytes were full
+  return room_.wait_for(l, std::chrono::duration<double>(timeout_s), [this, len] {
+    return closing_ || entries_ == 0 ||
+           (entries_ + 1 <= opt_.window_entries && bytes_ + len <= opt_.window_bytes);
   }) && !closing_;
 }
 

@@ -101,8 +101,9 @@ class Pipeline {
   // Queues one entry; its outcome is posted under `ticket`. False without
   // queueing if the window is full (the caller waits with wait_room()).
   bool try_append(uint32_t log, uint64_t ticket, const char* data, uint32_t len);
-  // Waits up to timeout_s for room in the window; false on timeout or close.
-  bool wait_room(double timeout_s);
+  // Waits up to timeout_s for room in the window for an entry of `len` bytes;
+  // false on timeout or close.
+  bool wait_room(double timeout_s, uint32_t len = 0);
 
   // Stops taking entries, waits up to timeout_s for what is queued and in
   // flight. False if some remained (their memory is kept for late callbacks).

@@ -77,7 +77,7 @@ PYBIND11_MODULE(_appender, m) {
             while (!self.try_append(log, ticket, p, static_cast<uint32_t>(n))) {
               // the connection's window is full: wait for room without the GIL
               py::gil_scoped_release nogil;
-              self.wait_room(0.2);
+              self.wait_room(0.2, static_cast<uint32_t>(n));
             }
           },
           py::arg("log"), py::arg("ticket"), py::arg("data"),

@@ -14,6 +14,7 @@ except ImportError as e:
         "`./dev setup` in a checkout, or `pip install .` (needs Debian's librados-dev, libradospp-dev, "
         "cmake and g++)") from e
 
+from .core.batching import AppendBatching
 from .core.cluster import connect
 from .core.futures import LazyFuture  # the Future async calls hand out; layers on the client hand it out too
 from .core.errors import (Blocklisted, ClassNotLoaded, CommitRefused, ClusterUnavailable, Corrupt, CorruptEntry, EntryTooLarge, EpochChanged, Filled,
@@ -27,7 +28,7 @@ from .core.sequencer import SequencerClient
 from .core.seqr_auth import Credentials, TLSSettings
 
 __all__ = [
-    "connect", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",
+    "connect", "AppendBatching", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",
     "SequencerRefused", "Credentials", "TLSSettings",
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "Blocklisted", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",

@@ -17,6 +17,7 @@ import pyzlog
 import pyzlog.client.positions
 from pyzlog import Log, RecordKind
 from pyzlog.core import wire
+from pyzlog.core.native import Connection
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,54 @@ def test_async_hundreds_in_flight(rados_cluster, ceph, log_name, seqr) -> None: 
     assert st["entries_sent"] == 2000 and st["handed_back"] == 0
     assert st["class_calls"] < 2000 and st["sequencer_requests"] < 2000
     log.close()
+
+
+def test_append_batching_knobs_shape_the_batches(ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """connect(append_batching=) reaches the connection's C++ pipeline: with
+    max_batch=8 no sequencer request carries more than 8 entries (so 2000
+    appends need at least 250), with a linger every entry is still stored."""
+    cluster = pyzlog.connect(ceph.conf, append_batching=pyzlog.AppendBatching(max_batch=8, linger_us=300))
+    try:
+        log = Log.create(cluster, ceph.pool, log_name, width=2, sequencer=seqr.address, max_in_flight=256)
+        log.append(b"warm-up")
+        before = log._async.stats()
+        futs = [log.append_async(b"k%d" % i) for i in range(2000)]
+        positions = [f.result(timeout=60) for f in futs]
+        st = {k: v - before[k] for k, v in log._async.stats().items()}
+        assert sorted(positions) == list(range(1, 2001))
+        assert [log.read(p) for p in positions[::97]] == [b"k%d" % i for i in range(0, 2000, 97)]
+        assert st["entries_sent"] == 2000 and st["handed_back"] == 0
+        assert st["sequencer_requests"] >= 2000 // 8 and st["class_calls"] >= 2000 // 8
+        log.close()
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.parametrize("batching, most", [({"window_entries": 4}, 4), ({"window_bytes": 3000}, 2)],
+                         ids=["entries", "bytes"])
+def test_append_window_bounds_what_is_in_flight(ceph, log_name, seqr, batching, most) -> None:  # type: ignore[no-untyped-def]
+    """The connection's window: append_async waits for room, so no more than
+    the window is ever queued or in flight; an entry larger than the byte
+    window still goes, alone."""
+    cluster = pyzlog.connect(ceph.conf, append_batching=pyzlog.AppendBatching(**batching))
+    try:
+        log = Log.create(cluster, ceph.pool, log_name, width=2, sequencer=seqr.address, max_in_flight=256)
+        log.append(b"warm-up")
+        native = Connection.of(cluster).pipeline()  # the connection's C++ pipeline, shared by its logs
+        seen = 0
+        futs = []
+        for i in range(300):
+            futs.append(log.append_async(b"%04d" % i + b"w" * 1020))
+            seen = max(seen, native.in_flight)
+        big = log.append_async(b"B" * 10_000)
+        positions = [f.result(timeout=60) for f in futs]
+        assert sorted(positions) == list(range(1, 301))
+        assert log.read(big.result(timeout=60)) == b"B" * 10_000
+        assert 1 <= seen <= most
+        assert [log.read(p)[:4] for p in positions[::37]] == [b"%04d" % i for i in range(0, 300, 37)]
+        log.close()
+    finally:
+        cluster.shutdown()
 
 
 def test_a_done_callback_that_ends_its_thread_stops_no_later_append(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]

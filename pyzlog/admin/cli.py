@@ -754,6 +754,42 @@ def bench_compare(env: Env, baseline: str, duration: float, rounds: int, size: i
         baseline_reads=baseline_reads)
 
 
+def _batching_settings(_ctx: Any, _param: Any, values: tuple[str, ...]) -> list[str]:
+    from ..bench.batching_bench import DEFAULT_SETTINGS, parse_setting
+    from ..core.errors import InvalidRequest
+
+    chosen = list(values) or list(DEFAULT_SETTINGS)
+    for v in chosen:
+        try:
+            parse_setting(v)
+        except InvalidRequest as e:
+            raise click.BadParameter(str(e), param_hint="--setting") from None
+    return chosen
+
+
+@bench.command(name="batching", context_settings=CONTEXT)
+@click.option("--setting", "settings", multiple=True, callback=_batching_settings, metavar="NAME=N[,NAME=N]",
+              help="an AppendBatching to set against the defaults (repeatable) [default: linger_us=200, "
+                   "max_batches_in_flight=2, max_batches_in_flight=4, max_batch=64]")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+              help="seconds per setting, split over the rounds")
+@click.option("--rounds", type=click.IntRange(1, 100), default=6, show_default=True,
+              help="every setting runs once per round; from 6 rounds on a setting gets a verdict")
+@click.option("--size", type=click.IntRange(0, 1 << 20), default=1024, show_default=True)
+@click.option("--depth", type=click.IntRange(1, 65536), default=128, show_default=True,
+              help="append_async in flight (the log's max_in_flight)")
+@click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
+@click.option("--out", default=None, metavar="FILE", help="[default: results/bench-batching.json]")
+@pass_env
+def bench_batching(env: Env, settings: list[str], duration: float, rounds: int, size: int, depth: int,
+                   width: int, out: str | None) -> None:
+    """append_async under append batching settings against the defaults."""
+    from ..bench.batching_bench import bench_batching as run
+
+    run(env, settings=settings, duration=duration, rounds=rounds, size=size, depth=depth, width=width,
+        out=_bench_out("batching", out))
+
+
 @bench.command(name="peer", context_settings=CONTEXT)
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               help="seconds per case (10 or 11 cases), split over the rounds")

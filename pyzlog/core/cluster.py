@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ClusterUnavailable, PermissionDenied, PoolNotFound, ZlogError
+from .batching import AppendBatching
+from .errors import ClusterUnavailable, InvalidRequest, PermissionDenied, PoolNotFound, ZlogError
 
 if TYPE_CHECKING:
     import rados
@@ -35,6 +36,8 @@ def _cluster_type() -> Any:
 
         class Cluster(rados.Rados):  # type: ignore[misc]  # python-rados has no types
             client_name = "client.admin"
+            #: how its data plane batches async appends (connect(append_batching=))
+            append_batching: AppendBatching | None = None
 
             def shutdown(self) -> None:
                 for hook in on_shutdown:
@@ -94,8 +97,12 @@ def resolve_conf(conf: str | os.PathLike[str] | None) -> str:
 
 def connect(conf: str | os.PathLike[str] | None = None, *, keyring: str | None = None,
             client: str = "client.admin", connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-            op_timeout: float = DEFAULT_OP_TIMEOUT) -> rados.Rados:
-    """A connected rados.Rados. Raises ClusterUnavailable or PermissionDenied."""
+            op_timeout: float = DEFAULT_OP_TIMEOUT, append_batching: AppendBatching | None = None) -> rados.Rados:
+    """A connected rados.Rados. Raises ClusterUnavailable or PermissionDenied.
+    append_batching: how async appends of every log on it are batched
+    (defaults: AppendBatching())."""
+    if append_batching is not None and not isinstance(append_batching, AppendBatching):
+        raise InvalidRequest(f"append_batching must be a pyzlog.AppendBatching, not {append_batching!r}")
     path = resolve_conf(conf)
     # Ceph takes whole seconds, and 0 would mean "wait forever".
     connect_s = max(1, math.ceil(connect_timeout))
@@ -115,6 +122,7 @@ def connect(conf: str | os.PathLike[str] | None = None, *, keyring: str | None =
     except rados.Error as e:
         raise ClusterUnavailable(f"bad client configuration ({path}): {e}") from None
     cluster.client_name = client
+    cluster.append_batching = append_batching
     try:
         cluster.connect(timeout=connect_s)
     except rados.PermissionDeniedError:

@@ -39,6 +39,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from . import wire
+from .batching import AppendBatching
 from .cluster import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, connection_settings, on_shutdown
 from .errors import (EBLOCKLISTED, Blocklisted, ClusterUnavailable, InvalidRequest, PermissionDenied, PoolNotFound, Timeout, ZlogError,
                      error_for)
@@ -506,6 +507,8 @@ class Connection:
         self._thread: threading.Thread | None = None
         self._on_posted: Callable[[list[int], list[int], list[int]], None] | None = None
         self._pipeline: Any = None
+        #: the pipeline's knobs: connect(append_batching=), else the defaults
+        self.append_batching: AppendBatching = getattr(cluster, "append_batching", None) or AppendBatching()
 
     @classmethod
     def of(cls, cluster: rados.Rados) -> Connection:
@@ -718,7 +721,8 @@ class Connection:
 
                     with native_call():
                         self._pipeline = _appender.Pipeline(int(ffi.cast("uintptr_t", self.handle)),
-                                                            int(ffi.cast("uintptr_t", q.handle)))
+                                                            int(ffi.cast("uintptr_t", q.handle)),
+                                                            **self.append_batching.pipeline_options())
         return self._pipeline
 
     def _complete(self) -> None:

@@ -7,7 +7,7 @@ import sys
 
 #: the modules the unit tier exercises
 UNIT_MODULES = ("pyzlog.core.wire", "pyzlog.core.native", "pyzlog.core.scan", "pyzlog.core.errors",
-                "pyzlog.core.layout", "pyzlog.client.reader", "pyzlog.client.appending", "pyzlog.client.pipeline",
+                "pyzlog.core.layout", "pyzlog.core.batching", "pyzlog.bench.batching_bench", "pyzlog.client.reader", "pyzlog.client.appending", "pyzlog.client.pipeline",
                 "pyzlog.spark.plan", "pyzlog.spark.options", "pyzlog.admin.cli", "pyzlog.objects")
 
 
