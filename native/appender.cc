@@ -139,7 +139,7 @@ bool Pipeline::try_append(uint32_t id, uint64_t ticket, const char* data, uint32
   if (closing_) throw std::runtime_error("the append pipeline is closed");
   auto it = logs_.find(id);
   if (it == logs_.end() || it->second->removed) throw std::invalid_argument("no such log in the pipeline");
-  if (entries_ > 0 && (entries_ + 1 > opt_.window_entries || bytes_ + len > opt_.window_bytes)) return false;
+  if (!has_room(len)) return false;
   Log& log = *it->second;
   log.queue.push_back(std::move(e));
   ++entries_;
@@ -150,13 +150,17 @@ bool Pipeline::try_append(uint32_t id, uint64_t ticket, const char* data, uint32
   return true;
 }
 
+bool Pipeline::has_room(uint32_t len) const {
+  // an entry larger than the byte window still goes, alone
+  return entries_ == 0 || (entries_ + 1 <= opt_.window_entries && bytes_ + len <= opt_.window_bytes);
+}
+
 bool Pipeline::wait_room(double timeout_s, uint32_t len) {
   std::unique_lock<std::mutex> l(mu_);
-  // try_append's test: waking on room for entries alone spun while the bytes were full
-  return room_.wait_for(l, std::chrono::duration<double>(timeout_s), [this, len] {
-    return closing_ || entries_ == 0 ||
-           (entries_ + 1 <= opt_.window_entries && bytes_ + len <= opt_.window_bytes);
-  }) && !closing_;
+  // try_append's own test: waking on room for entries alone spun while the bytes were full
+  return room_.wait_for(l, std::chrono::duration<double>(timeout_s),
+                        [this, len] { return closing_ || has_room(len); }) &&
+         !closing_;
 }
 
 void Pipeline::run() {

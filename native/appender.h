@@ -134,6 +134,8 @@ class Pipeline {
             const std::vector<uint64_t>& positions);
   void hand_back(std::vector<Entry>& batch);
   void entries_done(size_t n, size_t bytes);
+  // whether the window takes an entry of `len` bytes now (mu_ held)
+  bool has_room(uint32_t len) const;
 
   dp_cluster* const cluster_;
   dp_queue* const results_;

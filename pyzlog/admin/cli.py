@@ -754,17 +754,15 @@ def bench_compare(env: Env, baseline: str, duration: float, rounds: int, size: i
         baseline_reads=baseline_reads)
 
 
-def _batching_settings(_ctx: Any, _param: Any, values: tuple[str, ...]) -> list[str]:
+def _batching_settings(_ctx: Any, _param: Any, values: tuple[str, ...]) -> list[Any]:
+    """--setting NAME=N,... -> AppendBatching, each parsed once, here."""
     from ..bench.batching_bench import DEFAULT_SETTINGS, parse_setting
     from ..core.errors import InvalidRequest
 
-    chosen = list(values) or list(DEFAULT_SETTINGS)
-    for v in chosen:
-        try:
-            parse_setting(v)
-        except InvalidRequest as e:
-            raise click.BadParameter(str(e), param_hint="--setting") from None
-    return chosen
+    try:
+        return [parse_setting(v) for v in values or DEFAULT_SETTINGS]
+    except InvalidRequest as e:
+        raise click.BadParameter(str(e), param_hint="--setting") from None
 
 
 @bench.command(name="batching", context_settings=CONTEXT)
@@ -781,7 +779,7 @@ def _batching_settings(_ctx: Any, _param: Any, values: tuple[str, ...]) -> list[
 @click.option("--width", type=click.IntRange(1, 1024), default=4, show_default=True)
 @click.option("--out", default=None, metavar="FILE", help="[default: results/bench-batching.json]")
 @pass_env
-def bench_batching(env: Env, settings: list[str], duration: float, rounds: int, size: int, depth: int,
+def bench_batching(env: Env, settings: list[Any], duration: float, rounds: int, size: int, depth: int,
                    width: int, out: str | None) -> None:
     """append_async under append batching settings against the defaults."""
     from ..bench.batching_bench import bench_batching as run

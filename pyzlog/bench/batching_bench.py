@@ -3,15 +3,15 @@ the defaults, each on a connection of its own, in alternating rounds."""
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from typing import Any
 
 from ..core.batching import AppendBatching
 from ..core.cluster import connect
 from ..core.errors import InvalidRequest
-from .bench import Run, _Bench, _case_runner, _fmt, _note, _progress, machine_info, run_append_async, summarize_runs, write_json
-from .compare import median_interval, verdict
+from .bench import (Run, _Bench, _case_runner, _fmt, _progress, machine_info, round_ratios, run_append_async,
+                    summarize_runs, write_json)
+from .compare import interval_text, judged
 from .cpu import CpuMeter
 
 #: what the command compares with the defaults unless told otherwise
@@ -43,14 +43,14 @@ def label(b: AppendBatching) -> str:
     return ",".join(diff) or "defaults"
 
 
-def bench_batching(env: Any, *, settings: list[str], duration: float = 4.0, rounds: int = 6, size: int = 1024,
+def bench_batching(env: Any, *, settings: list[AppendBatching], duration: float = 4.0, rounds: int = 6, size: int = 1024,
                    depth: int = 128, width: int = 4, out: str = "results/bench-batching.json") -> dict[str, Any]:
     """Each setting's append_async rate (bare loop, the log's window of
     `depth`), OSD and client CPU per entry, against the defaults' in the
     same round; the ratio is the median of the per-round ratios."""
     from ..client.log import Log  # python-rados: only once the bench runs
 
-    candidates = [AppendBatching()] + [parse_setting(s) for s in settings]
+    candidates = [AppendBatching(), *settings]
     data = os.urandom(size)
     b = _Bench(env)
     meter = CpuMeter(b.conf)
@@ -83,11 +83,7 @@ def bench_batching(env: Any, *, settings: list[str], duration: float = 4.0, roun
             case = cases[key] = summarize_runs(key, "zlog", depth, rs, size, api="append_async in a bare loop")
             case["cpu"] = meter.figures(key, case["ops"])
             if key != "defaults":
-                ratios = [(x[0] / x[1]) / (y[0] / y[1]) for x, y in zip(rs, base)]
-                case["round_ratios"] = ratios
-                case["ratio"] = statistics.median(ratios)
-                case["interval"] = median_interval(ratios)
-                case["verdict"] = verdict(ratios)
+                case.update(judged(round_ratios(rs, base)))
         result: dict[str, Any] = {
             "kind": "batching",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -118,10 +114,9 @@ def markdown_batching(r: dict[str, Any]) -> str:
              "| setting | entries/s | vs defaults | interval | verdict | p50 ms | client µs/entry | OSD µs/entry |",
              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for key, c in r["cases"].items():
-        iv = c.get("interval")
         cpu = c["cpu"]
         lines.append(f"| {key} | {c['ops_per_s']:,.0f} | {_fmt(c.get('ratio'), '.2f') if key != 'defaults' else '1'} | "
-                     f"{f'{iv[0]:.2f}–{iv[1]:.2f}' if iv else '-'} | {c.get('verdict', '-')} | "
+                     f"{interval_text(c) if key != 'defaults' else '-'} | {c.get('verdict', '-')} | "
                      f"{_fmt(c['latency_ms']['p50'], '.2f')} | {_fmt(cpu['client_us_per_entry'], '.1f')} | "
                      f"{_fmt(cpu['osd_us_per_entry'], '.1f')} |")
     return "\n".join(lines)

@@ -172,6 +172,20 @@ def verdict(ratios: list[float], level: float = INTERVAL_LEVEL) -> str:
     return "no difference shown"
 
 
+def judged(ratios: list[float]) -> dict[str, Any]:
+    """A case's per-round ratios with their median, its interval and the verdict."""
+    interval = median_interval(ratios)
+    return {"ratio": statistics.median(ratios), "rounds_ratio": ratios,
+            "interval": None if interval is None else list(interval[:2]),
+            "interval_coverage": None if interval is None else interval[2],
+            "verdict": verdict(ratios)}
+
+
+def interval_text(case: dict[str, Any]) -> str:
+    iv = case.get("interval")
+    return "–" if iv is None else f"{iv[0]:.2f}–{iv[1]:.2f}"
+
+
 CASES = ("append_async", "append_many", "append", "stream", "stream_batches", "read", "read_async")
 READ_CASES = ("stream", "stream_batches", "read", "read_async")
 
@@ -259,11 +273,7 @@ def bench_compare(conf: str, pool: str, baseline: str, *, seqr: str = "", durati
             }
         ratios = [c["entries"] / c["elapsed_s"] / (b["entries"] / b["elapsed_s"])
                   for b, c in zip(runs[case]["baseline"], runs[case]["current"])]
-        interval = median_interval(ratios)
-        result["cases"][case] = {**sides, "ratio": statistics.median(ratios), "rounds_ratio": ratios,
-                                 "interval": None if interval is None else list(interval[:2]),
-                                 "interval_coverage": None if interval is None else interval[2],
-                                 "verdict": verdict(ratios)}
+        result["cases"][case] = {**sides, **judged(ratios)}
     slower = [case for case, c in result["cases"].items() if c["verdict"] == "slower"]
     result["slower_cases"] = slower
     result["markdown"] = markdown_compare(result)
@@ -283,10 +293,8 @@ def markdown_compare(r: dict[str, Any]) -> str:
              "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for case, c in r["cases"].items():
         b, n = c["baseline"], c["current"]
-        iv = c.get("interval")
-        span = "–" if iv is None else f"{iv[0]:.2f}–{iv[1]:.2f}"
         lines.append(f"| {case} | {_fmt(b['entries_per_s'])} | {_fmt(n['entries_per_s'])} | {c['ratio']:.2f} | "
-                     f"{span} | {c.get('verdict', '')} | "
+                     f"{interval_text(c)} | {c.get('verdict', '')} | "
                      f"{_fmt(b['client_us_per_entry'], '.1f')} → {_fmt(n['client_us_per_entry'], '.1f')} | "
                      f"{_fmt(b['osd_us_per_entry'], '.1f')} → {_fmt(n['osd_us_per_entry'], '.1f')} |")
     if "slower_cases" in r:
