@@ -32,6 +32,8 @@ struct Pipeline::Log {
   bool have_view = false;
   View view;
   std::deque<Entry> queue;
+  size_t window = 0;  // the caller's bound on its entries in flight (0: not known)
+  size_t held = 0;    // entries queued or in batches not yet done
   uint32_t batches_in_flight = 0;  // sequencer batches whose writes are not all done
   bool removed = false;
 };
@@ -89,8 +91,10 @@ Pipeline::~Pipeline() {
   if (sender_.joinable()) sender_.join();
 }
 
-uint32_t Pipeline::add_log(dp_pool* pool, const std::string& pool_name, const std::string& name, bool coalesce) {
+uint32_t Pipeline::add_log(dp_pool* pool, const std::string& pool_name, const std::string& name, bool coalesce,
+                           size_t window) {
   auto log = std::make_unique<Log>();
+  log->window = window;
   log->pool = pool;
   log->pool_name = pool_name;
   log->name = name;
@@ -142,12 +146,22 @@ bool Pipeline::try_append(uint32_t id, uint64_t ticket, const char* data, uint32
   if (!has_room(len)) return false;
   Log& log = *it->second;
   log.queue.push_back(std::move(e));
+  ++log.held;
   ++entries_;
   bytes_ += len;
   ++queued_;
   // wake the sender when the log becomes ready to send; later entries ride along
-  if (log.queue.size() == 1 && log.batches_in_flight < opt_.max_batches_in_flight) work_.notify_one();
+  if ((log.queue.size() == 1 || log.batches_in_flight) && sendable(log)) work_.notify_one();
   return true;
+}
+
+bool Pipeline::sendable(const Log& log) const {
+  if (log.queue.empty() || log.batches_in_flight >= opt_.max_batches_in_flight) return false;
+  if (!log.batches_in_flight) return true;
+  // a further batch goes once no more entries can join it: a whole batch, or
+  // the caller's window full (it waits for room). Until then it fills, and
+  // the OSD gets the next batch whole while it works on this one.
+  return log.queue.size() >= opt_.max_batch || (log.window && log.held >= log.window);
 }
 
 bool Pipeline::has_room(uint32_t len) const {
@@ -171,7 +185,7 @@ void Pipeline::run() {
       std::unique_lock<std::mutex> l(mu_);
       auto ready = [this] {
         for (auto& kv : logs_)
-          if (!kv.second->queue.empty() && kv.second->batches_in_flight < opt_.max_batches_in_flight) return true;
+          if (sendable(*kv.second)) return true;
         return false;
       };
       work_.wait(l, [&] { return ready() || (closing_ && queued_ == 0); });
@@ -180,7 +194,7 @@ void Pipeline::run() {
         work_.wait_for(l, std::chrono::microseconds(opt_.linger_us), [this] { return closing_; });
       for (auto& kv : logs_) {
         Log* log = kv.second.get();
-        if (log->queue.empty() || log->batches_in_flight >= opt_.max_batches_in_flight) continue;
+        if (!sendable(*log)) continue;
         const size_t n = std::min<size_t>(log->queue.size(), opt_.max_batch);
         std::vector<Entry> batch;
         batch.reserve(n);
@@ -272,8 +286,10 @@ void Pipeline::send_round(std::vector<std::pair<Log*, std::vector<Entry>>>& roun
     Log* log = nullptr;
     for (auto& item : round)
       if (&item.second == batch) log = item.first;
+    const size_t n = batch->size();
     hand_back(*batch);
     std::lock_guard<std::mutex> l(mu_);
+    if (log) log->held -= n;
     if (log && --log->batches_in_flight < opt_.max_batches_in_flight) work_.notify_one();
   }
 }
@@ -397,6 +413,7 @@ void Pipeline::written(WriteOp* op, int code) {
   bool batch_done;
   {
     std::lock_guard<std::mutex> l(mu_);
+    batch->log->held -= n;
     batch_done = --batch->ops_left == 0;
     if (batch_done) {
       Log* log = batch->log;

@@ -70,10 +70,10 @@ struct Options {
   size_t window_entries = 1 << 16;     // queued + in flight, the whole connection
   size_t window_bytes = 256u << 20;
   uint32_t max_batch = 4096;           // entries per sequencer request
-  // per log: entries appended meanwhile wait and ride the next batch. One,
-  // not two: at depth 128 a batch then carries 22 entries per object op at
-  // width 4, not 14, for 20-30% less client and OSD CPU per entry
-  uint32_t max_batches_in_flight = 1;
+  // per log; a batch beyond the first goes once no more entries can join it
+  // (sendable), so the OSD has the next full batch while the client settles
+  // the last (AppendBatching.max_batches_in_flight)
+  uint32_t max_batches_in_flight = 2;
   uint32_t linger_us = 0;              // wait this long for more entries when some are in flight
 };
 
@@ -86,7 +86,10 @@ class Pipeline {
   Pipeline& operator=(const Pipeline&) = delete;
 
   // A log to append to, on `pool` (named pool_name for the sequencer); returns its id.
-  uint32_t add_log(dp_pool* pool, const std::string& pool_name, const std::string& name, bool coalesce);
+  // `window`: the most entries of the log its caller keeps in flight (0: not
+  // known), so a batch beyond the first goes once no more can join it.
+  uint32_t add_log(dp_pool* pool, const std::string& pool_name, const std::string& name, bool coalesce,
+                   size_t window = 0);
   // Entries of the log go to this sequencer (host "" = none: hand back),
   // over a connection authenticated with `auth` (its pool: the log's pool).
   void set_sequencer(uint32_t log, const std::string& host, uint16_t port, double timeout_s,
@@ -136,6 +139,8 @@ class Pipeline {
   void entries_done(size_t n, size_t bytes);
   // whether the window takes an entry of `len` bytes now (mu_ held)
   bool has_room(uint32_t len) const;
+  // whether the log's queue goes out now as a batch (mu_ held)
+  bool sendable(const Log& log) const;
 
   dp_cluster* const cluster_;
   dp_queue* const results_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "appender.h"
+#include "appender_hot.h"
 #include "auth_py.h"
 
 namespace py = pybind11;
@@ -37,14 +38,16 @@ PYBIND11_MODULE(_appender, m) {
              return new Pipeline(from_address<dp_cluster>(cluster), from_address<dp_queue>(results), o);
            }),
            py::arg("cluster"), py::arg("results"), py::arg("window_entries") = 1 << 16,
-           py::arg("window_bytes") = 256u << 20, py::arg("max_batch") = 4096, py::arg("max_batches_in_flight") = 1,
+           py::arg("window_bytes") = 256u << 20, py::arg("max_batch") = 4096, py::arg("max_batches_in_flight") = 2,
            py::arg("linger_us") = 0)
       .def(
           "add_log",
-          [](Pipeline& self, uintptr_t pool, const std::string& pool_name, const std::string& name, bool coalesce) {
-            return self.add_log(from_address<dp_pool>(pool), pool_name, name, coalesce);
+          [](Pipeline& self, uintptr_t pool, const std::string& pool_name, const std::string& name, bool coalesce,
+             size_t window) {
+            return self.add_log(from_address<dp_pool>(pool), pool_name, name, coalesce, window);
           },
-          py::arg("pool"), py::arg("pool_name"), py::arg("name"), py::arg("coalesce") = true)
+          py::arg("pool"), py::arg("pool_name"), py::arg("name"), py::arg("coalesce") = true,
+          py::arg("window") = 0)
       .def(
           "set_sequencer",
           [](Pipeline& self, uint32_t log, const std::string& host, uint16_t port, double timeout_s,
@@ -98,4 +101,5 @@ PYBIND11_MODULE(_appender, m) {
           },
           "Counters since the pipeline was made.")
       .def_property_readonly("in_flight", &Pipeline::in_flight);
+  zlog_native::add_hot_path(m.ptr());
 }

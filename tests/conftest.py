@@ -7,6 +7,7 @@ ZLOG_TEST_CONF to run against a cluster you already have instead.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -80,3 +81,35 @@ def oid() -> str:
 @pytest.fixture
 def log_name() -> str:
     return f"log-{uuid.uuid4().hex[:12]}"
+
+
+class OsdPause:
+    """Calling it SIGSTOPs the session cluster's OSDs; resume() (or the end
+    of the test) lets them go on."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.stopped: list[int] = []
+
+    def __call__(self) -> None:
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+            self.stopped.append(pid)
+
+    def resume(self) -> None:
+        while self.stopped:
+            os.kill(self.stopped.pop(), signal.SIGCONT)
+
+
+@pytest.fixture
+def paused_osd(ceph: ClusterInfo) -> Iterator[OsdPause]:
+    """An OsdPause for the session cluster's OSDs; resumed afterwards."""
+    if ceph.dir is None:
+        pytest.skip("needs the test's own cluster (ZLOG_TEST_CONF is set)")
+    pids = [pid for name, pid in vstart.Cluster(ceph.dir).daemons().items() if name.startswith("osd.")]
+    assert pids
+    pause = OsdPause(pids)
+    try:
+        yield pause
+    finally:
+        pause.resume()

@@ -80,7 +80,7 @@ def test_thousands_of_appends_under_gather(rados_cluster, ceph, log_name, seqr) 
         async def watch() -> None:
             nonlocal peak
             while True:
-                peak = max(peak, log.in_flight, log.sync._async._in_flight)  # noqa: SLF001
+                peak = max(peak, log.in_flight, log.sync._async.in_flight)  # noqa: SLF001
                 await asyncio.sleep(0)
 
         w = asyncio.create_task(watch())
@@ -109,7 +109,7 @@ def test_back_pressure_with_a_small_window(rados_cluster, ceph, log_name, seqr) 
         async def watch() -> None:
             nonlocal peak, queued
             while True:
-                peak = max(peak, log.in_flight, log.sync._async._in_flight)  # noqa: SLF001
+                peak = max(peak, log.in_flight, log.sync._async.in_flight)  # noqa: SLF001
                 queued = max(queued, len(log._waiters))  # noqa: SLF001
                 await asyncio.sleep(0)
 

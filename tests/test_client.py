@@ -100,6 +100,122 @@ def test_append_batching_knobs_shape_the_batches(ceph, log_name, seqr) -> None: 
         cluster.shutdown()
 
 
+def _stats_reach(log: Log, key: str, value: int, timeout: float = 10.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while (st := log._async.stats())[key] < value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return st
+
+
+def test_a_second_batch_goes_once_the_window_is_full(ceph, log_name, seqr, paused_osd) -> None:  # type: ignore[no-untyped-def]
+    """Two batches of a log in flight (the default): while one is, the next
+    waits until no more entries can join it (the log's max_in_flight
+    reached), so it goes whole, not one entry at a time; everything is
+    stored once the OSD answers."""
+    cluster = pyzlog.connect(ceph.conf)
+    try:
+        log = Log.create(cluster, ceph.pool, log_name, width=2, sequencer=seqr.address, max_in_flight=10)
+        log.append(b"warm-up")
+        log.append_async(b"warm-up").result(timeout=30)
+        before = log._async.stats()
+        paused_osd()  # the first batch's write stays in flight
+        futs = [log.append_async(b"first")]
+        st = _stats_reach(log, "sequencer_requests", before["sequencer_requests"] + 1)
+        assert st["sequencer_requests"] == before["sequencer_requests"] + 1
+        futs += [log.append_async(b"e%d" % i) for i in range(8)]  # 9 of 10 held: more could join
+        time.sleep(0.5)
+        assert log._async.stats()["sequencer_requests"] == before["sequencer_requests"] + 1
+        futs.append(log.append_async(b"last"))  # the window is full: the batch goes, whole
+        st = _stats_reach(log, "sequencer_requests", before["sequencer_requests"] + 2)
+        assert st["sequencer_requests"] == before["sequencer_requests"] + 2
+        assert st["entries_sent"] - before["entries_sent"] == 10
+        paused_osd.resume()
+        positions = [f.result(timeout=60) for f in futs]
+        assert sorted(positions) == list(range(2, 12))
+        assert [log.read(p) for p in positions] == [b"first", *(b"e%d" % i for i in range(8)), b"last"]
+        log.close()
+    finally:
+        paused_osd.resume()
+        cluster.shutdown()
+
+
+@pytest.mark.parametrize("hot", [True, False], ids=["c-path", "python-path"])
+def test_interrupts_while_appending_leave_no_slot_taken(rados_cluster, ceph, log_name, seqr, hot) -> None:  # type: ignore[no-untyped-def]
+    """KeyboardInterrupt raised at any moment of append_async (a timer every
+    0.7 ms, a small window so appends often wait for room) never leaves a
+    slot of the window taken by an entry that does not go: flush() returns
+    and every future handed out is settled (an adversary's storm: before,
+    slots leaked on both paths, so close() waited for ever, and Python's
+    Condition raised 'release unlocked lock')."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address, max_in_flight=8)
+    log.append(b"warm-up")
+    log.append_async(b"warm-up").result(timeout=30)
+    if not hot:
+        log._async.hot_append = lambda _data: None
+    futs: list[Future[int]] = []
+    armed = [False]
+
+    def interrupt(*_: object) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.0007, 0.0007)
+    interrupts = 0
+    try:
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            try:
+                armed[0] = True
+                while time.monotonic() < end:
+                    futs.append(log.append_async(b"i%d" % len(futs)))
+            except KeyboardInterrupt:
+                interrupts += 1
+            armed[0] = False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert interrupts > 10 and futs
+    log.flush(timeout=60)
+    assert log._async.in_flight == 0 and not log._async._pipe.items
+    positions = [f.result(timeout=10) for f in futs]
+    assert len(set(positions)) == len(positions)
+    assert all(log.read(p) == b"i%d" % i for i, p in list(enumerate(positions))[::97])
+    log.close()
+
+
+def test_append_async_takes_the_common_case_in_c_and_loses_nothing(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """Most async appends go the C way (native/appender_hot.cc); what is not
+    its case (not bytes, over the size limit, disarmed, a compressed log)
+    Python takes; every entry is stored once, where its future says."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+    log.append(b"warm-up")
+    futs = [log.append_async(b"e%d" % i) for i in range(3000)]
+    positions = [f.result(timeout=60) for f in futs]
+    assert sorted(positions) == list(range(1, 3001))
+    assert [log.read(p) for p in positions[::101]] == [b"e%d" % i for i in range(0, 3000, 101)]
+    hot = log._async._hot
+    assert hot.appended >= 1500, hot.appended  # the rest: the first after each wait for room, and re-arming
+    taken = hot.appended
+    odd = [bytearray(b"ba"), memoryview(b"mv")]
+    assert [log.read(log.append_async(d).result(timeout=30)) for d in odd] == [b"ba", b"mv"]
+    with pytest.raises(pyzlog.EntryTooLarge):
+        log.append_async(b"x" * (wire.MAX_ENTRY_BYTES + 1))
+    assert hot.appended == taken  # Python took those
+    hot.disarm()
+    assert hot.append(b"x") is None and not hot.armed
+    assert log.read(log.append_async(b"again").result(timeout=30)) == b"again"
+    assert hot.armed  # Python looked again and re-armed it
+    log.close()
+    zlog = Log.create(rados_cluster, ceph.pool, log_name + "-z", width=2, sequencer=seqr.address,
+                      compression="zstd")
+    futs = [zlog.append_async(b"z%d" % i * 50) for i in range(200)]
+    assert [zlog.read(f.result(timeout=30)) for f in futs] == [b"z%d" % i * 50 for i in range(200)]
+    assert zlog._async._hot.appended == 0  # entries it would store as given: never armed for zstd
+    zlog.close()
+
+
 @pytest.mark.parametrize("batching, most", [({"window_entries": 4}, 4), ({"window_bytes": 3000}, 2)],
                          ids=["entries", "bytes"])
 def test_append_window_bounds_what_is_in_flight(ceph, log_name, seqr, batching, most) -> None:  # type: ignore[no-untyped-def]

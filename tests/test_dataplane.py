@@ -11,12 +11,11 @@ import errno
 import gc
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -550,29 +549,6 @@ print("exiting", first.num_rows > 0)
 """, tmp_path)
     assert not _crashed(out), out.stderr[-3000:]
     assert out.stdout.strip() == "exiting True"
-
-
-@pytest.fixture
-def paused_osd(ceph) -> Iterator[Callable[[], None]]:  # type: ignore[no-untyped-def]
-    """pause() SIGSTOPs the session cluster's OSD; it is resumed afterwards."""
-    if ceph.dir is None:
-        pytest.skip("needs the test's own cluster (ZLOG_TEST_CONF is set)")
-    from vstartmod import vstart
-
-    pids = [pid for name, pid in vstart.Cluster(ceph.dir).daemons().items() if name.startswith("osd.")]
-    assert pids
-    stopped: list[int] = []
-
-    def pause() -> None:
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
-
-    try:
-        yield pause
-    finally:
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
 
 
 def test_reads_of_a_stopped_cluster_time_out(ceph, log_name, paused_osd) -> None:  # type: ignore[no-untyped-def]

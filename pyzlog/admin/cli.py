@@ -768,7 +768,7 @@ def _batching_settings(_ctx: Any, _param: Any, values: tuple[str, ...]) -> list[
 @bench.command(name="batching", context_settings=CONTEXT)
 @click.option("--setting", "settings", multiple=True, callback=_batching_settings, metavar="NAME=N[,NAME=N]",
               help="an AppendBatching to set against the defaults (repeatable) [default: linger_us=200, "
-                   "max_batches_in_flight=2, max_batches_in_flight=4, max_batch=64]")
+                   "max_batches_in_flight=1, max_batches_in_flight=4, max_batch=64]")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
               help="seconds per setting, split over the rounds")
 @click.option("--rounds", type=click.IntRange(1, 100), default=6, show_default=True,

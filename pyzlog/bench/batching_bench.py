@@ -15,7 +15,7 @@ from .compare import interval_text, judged
 from .cpu import CpuMeter
 
 #: what the command compares with the defaults unless told otherwise
-DEFAULT_SETTINGS = ("linger_us=200", "max_batches_in_flight=2", "max_batches_in_flight=4", "max_batch=64")
+DEFAULT_SETTINGS = ("linger_us=200", "max_batches_in_flight=1", "max_batches_in_flight=4", "max_batch=64")
 
 
 def parse_setting(text: str) -> AppendBatching:

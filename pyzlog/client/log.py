@@ -286,7 +286,8 @@ class Log:
         max_in_flight operations are outstanding. Entries queued together
         share a sequencer request and, with coalesce (the default), one
         write_many call per data object (see pipeline.py)."""
-        return self._async.append(stored_form(self.state, data))
+        fut = self._async.hot_append(data)  # the common case, in C
+        return fut if fut is not None else self._async.append(stored_form(self.state, data))
 
     def read_async(self, position: int) -> Future[bytes]:
         check_position(position)

@@ -68,13 +68,21 @@ class Histogram:
     counts: each thread has a cell of its own (one count per bucket, then
     the sum), and a scrape adds the cells up."""
 
-    __slots__ = ("bounds", "_local", "_cells", "_lock")
+    __slots__ = ("bounds", "_local", "_cells", "_lock", "_sources")
 
     def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS) -> None:
         self.bounds = bounds
         self._local = threading.local()
         self._cells: list[list[float]] = []
         self._lock = threading.Lock()
+        #: observations kept elsewhere (the C++ append path's): each () -> (counts per bucket, sum)
+        self._sources: list[Any] = []
+
+    def add_source(self, source: Any) -> None:
+        """Observations counted elsewhere, with these bounds, added in at each snapshot."""
+        with self._lock:
+            if source not in self._sources:
+                self._sources.append(source)
 
     def _cell(self) -> list[float]:
         """The calling thread's cell: a count per bucket, then the sum."""
@@ -107,6 +115,10 @@ class Histogram:
         n = len(self.bounds) + 1
         with self._lock:
             cells = [list(c) for c in self._cells]
+            sources = list(self._sources)
+        for source in sources:
+            counts_, sum_ = source()
+            cells.append([*counts_, sum_])
         counts = [sum(c[i] for c in cells) for i in range(n)]
         total = 0.0
         buckets = []
@@ -122,15 +134,14 @@ class Histogram:
 APPEND_SECONDS = {"sync": Histogram(), "async": Histogram()}
 #: entries stored by any append path (sync, batch, slow, async, C++)
 APPENDS = Tally()
-#: bytes of entries handed to append, as stored (after compression)
-BYTES_OUT = Tally()
 _LATER: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def count_later(counter: Any) -> None:
-    """`counter.count()` adds its reads to READS and BYTES_IN when it is
-    asked to and before either is read: a stream hands records out with no
-    count per entry, and counts them (exactly) in bulk."""
+    """`counter.count()` adds what it counted to READS, BYTES_IN or
+    BYTES_OUT before any of them is read: a stream hands records out with
+    no count per entry, and the C hot path of async appends takes entries
+    with none, and each counts them (exactly) in bulk."""
     _LATER.add(counter)
 
 
@@ -139,6 +150,8 @@ def _count_pending() -> None:
         c.count()
 
 
+#: bytes of entries handed to append, as stored (after compression)
+BYTES_OUT = Tally(_count_pending)
 #: entries read (read, read_async, stream records with data)
 READS = Tally(_count_pending)
 #: bytes of entries read, as stored
@@ -251,7 +264,7 @@ class ClientCollector(Collector):
         yield counter("holes_filled", "holes a reader filled after waiting for their writer (LOST)",
                       HOLES_FILLED.value)
         yield counter("corrupt_skipped", "damaged positions streams skipped (on_corrupt=skip)", CORRUPT_SKIPPED.value)
-        in_flight = ASYNC.totals(lambda a: {"in_flight": a._in_flight})  # noqa: SLF001 - a plain int
+        in_flight = ASYNC.totals(lambda a: {"in_flight": a.in_flight})
         yield GaugeMetricFamily("zlog_client_async_in_flight", "async appends and reads outstanding",
                                 value=in_flight.get("in_flight", 0))
         native = NATIVE.totals(lambda n: n.stats())

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from .. import _appender  # the C++ extension (untyped)
 from ..core import wire
 from ..core.errors import NotWritten, Timeout, Trimmed, ZlogError
 from ..core.futures import LazyFuture
@@ -46,11 +47,32 @@ from .stale import StaleWait
 logger = logging.getLogger("pyzlog")
 
 DEFAULT_MAX_IN_FLIGHT = 128
+#: how long the C hot path (native/appender_hot.cc) takes entries after
+#: Python last checked that the C++ pipeline holds the log's newest view and
+#: a usable sequencer. It checks per entry that no newer metadata was read
+#: and that the client is not blocklisted, and an entry refused or handed
+#: back disarms it at once: this bounds only how late a sequencer change
+#: learnt elsewhere (a sync append, another log) reaches the C++ pipeline
+HOT_PATH_SECONDS = 0.05
+#: close() waits this long past the append deadline for what is in flight
+CLOSE_GRACE_SECONDS = 10.0
+#: HotPath.queue's answers besides "queued": the log's window is closed
+#: (nothing taken); the C++ pipeline refused the entry (closed)
+QUEUE_CLOSED, QUEUE_REFUSED = 0, 2
+
+# the C++ pipeline times async appends into this histogram's buckets
+_appender.configure_latency(metrics.LATENCY_BUCKETS)
+metrics.APPEND_SECONDS["async"].add_source(_appender.latency)
 #: the C++ pipeline's code for an entry it gave back unsent (native/appender.h)
 HANDED_BACK = 1
 
 #: (owner, future, stored bytes, monotonic time of the append)
 Item = tuple["LogAsync", "Future[int]", bytes, float]
+
+
+def _no_hot_path(_data: bytes) -> None:
+    """LogAsync.hot_append until the C++ pipeline is made: append() takes every entry."""
+    return None
 
 
 class AsyncPipeline:
@@ -80,27 +102,19 @@ class AsyncPipeline:
                 p = cls._of[id(conn)] = cls(conn)
             return p
 
-    def _posted(self, tags: list[int], codes: list[int], positions: list[int]) -> None:
-        """The C++ pipeline's outcomes, on the completion thread: the stored
-        ones settled per log in one go, the rest one by one."""
-        pop = self.items.pop
-        stored: dict[LogAsync, list[tuple[Future[int], int]]] = {}
-        sent_at: list[float] = []
-        for tag, code, position in zip(tags, codes, positions):
-            item = pop(tag, None)
-            if item is None:
-                continue
-            if code == 0:
-                sent_at.append(item[3])
-                done = stored.get(item[0])
-                if done is None:
-                    done = stored[item[0]] = []
-                done.append((item[1], position))
-            else:
+    def _posted(self, tags: int, codes: int, positions: int, n: int) -> None:
+        """The C++ pipeline's outcomes (arrays by address), on the completion
+        thread: sorted in C (_appender.settle, which also times the stored
+        ones), the entries not stored judged one by one, then the stored ones
+        settled per log in one go."""
+        stored, others = _appender.settle(self.items, tags, codes, positions, n, time.monotonic())
+        for item, code, position in others:
+            try:
                 item[0].outcome(item, code, position)
-        metrics.APPEND_SECONDS["async"].observe_since(sent_at, time.monotonic())
-        for owner, done in stored.items():
-            owner.stored(done)
+            except Exception:  # noqa: BLE001 - the others of the batch must still be settled
+                logger.exception("an async append's outcome failed")
+        for owner, done, top in stored:
+            owner.stored(done, top)
 
     def later(self, job: Callable[[], None]) -> None:
         """Run `job` on the retry thread (jobs that block: refreshes, slow tail finding)."""
@@ -134,10 +148,11 @@ class AsyncPipeline:
 class LogAsync:
     """Async appends and reads of one log, at most max_in_flight at once.
 
-    Per-op cost matters here (it bounds appends/s per client), so the hot
-    path takes one plain lock for the in-flight count, waits on a Condition
-    only when max_in_flight is reached, and touches the C++ pipeline's view
-    and sequencer only when they changed."""
+    Per-op cost matters here (it bounds appends/s per client), so the
+    common append runs in C (HotPath), the window is counted in C (Window:
+    a wait for room lets the GIL go, and Ctrl-C never leaves a slot taken
+    by it), and the C++ pipeline's view and sequencer are touched only when
+    they changed."""
 
     def __init__(self, log: LogState, positions: Positions, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  coalesce: bool = True) -> None:
@@ -149,13 +164,9 @@ class LogAsync:
         self.positions = positions
         self.max_in_flight = max_in_flight
         self.coalesce = coalesce
-        self._lock = threading.Lock()  # guards _in_flight, _waiting, _closed
-        self._room = threading.Condition(self._lock)  # _in_flight went below max_in_flight
-        self._waiting = 0
-        self._idle = threading.Event()  # set while nothing is in flight
-        self._idle.set()
-        self._in_flight = 0
-        self._closed = False
+        self._lock = threading.Lock()  # making the pipeline
+        #: operations in flight, at most max_in_flight (shared with the hot path)
+        self._window = _appender.Window(max_in_flight)
         self._stale = StaleWait(log, "async append")
         self._refused_epoch = 0
         self._retries: list[Item] = []
@@ -175,6 +186,10 @@ class LogAsync:
         self._told: tuple[wire.Meta, float] | None = None
         self._tell_lock = threading.Lock()  # the C++ view and _told change together
         self._generation = -1  # the positions.generation it has
+        #: the common case of append_async in C, made with the C++ pipeline:
+        #: data -> Future, or None when append() must take the entry
+        self._hot: Any = None
+        self.hot_append: Callable[[bytes], Future[int] | None] = _no_hot_path
         metrics.ASYNC.track(self)
 
     def _pipeline(self) -> AsyncPipeline:
@@ -185,31 +200,29 @@ class LogAsync:
                     with native_call():
                         pipe = AsyncPipeline.of(self.log.conn)
                         self._id = pipe.native.add_log(self.log.data.address, self.log.pool, self.log.name,
-                                                       self.coalesce)
+                                                       self.coalesce, self.max_in_flight)
+                        self._hot = _appender.HotPath(pipe.native, self._id, self, self._window, self.log,
+                                                      self.log.conn, pipe.items, pipe.tags, LazyFuture,
+                                                      wire.MAX_ENTRY_BYTES)
+                        self.hot_append = self._hot.append
+                        metrics.count_later(self)  # the bytes it takes reach metrics.BYTES_OUT
                     self._pipe = pipe
                 pipe = self._pipe
         return pipe
 
+    @property
+    def in_flight(self) -> int:
+        """Async operations of this log not settled yet."""
+        return int(self._window.in_flight)
+
     def _begin(self) -> None:
-        with self._lock:
-            while self._in_flight >= self.max_in_flight and not self._closed:
-                self._waiting += 1
-                self._room.wait()
-                self._waiting -= 1
-            if self._closed:
-                raise ZlogError("log is closed")
-            if not self._in_flight:
-                self._idle.clear()
-            self._in_flight += 1
+        """A slot of the window, waiting for room (Ctrl-C interrupts the wait)."""
+        if not self._window.take():
+            raise ZlogError("log is closed")
 
     def _finish(self, fut: Future[Any], result: object = None, error: BaseException | None = None) -> None:
         # free the slot first: a done-callback that submits again must not block
-        with self._lock:
-            self._in_flight -= 1
-            if self._waiting:
-                self._room.notify()
-            if not self._in_flight:
-                self._idle.set()
+        self._window.give()
         if error is not None:
             fut.set_exception(error)
         else:
@@ -218,41 +231,41 @@ class LogAsync:
     # --------------------------------------------------------------- appends
     def append(self, stored: bytes, future: Future[int] | None = None) -> Future[int]:
         """`stored` is already encoded and size-checked. `future`: settle this
-        one instead of a new one (client.aio's, which settle on its loop)."""
-        lock = self._lock  # _begin's common case inlined: this is the hot path
-        lock.acquire()
-        if 0 < self._in_flight < self.max_in_flight and not self._closed:
-            self._in_flight += 1
-            lock.release()
-        else:
-            lock.release()
-            self._begin()
+        one instead of a new one (client.aio's, which settle on its loop).
+        The common case runs in C (HotPath.append); this takes the rest."""
         fut: Future[int] = LazyFuture() if future is None else future
         refused = self.log.conn.blocklisted
         if refused is not None:  # final (zlog revoke): the C++ path must not take a position for it
-            self._finish(fut, error=refused)
+            fut.set_exception(refused)
             return fut
         now = time.monotonic()
-        self._send((self, fut, stored, now), now)
+        self._send((self, fut, stored, now), now, new=True)
         return fut
 
-    def _send(self, item: Item, now: float | None = None) -> None:
-        """Through the C++ pipeline while the sequencer serves; else the retry path."""
+    def _send(self, item: Item, now: float | None = None, new: bool = False) -> None:
+        """Through the C++ pipeline while the sequencer serves; else the retry
+        path. A `new` entry takes its slot of the window here, waiting for
+        room: into the C++ pipeline with no Python code between the two (an
+        interrupt never leaves a slot taken by an entry that does not go)."""
         pipe = self._pipe or self._pipeline()
         positions = self.positions
         meta = self.log.meta
         if meta is not self._meta or positions.generation != self._generation:
             self._tell(pipe, meta)
         if positions.usable_now(now):
-            tag = next(pipe.tags)
-            pipe.items[tag] = item
-            try:
-                pipe.native.append(self._id, tag, item[2])
-                return
-            except (RuntimeError, ValueError):  # the pipeline is closed (exiting)
-                pipe.items.pop(tag, None)
+            sent = self._hot.queue(item, new)
+            if sent == QUEUE_CLOSED:
+                raise ZlogError("log is closed")
+            if sent == QUEUE_REFUSED:  # the pipeline is closed (exiting)
                 self._finish(item[1], error=ZlogError("the connection is closed: append not stored"))
                 return
+            if meta is self._meta and self.log.plain:
+                # the C++ pipeline holds this view and a usable sequencer: the
+                # hot path may take the next entries, for a moment
+                self._hot.arm(meta, (time.monotonic() if now is None else now) + HOT_PATH_SECONDS)
+            return
+        if new:
+            self._begin()
         self._retry(item, stale=False)
 
     def _tell(self, pipe: AsyncPipeline, meta: Any) -> None:
@@ -282,18 +295,22 @@ class LogAsync:
             pipe.native.set_sequencer(self._id, seqr.host, seqr.port, seqr.timeout, auth)
         self._meta, self._generation = meta, self.positions.generation
 
-    def stored(self, done: list[tuple[Future[int], int]]) -> None:
-        """Entries stored at their positions: settle their futures."""
+    def count(self) -> None:
+        """Bring the bytes the hot path took into metrics.BYTES_OUT (metrics.count_later)."""
+        hot = self._hot
+        if hot is not None:
+            n = hot.take_bytes()
+            if n:
+                metrics.BYTES_OUT.inc(n)
+
+    def stored(self, done: list[tuple[Future[int], int]], top: int | None = None) -> None:
+        """Entries stored at their positions (`top` the highest): settle their futures."""
         metrics.APPENDS.inc(len(done))
         self._stale.reset()
-        with self._lock:
-            self._in_flight -= len(done)
-            if self._waiting:
-                self._room.notify(len(done))
-            if not self._in_flight:
-                self._idle.set()
+        self._window.give(len(done))
         LazyFuture.settle_all(done)
-        top = max(position for _, position in done)
+        if top is None:
+            top = max(position for _, position in done)
         ahead = self._open_ahead
         if ahead is not None and top >= ahead:
             self._open_ahead = None  # once: _tell sets it again for the next stripe
@@ -308,6 +325,9 @@ class LogAsync:
             self._stale.reset()
             self._finish(item[1], result=position)
             return
+        hot = self._hot
+        if hot is not None:
+            hot.disarm()  # until Python has looked again (a refresh, a retry, the sequencer)
         if time.monotonic() - item[3] > APPEND_DEADLINE_SECONDS:
             self._finish(item[1], error=ZlogError(
                 f"append to {self.log.name!r} not stored in {APPEND_DEADLINE_SECONDS:.0f}s (last: errno {-code})"))
@@ -459,8 +479,8 @@ class LogAsync:
 
     # ----------------------------------------------------------------- reads
     def read(self, position: int, future: Future[bytes] | None = None) -> Future[bytes]:
+        fut: Future[bytes] = LazyFuture() if future is None else future  # before the slot, as append()
         self._begin()
-        fut: Future[bytes] = LazyFuture() if future is None else future
         try:
             self._read(position, fut, None)
         except BaseException as e:
@@ -519,15 +539,20 @@ class LogAsync:
     # ----------------------------------------------------------------- admin
     def flush(self, timeout: float | None = None) -> None:
         """Wait until nothing is in flight (Timeout after `timeout` seconds)."""
-        if not self._idle.wait(timeout):
-            raise Timeout(f"{self._in_flight} operations of {self.log.name!r} still in flight after {timeout}s",
+        if not self._window.wait_idle(timeout):
+            raise Timeout(f"{self.in_flight} operations of {self.log.name!r} still in flight after {timeout}s",
                           errno=errno.ETIMEDOUT)
 
     def close(self) -> None:
-        self.flush()
-        with self._lock:
-            self._closed = True
-            self._room.notify_all()
+        # every append is settled within its deadline, so this waits for all
+        # of them; past that, a slot an interrupt (Ctrl-C) left counted at the
+        # wrong moment, which must not make close() wait for ever
+        try:
+            self.flush(APPEND_DEADLINE_SECONDS + CLOSE_GRACE_SECONDS)
+        except Timeout as e:
+            logger.warning("closing %r: %s (an interrupt mid-append can leave one counted)", self.log.name, e)
+        self._window.close()
+        self.count()
         if self._pipe is not None:
             try:
                 self._pipe.native.remove_log(self._id)

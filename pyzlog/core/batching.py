@@ -28,11 +28,11 @@ class AppendBatching:
     #: batch.size, in entries)
     max_batch: int = 4096
     #: batches of one log in flight at once (Kafka
-    #: max.in.flight.requests.per.connection). 1 makes the fullest batches:
-    #: entries appended meanwhile wait and ride the next one, for 20-30% less
-    #: client and OSD CPU per entry at depth 128; more lowers latency when
-    #: the OSD round trip, not the CPU, bounds the rate.
-    max_batches_in_flight: int = 1
+    #: max.in.flight.requests.per.connection). A batch beyond the first goes
+    #: only once no more entries can join it (the log's max_in_flight is
+    #: reached, or it holds max_batch), so batches stay full: two keep the
+    #: OSD busy with the next batch while the client settles the last one.
+    max_batches_in_flight: int = 2
     #: entries queued or in flight on the connection before append_async
     #: waits for room (Kafka buffer.memory, in entries)
     window_entries: int = 1 << 16

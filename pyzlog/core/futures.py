@@ -20,6 +20,8 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import _base as _futures
 from typing import Any
 
+from .._appender import settle_futures as _settle_futures  # the C++ extension (untyped)
+
 #: reentrant: a finalizer or a signal handler that runs on a thread holding
 #: it (say, during an allocation in settle_all) may touch a future too
 _make_condition = threading.RLock()
@@ -88,7 +90,8 @@ class LazyFuture(Future[Any]):
 
     def _settle_locked(self, result: Any, exception: BaseException | None) -> bool:
         """With _make_condition held: settle if nobody has made a Condition
-        and it is still pending; False otherwise."""
+        and it is still pending; False otherwise. (settle_all's C loop,
+        native/appender_hot.cc settle_futures, does the same.)"""
         if self._cond is not None or self._state in _DONE:
             return False
         self._result, self._exception = result, exception
@@ -136,18 +139,12 @@ class LazyFuture(Future[Any]):
     def settle_all(done: Iterable[tuple[Future[Any], Any]]) -> None:
         """set_result for each (future, result), taking the lock that
         _settle_unwatched takes once for all of them, not once each. A
-        future its owner cancelled meanwhile stays cancelled."""
+        future its owner cancelled meanwhile stays cancelled. The loop
+        under the lock is _settle_locked's, in C (it runs once per async
+        append: pyzlog._appender.settle_futures)."""
         if not isinstance(done, list):
             done = list(done)  # the caller's iterable is not run under the lock
-        watched = []
-        called = []
-        with _make_condition:
-            for fut, result in done:
-                if type(fut) is LazyFuture and fut._settle_locked(result, None):
-                    if "_done_callbacks" in fut.__dict__:
-                        called.append(fut)
-                else:
-                    watched.append((fut, result))
+        called, watched = _settle_futures(done, LazyFuture, _make_condition, _DONE, _futures.FINISHED)
         for fut in called:
             fut._run_callbacks()
         for fut, result in watched:

@@ -505,7 +505,7 @@ class Connection:
         self._callbacks: dict[int, Callback] = {}
         self._tags = itertools.count(1)
         self._thread: threading.Thread | None = None
-        self._on_posted: Callable[[list[int], list[int], list[int]], None] | None = None
+        self._on_posted: Callable[[int, int, int, int], None] | None = None
         self._pipeline: Any = None
         #: the pipeline's knobs: connect(append_batching=), else the defaults
         self.append_batching: AppendBatching = getattr(cluster, "append_batching", None) or AppendBatching()
@@ -705,9 +705,10 @@ class Connection:
             del self._callbacks[tag]
             raise
 
-    def on_posted(self, handler: Callable[[list[int], list[int], list[int]], None]) -> None:
+    def on_posted(self, handler: Callable[[int, int, int, int], None]) -> None:
         """Where posted outcomes (the append pipeline's) go: handler(tags,
-        codes, positions) on the completion thread."""
+        codes, positions, n) on the completion thread, the three arrays
+        (uint64, int32, uint64) by address, valid during the call."""
         self._on_posted = handler
 
     def pipeline(self) -> Any:
@@ -717,7 +718,7 @@ class Connection:
             q = self._completions()
             with self._lock:
                 if self._pipeline is None:
-                    from .. import _appender  # type: ignore[attr-defined]  # the C++ extension
+                    from .. import _appender  # the C++ extension (untyped)
 
                     with native_call():
                         self._pipeline = _appender.Pipeline(int(ffi.cast("uintptr_t", self.handle)),
@@ -735,7 +736,8 @@ class Connection:
         positions = ffi.new("uint64_t[]", WAIT_BATCH)
         ncalls, nposted = ffi.new("size_t *"), ffi.new("size_t *")
         handle = q.handle
-        unpack = ffi.unpack
+        # the posted outcomes by address: pyzlog._appender.settle reads them in place
+        tags_at, codes_at, positions_at = (int(ffi.cast("uintptr_t", a)) for a in (tags, codes, positions))
         while True:
             if not lib.dp_wait_split(handle, out, WAIT_BATCH, 0.5, tags, codes, positions, ncalls, nposted):
                 if self.closed:
@@ -758,7 +760,7 @@ class Connection:
                     logger.error("%d append outcomes posted with nobody to take them", n)
                     continue
                 try:
-                    handler(unpack(tags, n), unpack(codes, n), unpack(positions, n))
+                    handler(tags_at, codes_at, positions_at, n)
                 except BaseException:  # noqa: BLE001 - as above
                     logger.exception("append completions failed")
 

@@ -11,7 +11,7 @@ from pyzlog.core.errors import InvalidRequest
 
 def test_defaults_are_the_pipelines() -> None:
     assert AppendBatching().pipeline_options() == {
-        "linger_us": 0, "max_batch": 4096, "max_batches_in_flight": 1,
+        "linger_us": 0, "max_batch": 4096, "max_batches_in_flight": 2,
         "window_entries": 65536, "window_bytes": 256 << 20}
 
 
@@ -39,7 +39,7 @@ def test_settings_are_kept() -> None:
 
 def test_bench_settings_parse_and_name_what_differs() -> None:
     b = parse_setting("linger_us=200, max_batch=64")
-    assert (b.linger_us, b.max_batch, b.max_batches_in_flight) == (200, 64, 1)
+    assert (b.linger_us, b.max_batch, b.max_batches_in_flight) == (200, 64, 2)
     assert label(b) == "linger_us=200,max_batch=64" and label(AppendBatching()) == "defaults"
     assert all(label(parse_setting(s)) == s for s in DEFAULT_SETTINGS)
 

@@ -111,7 +111,8 @@ def test_codec_reads_a_map_snapshots_items_as_the_general_walk_does(
         fast: object = codec.loads(bytes(bad))
     except BadEntry:
         fast = BadEntry
-    assert fast == _general_loads(bytes(bad), monkeypatch)
+    # by repr: a changed byte can make a float NaN, which equals nothing, itself included
+    assert repr(fast) == repr(_general_loads(bytes(bad), monkeypatch))
 
 
 @given(st.binary(max_size=64))
