@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -43,7 +44,7 @@ namespace zlog_native {
 namespace {
 
 PyObject *s_meta, *s_blocklisted, *s_acquire, *s_release, *s_cond, *s_state, *s_result, *s_exception,
-    *s_done_callbacks;
+    *s_done_callbacks, *s_append;
 
 double monotonic() {  // time.monotonic()'s clock
   timespec ts;
@@ -87,6 +88,10 @@ bool window_try_take(WindowState* w) {
   ++w->in_flight;
   return true;
 }
+
+// A wait this long or longer is a wait for ever (its deadline in
+// nanoseconds would overflow the clock's count past about 292 years).
+constexpr double kForeverSeconds = 365.0 * 86400;
 
 // Waits (GIL let go) until `done` holds; every 50 ms, and before returning,
 // looks for signals with the GIL held. 1: done; 0: timed out; -1: a signal
@@ -171,16 +176,53 @@ int window_take_waiting(WindowState* w) {
   return taken ? 1 : 0;
 }
 
-PyObject* window_take(Window* self, PyObject*) {
+// A slot at once, past the bound if need be (false: closed).
+bool window_take_over(WindowState* w) {
+  std::lock_guard<std::mutex> l(w->mu);
+  if (w->closed) return false;
+  ++w->in_flight;
+  return true;
+}
+
+// After a slot is taken: into.append(item), still in C, so no signal
+// handler runs between the two (a Ctrl-C then finds either both done or
+// neither). The slot goes back if the append fails.
+PyObject* window_taken(WindowState* w, int taken, PyObject* into, PyObject* item) {
+  if (taken < 0) return nullptr;
+  if (taken && into != Py_None) {
+    PyObject* r = PyObject_CallMethodOneArg(into, s_append, item);
+    if (!r) {
+      window_give_n(w, 1);
+      return nullptr;
+    }
+    Py_DECREF(r);
+  }
+  return PyBool_FromLong(taken);
+}
+
+PyObject* window_take_over_py(Window* self, PyObject* args) {
+  PyObject *into = Py_None, *item = Py_True;
+  if (!PyArg_ParseTuple(args, "|OO", &into, &item)) return nullptr;
   WindowState* w = window_state(self);
   if (!w) return nullptr;
-  const int r = window_take_waiting(w);
-  return r < 0 ? nullptr : PyBool_FromLong(r);
+  return window_taken(w, window_take_over(w) ? 1 : 0, into, item);
+}
+
+PyObject* window_take(Window* self, PyObject* args) {
+  PyObject *into = Py_None, *item = Py_True;
+  if (!PyArg_ParseTuple(args, "|OO", &into, &item)) return nullptr;
+  WindowState* w = window_state(self);
+  if (!w) return nullptr;
+  return window_taken(w, window_take_waiting(w), into, item);
 }
 
 PyObject* window_give(Window* self, PyObject* args) {
   long long n = 1;
   if (!PyArg_ParseTuple(args, "|L", &n)) return nullptr;
+  if (n < 1) {  // a negative count would add slots past the bound
+    PyErr_Format(PyExc_ValueError, "give(n): n is at least 1, not %lld", n);
+    return nullptr;
+  }
   WindowState* w = window_state(self);
   if (!w) return nullptr;
   window_give_n(w, n);
@@ -190,11 +232,16 @@ PyObject* window_give(Window* self, PyObject* args) {
 PyObject* window_wait_idle(Window* self, PyObject* args) {
   PyObject* timeout_obj = Py_None;
   if (!PyArg_ParseTuple(args, "|O", &timeout_obj)) return nullptr;
-  double timeout = -1;
+  double timeout = -1;  // forever
   if (timeout_obj != Py_None) {
     timeout = PyFloat_AsDouble(timeout_obj);
     if (timeout == -1.0 && PyErr_Occurred()) return nullptr;
+    if (std::isnan(timeout)) {
+      PyErr_SetString(PyExc_ValueError, "the timeout is not a number");
+      return nullptr;
+    }
     if (timeout < 0) timeout = 0;
+    if (timeout > kForeverSeconds) timeout = -1;  // a year or more: beyond what a clock's count holds in ns
   }
   WindowState* w = window_state(self);
   if (!w) return nullptr;
@@ -223,8 +270,12 @@ PyObject* window_get(Window* self, void* which) {
 }
 
 PyMethodDef window_methods[] = {
-    {"take", reinterpret_cast<PyCFunction>(window_take), METH_NOARGS,
-     "take() -> bool: a slot, waiting for room (Ctrl-C interrupts the wait, taking nothing); False once closed."},
+    {"take", reinterpret_cast<PyCFunction>(window_take), METH_VARARGS,
+     "take(into=None, item=True) -> bool: a slot, waiting for room (Ctrl-C interrupts the wait, taking nothing); "
+     "False once closed. Once taken, into.append(item) before any signal handler can run."},
+    {"take_over", reinterpret_cast<PyCFunction>(window_take_over_py), METH_VARARGS,
+     "take_over(into=None, item=True) -> bool: a slot at once, past the bound if need be; False once closed. "
+     "Once taken, into.append(item) as take()."},
     {"give", reinterpret_cast<PyCFunction>(window_give), METH_VARARGS, "give(n=1): n slots back."},
     {"wait_idle", reinterpret_cast<PyCFunction>(window_wait_idle), METH_VARARGS,
      "wait_idle(timeout=None) -> bool: until nothing is in flight; False on timeout."},
@@ -455,23 +506,30 @@ PyObject* hot_append(HotPath* self, PyObject* data) {
 }
 
 // queue(item, take): LogAsync._send's way into the pipeline, with a slot
-// taken first when `take` (a new entry: waiting for room, Ctrl-C ending the
-// wait before anything is taken) and the entry queued with no Python code in
-// between. 1: queued; 0: the window is closed (nothing taken); 2: the
-// pipeline refused it (the slot, if taken, is the entry's: Python fails it).
+// taken first for a new entry (take 1: waiting for room, Ctrl-C ending the
+// wait before anything is taken; 2: at once, past the bound if need be; 0: it
+// holds one already) and the entry queued with no Python code in between.
+// 1: queued; 0: the window is closed (nothing taken); 2: the pipeline
+// refused it (the slot, if taken, is the entry's: Python fails it).
 PyObject* hot_queue(HotPath* self, PyObject* args) {
   PyObject* item;
   int take;
-  if (!PyArg_ParseTuple(args, "O!p", &PyTuple_Type, &item, &take)) return nullptr;
+  if (!PyArg_ParseTuple(args, "O!i", &PyTuple_Type, &item, &take)) return nullptr;
+  if (take < 0 || take > 2) {
+    PyErr_SetString(PyExc_ValueError, "take is 0 (held), 1 (wait for room) or 2 (at once)");
+    return nullptr;
+  }
   if (PyTuple_GET_SIZE(item) != 4) {
     PyErr_SetString(PyExc_TypeError, "an append item is (owner, future, data, time)");
     return nullptr;
   }
   if (!self->pipeline) return PyLong_FromLong(2);
   WindowState* w = reinterpret_cast<Window*>(self->window)->w;
-  if (take) {
+  if (take == 1) {
     const int t = window_take_waiting(w);
     if (t <= 0) return t < 0 ? nullptr : PyLong_FromLong(0);
+  } else if (take == 2 && !window_take_over(w)) {
+    return PyLong_FromLong(0);
   }
   const int r = enqueue(self, item);
   if (r < 0) {
@@ -486,7 +544,7 @@ PyObject* hot_arm(HotPath* self, PyObject* args) {
   double until;
   if (!PyArg_ParseTuple(args, "Od", &meta, &until)) return nullptr;
   Py_INCREF(meta);
-  Py_SETREF(self->meta, meta);
+  Py_XSETREF(self->meta, meta);  // XSET: a HotPath never initialised has none
   self->armed_until = until;
   Py_RETURN_NONE;
 }
@@ -494,7 +552,7 @@ PyObject* hot_arm(HotPath* self, PyObject* args) {
 PyObject* hot_disarm(HotPath* self, PyObject*) {
   self->armed_until = 0;
   Py_INCREF(Py_None);
-  Py_SETREF(self->meta, Py_None);
+  Py_XSETREF(self->meta, Py_None);
   Py_RETURN_NONE;
 }
 
@@ -514,7 +572,8 @@ PyMethodDef hot_methods[] = {
     {"append", reinterpret_cast<PyCFunction>(hot_append), METH_O,
      "append(data) -> Future, or None when Python must take the entry (see the module's source)."},
     {"queue", reinterpret_cast<PyCFunction>(hot_queue), METH_VARARGS,
-     "queue(item, take) -> 1 queued, 0 the window closed (nothing taken), 2 refused by the pipeline."},
+     "queue(item, take: 0 held, 1 wait, 2 at once) -> 1 queued, 0 the window closed (nothing taken), "
+     "2 refused by the pipeline."},
     {"arm", reinterpret_cast<PyCFunction>(hot_arm), METH_VARARGS,
      "arm(meta, until): the C++ pipeline holds meta's view and a usable sequencer; take entries until `until` "
      "(time.monotonic) while meta is the log's newest snapshot."},
@@ -586,20 +645,18 @@ PyObject* settle(PyObject*, PyObject* args) {
     Py_INCREF(item);
     const int gone = PyDict_DelItem(items, key);
     Py_DECREF(key);
-    if (gone < 0 || !PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 4) {
+    if (gone < 0) {
       Py_DECREF(item);
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an append item is (owner, future, data, time)");
       return fail();
     }
+    // what is not an item of the usual shape goes to Python as not stored,
+    // where judging it fails and is logged: the rest of the batch is settled
+    const bool usual = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 4 &&
+                       PyFloat_CheckExact(PyTuple_GET_ITEM(item, 3));
     PyObject* record;
-    if (codes[i] == 0) {
+    if (codes[i] == 0 && usual) {
       PyObject* owner = PyTuple_GET_ITEM(item, 0);
-      const double t = PyFloat_AsDouble(PyTuple_GET_ITEM(item, 3));
-      if (t == -1.0 && PyErr_Occurred()) {
-        Py_DECREF(item);
-        return fail();
-      }
-      waited.push_back(now - t);
+      waited.push_back(now - PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(item, 3)));
       Owned* o = nullptr;
       for (auto& x : owned)
         if (x.owner == owner) o = &x;
@@ -620,7 +677,7 @@ PyObject* settle(PyObject*, PyObject* args) {
         Py_DECREF(item);
         return fail();
       }
-    } else {
+    } else {  // not stored (or not an item of the usual shape): Python judges it
       record = Py_BuildValue("(OiK)", item, static_cast<int>(codes[i]), static_cast<unsigned long long>(positions[i]));
       if (!record || PyList_Append(others, record) < 0) {
         Py_XDECREF(record);
@@ -787,9 +844,9 @@ PyMethodDef module_functions[] = {
 
 void add_hot_path(PyObject* module) {
   const char* names[] = {"_meta", "blocklisted", "acquire", "release", "_cond", "_state", "_result", "_exception",
-                         "_done_callbacks"};
+                         "_done_callbacks", "append"};
   PyObject** interned[] = {&s_meta, &s_blocklisted, &s_acquire, &s_release, &s_cond, &s_state, &s_result,
-                           &s_exception, &s_done_callbacks};
+                           &s_exception, &s_done_callbacks, &s_append};
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); ++i)
     if (!(*interned[i] = PyUnicode_InternFromString(names[i]))) throw py::error_already_set();
   for (auto [type, name] : {std::pair<PyTypeObject*, const char*>{&WindowType, "Window"}, {&HotPathType, "HotPath"}}) {

@@ -599,7 +599,8 @@ print("exiting", q.pending, flush=True)
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdin is not None
-        assert proc.stdout.readline().strip() == "ready"
+        if proc.stdout.readline().strip() != "ready":
+            raise AssertionError(f"the script did not start: {proc.communicate(timeout=30)[1][-3000:]}")
         paused_osd()
         proc.stdin.write("go\n")
         proc.stdin.flush()

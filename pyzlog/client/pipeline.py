@@ -20,6 +20,7 @@ entry not stored within APPEND_DEADLINE_SECONDS fails.
 """
 from __future__ import annotations
 
+import collections
 import errno
 import itertools
 import logging
@@ -32,12 +33,12 @@ from typing import Any
 
 from .. import _appender  # the C++ extension (untyped)
 from ..core import wire
-from ..core.errors import NotWritten, Timeout, Trimmed, ZlogError
+from ..core.errors import InvalidRequest, NotWritten, Timeout, Trimmed, ZlogError
 from ..core.futures import LazyFuture
 from ..core.layout import data_oid_prefix, place, place_of, stripe_span, stripe_start
 from ..core.stripes import make
 from ..core.wire import MAX_POSITION
-from ..core.native import Connection, Op, native_call
+from ..core.native import Connection, Op, mark_own_thread, native_call, on_own_thread
 from ..core.state import LogState
 from . import metrics
 from .appending import APPEND_DEADLINE_SECONDS, Outcome, judge, write_error
@@ -59,6 +60,10 @@ CLOSE_GRACE_SECONDS = 10.0
 #: HotPath.queue's answers besides "queued": the log's window is closed
 #: (nothing taken); the C++ pipeline refused the entry (closed)
 QUEUE_CLOSED, QUEUE_REFUSED = 0, 2
+#: how HotPath.queue takes a new entry's slot: waiting for room; at once,
+#: past the bound if need be (on pyzlog's own threads: a done-callback that
+#: appends must not wait for room that only its thread can make)
+TAKE_WAIT, TAKE_OVER = 1, 2
 
 # the C++ pipeline times async appends into this histogram's buckets
 _appender.configure_latency(metrics.LATENCY_BUCKETS)
@@ -114,7 +119,10 @@ class AsyncPipeline:
             except Exception:  # noqa: BLE001 - the others of the batch must still be settled
                 logger.exception("an async append's outcome failed")
         for owner, done, top in stored:
-            owner.stored(done, top)
+            try:
+                owner.stored(done, top)
+            except Exception:  # noqa: BLE001 - as above: the other logs' entries must still be settled
+                logger.exception("settling async appends failed")
 
     def later(self, job: Callable[[], None]) -> None:
         """Run `job` on the retry thread (jobs that block: refreshes, slow tail finding)."""
@@ -126,6 +134,7 @@ class AsyncPipeline:
             self._work_ready.notify()
 
     def _retry(self) -> None:
+        mark_own_thread()
         while True:
             with self._work_ready:
                 while not self._work:
@@ -157,8 +166,6 @@ class LogAsync:
     def __init__(self, log: LogState, positions: Positions, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
                  coalesce: bool = True) -> None:
         if not isinstance(max_in_flight, int) or max_in_flight < 1:
-            from ..core.errors import InvalidRequest
-
             raise InvalidRequest(f"max_in_flight must be an integer of at least 1, not {max_in_flight!r}")
         self.log = log
         self.positions = positions
@@ -169,7 +176,8 @@ class LogAsync:
         self._window = _appender.Window(max_in_flight)
         self._stale = StaleWait(log, "async append")
         self._refused_epoch = 0
-        self._retries: list[Item] = []
+        #: entries for the retry path (a deque: _take appends to it in C)
+        self._retries: collections.deque[Item] = collections.deque()
         #: (item, position) whose write found its data-format object missing
         self._remake: list[tuple[Item, int, wire.Meta]] = []
         #: the position past which appends open the next stripe (None: no stripes, or asked already)
@@ -215,12 +223,25 @@ class LogAsync:
         """Async operations of this log not settled yet."""
         return int(self._window.in_flight)
 
-    def _begin(self) -> None:
-        """A slot of the window, waiting for room (Ctrl-C interrupts the wait)."""
-        if not self._window.take():
+    def _take(self, into: Any, item: object = True) -> None:
+        """A slot of the window and, with it, into.append(item), in C: a
+        Ctrl-C finds both done or neither. Waiting for room (Ctrl-C
+        interrupts the wait); on pyzlog's own threads at once, past the bound
+        if need be (a done-callback that appends or reads must not wait for
+        its own thread)."""
+        take = self._window.take_over if on_own_thread() else self._window.take
+        if not take(into, item):
             raise ZlogError("log is closed")
 
-    def _finish(self, fut: Future[Any], result: object = None, error: BaseException | None = None) -> None:
+    def _finish(self, fut: Future[Any], result: object = None, error: BaseException | None = None,
+                slot: list[bool] | None = None) -> None:
+        """Settle `fut` and give its slot back. A read's `slot` is settled by
+        whoever pops it first: its outcome, or read() when interrupted."""
+        if slot is not None:
+            try:
+                slot.pop()
+            except IndexError:
+                return  # settled already
         # free the slot first: a done-callback that submits again must not block
         self._window.give()
         if error is not None:
@@ -253,7 +274,7 @@ class LogAsync:
         if meta is not self._meta or positions.generation != self._generation:
             self._tell(pipe, meta)
         if positions.usable_now(now):
-            sent = self._hot.queue(item, new)
+            sent = self._hot.queue(item, 0 if not new else TAKE_OVER if on_own_thread() else TAKE_WAIT)
             if sent == QUEUE_CLOSED:
                 raise ZlogError("log is closed")
             if sent == QUEUE_REFUSED:  # the pipeline is closed (exiting)
@@ -265,7 +286,11 @@ class LogAsync:
                 self._hot.arm(meta, (time.monotonic() if now is None else now) + HOT_PATH_SECONDS)
             return
         if new:
-            self._begin()
+            try:  # the slot and the entry's place in the retry queue together (_take)
+                self._take(self._retries, item)
+            finally:  # an interrupt just after: the entry queued must still go
+                self._schedule_retries(stale=False)
+            return
         self._retry(item, stale=False)
 
     def _tell(self, pipe: AsyncPipeline, meta: Any) -> None:
@@ -379,9 +404,12 @@ class LogAsync:
         return (self._pipe or self._pipeline()).stats()
 
     def _retry(self, item: Item, stale: bool) -> None:
+        self._retries.append(item)
+        self._schedule_retries(stale)
+
+    def _schedule_retries(self, stale: bool) -> None:
         with self._retry_lock:
             self.retried += 1
-            self._retries.append(item)
             self._retry_stale = self._retry_stale or stale
             if self._retry_scheduled:
                 return
@@ -391,9 +419,12 @@ class LogAsync:
     def _run_retries(self) -> None:
         """On the retry thread: everything waiting, with one set of positions."""
         with self._retry_lock:
-            batch, self._retries = self._retries, []
             stale, self._retry_stale = self._retry_stale, False
-            self._retry_scheduled = False
+            self._retry_scheduled = False  # before taking the entries: one queued after is scheduled again
+        batch = []
+        retries = self._retries
+        while retries:
+            batch.append(retries.popleft())
         now = time.monotonic()
         todo = []
         for item in batch:
@@ -480,14 +511,19 @@ class LogAsync:
     # ----------------------------------------------------------------- reads
     def read(self, position: int, future: Future[bytes] | None = None) -> Future[bytes]:
         fut: Future[bytes] = LazyFuture() if future is None else future  # before the slot, as append()
-        self._begin()
+        slot: list[bool] = []  # the read's slot, taken with it (_take): see _finish
         try:
-            self._read(position, fut, None)
+            self._take(slot)
+            self._read(position, fut, None, slot)
         except BaseException as e:
-            self._finish(fut, error=e)
+            if not slot:  # nothing taken (closed, or interrupted while waiting), or settled already
+                raise
+            self._finish(fut, error=e, slot=slot)
+            if not isinstance(e, Exception):
+                raise  # an interrupt (Ctrl-C) goes on; a read sent all the same finds its slot given back
         return fut
 
-    def _read(self, position: int, fut: Future[bytes], stale: StaleWait | None) -> None:
+    def _read(self, position: int, fut: Future[bytes], stale: StaleWait | None, slot: list[bool]) -> None:
         epoch, where = self.log.locate(position)
         oid = where.oid
         log = self.log
@@ -496,49 +532,55 @@ class LogAsync:
             if code == 0:
                 metrics.read(len(value))
                 try:
-                    self._finish(fut, result=log.decode(value))
+                    self._finish(fut, result=log.decode(value), slot=slot)
                 except Exception as e:  # noqa: BLE001 - a corrupt payload fails this read only
-                    self._finish(fut, error=ZlogError(f"position {position}: cannot decode entry: {e}"))
+                    self._finish(fut, error=ZlogError(f"position {position}: cannot decode entry: {e}"), slot=slot)
             elif code == -errno.ENOENT and position < log.meta.trim_below:
-                self._finish(fut, error=Trimmed(position, errno=errno.ENOENT))
+                self._finish(fut, error=Trimmed(position, errno=errno.ENOENT), slot=slot)
             elif code == -errno.ENOENT and stale is None:
                 # its object never made: under a view from before a reconfiguration, maybe
                 # not the object that holds it now (a metadata read, off the completion thread)
-                (self._pipe or self._pipeline()).later(lambda: self._recheck(position, fut, epoch))
+                (self._pipe or self._pipeline()).later(lambda: self._recheck(position, fut, epoch, slot))
             elif code == -errno.ENOENT:
-                self._finish(fut, error=NotWritten(position, errno=errno.ENOENT))
+                self._finish(fut, error=NotWritten(position, errno=errno.ENOENT), slot=slot)
             elif code == -errno.ESTALE:
                 # refresh off the completion thread, then try again
-                (self._pipe or self._pipeline()).later(lambda: self._reread(position, fut, stale, epoch))
+                (self._pipe or self._pipeline()).later(lambda: self._reread(position, fut, stale, epoch, slot))
             else:
                 self._finish(fut, error=log.conn.error(code, f"read at {position} of {log.name!r}", pool=log.data,
-                                                      oid=oid, position=position, op=Op.READ))
+                                                      oid=oid, position=position, op=Op.READ), slot=slot)
 
         log.conn.submit(log.data, oid, Op.READ, done, epoch=epoch, position=position, format=where.format)
 
-    def _recheck(self, position: int, fut: Future[bytes], epoch: int) -> None:
+    def _recheck(self, position: int, fut: Future[bytes], epoch: int, slot: list[bool]) -> None:
         """A read found the position's object never made: read it again if the
         log is past the epoch it was read at (read as sync reads do), else
         it is not written."""
         try:
             if self.log.moved_past(epoch):
-                self._read(position, fut, StaleWait(self.log, f"read_async at {position}"))
+                self._read(position, fut, StaleWait(self.log, f"read_async at {position}"), slot)
             else:
-                self._finish(fut, error=NotWritten(position, errno=errno.ENOENT))
+                self._finish(fut, error=NotWritten(position, errno=errno.ENOENT), slot=slot)
         except BaseException as e:  # noqa: BLE001 - as read(): the future is told, whatever went wrong
-            self._finish(fut, error=e)
+            self._finish(fut, error=e, slot=slot)
 
-    def _reread(self, position: int, fut: Future[bytes], stale: StaleWait | None, epoch: int) -> None:
+    def _reread(self, position: int, fut: Future[bytes], stale: StaleWait | None, epoch: int,
+                slot: list[bool]) -> None:
         stale = stale or StaleWait(self.log, f"read_async at {position}")
         try:
             stale(epoch)
-            self._read(position, fut, stale)
+            self._read(position, fut, stale, slot)
         except ZlogError as e:
-            self._finish(fut, error=e)
+            self._finish(fut, error=e, slot=slot)
 
     # ----------------------------------------------------------------- admin
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until nothing is in flight (Timeout after `timeout` seconds)."""
+        """Wait until nothing is in flight (Timeout after `timeout` seconds).
+        Not from a done-callback: it runs on the thread that settles what
+        flush() would wait for (InvalidRequest, rather than a wait for ever)."""
+        if self.in_flight and on_own_thread():
+            raise InvalidRequest("flush() in a done-callback would wait for the thread it runs on: "
+                                 "flush from the application's own thread")
         if not self._window.wait_idle(timeout):
             raise Timeout(f"{self.in_flight} operations of {self.log.name!r} still in flight after {timeout}s",
                           errno=errno.ETIMEDOUT)
@@ -547,10 +589,11 @@ class LogAsync:
         # every append is settled within its deadline, so this waits for all
         # of them; past that, a slot an interrupt (Ctrl-C) left counted at the
         # wrong moment, which must not make close() wait for ever
-        try:
-            self.flush(APPEND_DEADLINE_SECONDS + CLOSE_GRACE_SECONDS)
-        except Timeout as e:
-            logger.warning("closing %r: %s (an interrupt mid-append can leave one counted)", self.log.name, e)
+        if not on_own_thread():  # a done-callback closing its log cannot wait for its own thread
+            try:
+                self.flush(APPEND_DEADLINE_SECONDS + CLOSE_GRACE_SECONDS)
+            except Timeout as e:
+                logger.warning("closing %r: %s (an interrupt mid-append can leave one counted)", self.log.name, e)
         self._window.close()
         self.count()
         if self._pipe is not None:

@@ -51,6 +51,21 @@ from .._dataplane import ffi, lib  # the cffi extension (untyped)
 
 logger = logging.getLogger("pyzlog")
 
+#: set on the threads pyzlog runs callbacks on (a connection's completion
+#: thread, the async retry thread): what runs there must never wait for
+#: what only that thread can bring (room in a window, say)
+_own_thread = threading.local()
+
+
+def on_own_thread() -> bool:
+    """Whether the calling thread is one of pyzlog's callback threads."""
+    return getattr(_own_thread, "active", False)
+
+
+def mark_own_thread() -> None:
+    """The calling thread runs pyzlog's callbacks (on_own_thread)."""
+    _own_thread.active = True
+
 
 class Op(IntEnum):
     """cls_zlog's operations (cls_zlog/ops.h)."""
@@ -695,14 +710,15 @@ class Connection:
     def submit(self, pool: Pool, oid: str | bytes, op: Op | int, callback: Callback, **fields: Any) -> None:
         """One call without waiting: callback(code, value) runs on the
         connection's completion thread (it must not block). Raises if the
-        call could not be sent (the callback then never runs)."""
+        call could not be sent (the callback then never runs); an interrupt
+        (Ctrl-C) keeps the callback, as the call may have gone."""
         q = self._completions()
         tag = next(self._tags)
         self._callbacks[tag] = callback
         try:
             q.submit(pool, oid, op, tag, **fields)
-        except BaseException:
-            del self._callbacks[tag]
+        except Exception:  # not sent (pop: a signal handler's error after it went may find it run already)
+            self._callbacks.pop(tag, None)
             raise
 
     def on_posted(self, handler: Callable[[int, int, int, int], None]) -> None:
@@ -728,6 +744,7 @@ class Connection:
 
     def _complete(self) -> None:
         """The completion thread: every async result of this connection."""
+        mark_own_thread()
         q = self._async
         assert q is not None
         callbacks = self._callbacks

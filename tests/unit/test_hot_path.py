@@ -52,14 +52,17 @@ def test_settle_sorts_outcomes_by_owner_and_times_the_stored() -> None:
     assert (added[bucket(1.0)], added[bucket(0.5)], added[bucket(2.5)]) == (1, 1, 1)
 
 
-def test_settle_refuses_what_is_not_an_item() -> None:
-    items: dict[int, Any] = {1: ("not", "an", "item")}
-    try:
-        _settle(items, [1], [0], [0], now=1.0)
-    except TypeError as e:
-        assert "item" in str(e)
-    else:
-        raise AssertionError("a malformed item was taken")
+def test_settle_hands_what_is_not_an_item_to_python_and_settles_the_rest() -> None:
+    """Something in the items that is not (owner, future, data, float) goes
+    back as not stored, for Python to judge (and fail, and log): the rest of
+    the batch is still sorted (an adversary's find: the batch's other
+    entries were left unsettled, their slots taken for ever)."""
+    owner, fut = object(), LazyFuture()
+    bad_shape, bad_time = ("not", "an", "item"), (owner, LazyFuture(), b"t", "not a time")
+    items: dict[int, Any] = {1: bad_shape, 2: (owner, fut, b"ok", 1.0), 3: bad_time}
+    stored, others = _settle(items, [1, 2, 3], [0, 0, 0], [7, 8, 9], now=2.0)
+    assert stored == [(owner, [(fut, 8)], 8)]
+    assert others == [(bad_shape, 0, 7), (bad_time, 0, 9)] and not items
 
 
 def test_the_async_histogram_reads_what_settle_counted() -> None:
@@ -218,3 +221,67 @@ def test_a_window_holds_at_least_one() -> None:
         pass
     else:
         raise AssertionError("an empty window was made")
+
+
+def test_a_wait_longer_than_a_year_is_a_wait_for_ever() -> None:
+    """Past what a deadline in nanoseconds holds, flush(timeout) still waits
+    (it returned at once, or overflowed, before)."""
+    import threading
+    import time
+
+    w = _appender.Window(1)
+    assert w.take()
+    threading.Timer(0.3, w.give).start()
+    t0 = time.monotonic()
+    assert w.wait_idle(1e300) and time.monotonic() - t0 >= 0.25
+    try:
+        w.wait_idle(float("nan"))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a NaN timeout was taken")
+
+
+def test_a_slot_is_taken_with_its_entry_or_not_at_all() -> None:
+    """take(into, item) appends `item` in C with the slot (a Ctrl-C between
+    the two would leave a slot that nothing gives back); an append that fails
+    gives the slot back."""
+    import collections
+
+    w = _appender.Window(1)
+    queue: collections.deque[str] = collections.deque()
+    assert w.take(queue, "entry") and list(queue) == ["entry"] and w.in_flight == 1
+    token: list[bool] = []
+    assert w.take_over(token) and token == [True] and w.in_flight == 2  # past the bound, at once
+    w.give(2)
+    try:
+        w.take(object(), "entry")  # nothing to append to
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("took a slot with nowhere to put its entry")
+    assert w.in_flight == 0
+    w.close()
+    assert not w.take(queue, "late") and list(queue) == ["entry"]
+
+
+def test_give_takes_a_positive_count() -> None:
+    """give(-3) made room past the bound (an adversary's find)."""
+    w = _appender.Window(1)
+    for n in (0, -3):
+        try:
+            w.give(n)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"give({n}) was taken")
+    assert w.take() and w.in_flight == 1
+
+
+def test_a_hot_path_never_made_answers_rather_than_crashes() -> None:
+    """HotPath.__new__ without __init__: arm/disarm/append answer (they
+    crashed the interpreter on a NULL snapshot)."""
+    hot = _appender.HotPath.__new__(_appender.HotPath)
+    hot.arm(None, 0.0)
+    hot.disarm()
+    assert hot.append(b"x") is None and hot.take_bytes() == 0
