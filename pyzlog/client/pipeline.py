@@ -286,10 +286,12 @@ class LogAsync:
                 self._hot.arm(meta, (time.monotonic() if now is None else now) + HOT_PATH_SECONDS)
             return
         if new:
+            queued = 0
             try:  # the slot and the entry's place in the retry queue together (_take)
                 self._take(self._retries, item)
+                queued = 1
             finally:  # an interrupt just after: the entry queued must still go
-                self._schedule_retries(stale=False)
+                self._schedule_retries(stale=False, entries=queued)
             return
         self._retry(item, stale=False)
 
@@ -405,11 +407,12 @@ class LogAsync:
 
     def _retry(self, item: Item, stale: bool) -> None:
         self._retries.append(item)
-        self._schedule_retries(stale)
+        self._schedule_retries(stale, entries=1)
 
-    def _schedule_retries(self, stale: bool) -> None:
+    def _schedule_retries(self, stale: bool, entries: int) -> None:
+        """Run the retry path soon; `entries` just queued for it (counted in `retried`)."""
         with self._retry_lock:
-            self.retried += 1
+            self.retried += entries
             self._retry_stale = self._retry_stale or stale
             if self._retry_scheduled:
                 return
