@@ -229,6 +229,23 @@ PyObject* window_give(Window* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// A slot back if `token` (a list) still holds it: pops it and gives the
+// slot in one C call, so whoever gets the token gives the slot, once, and a
+// Ctrl-C never falls between the two.
+PyObject* window_give_token(Window* self, PyObject* token) {
+  if (!PyList_Check(token)) {
+    PyErr_SetString(PyExc_TypeError, "give_token(token): token is the list take(into=token) filled");
+    return nullptr;
+  }
+  WindowState* w = window_state(self);
+  if (!w) return nullptr;
+  const Py_ssize_t n = PyList_GET_SIZE(token);
+  if (n == 0) Py_RETURN_FALSE;
+  if (PyList_SetSlice(token, n - 1, n, nullptr) < 0) return nullptr;
+  window_give_n(w, 1);
+  Py_RETURN_TRUE;
+}
+
 PyObject* window_wait_idle(Window* self, PyObject* args) {
   PyObject* timeout_obj = Py_None;
   if (!PyArg_ParseTuple(args, "|O", &timeout_obj)) return nullptr;
@@ -277,6 +294,9 @@ PyMethodDef window_methods[] = {
      "take_over(into=None, item=True) -> bool: a slot at once, past the bound if need be; False once closed. "
      "Once taken, into.append(item) as take()."},
     {"give", reinterpret_cast<PyCFunction>(window_give), METH_VARARGS, "give(n=1): n slots back."},
+    {"give_token", reinterpret_cast<PyCFunction>(window_give_token), METH_O,
+     "give_token(token) -> bool: a slot back if the list `token` (filled by take(into=token)) still holds one; "
+     "pops it with the same call. False: given back already."},
     {"wait_idle", reinterpret_cast<PyCFunction>(window_wait_idle), METH_VARARGS,
      "wait_idle(timeout=None) -> bool: until nothing is in flight; False on timeout."},
     {"close", reinterpret_cast<PyCFunction>(window_close), METH_NOARGS, "Take no more: take() answers False."},

@@ -416,3 +416,64 @@ def test_the_example_service(ceph, log_name, seqr) -> None:  # type: ignore[no-u
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["appended"] == out["billed"] == 100 and out["resumed_at"] == 2000
 
+
+
+@pytest.mark.parametrize("moment", ["read-after-sent", "append-retry-path-after-queued"])
+def test_an_interrupt_in_a_send_counts_its_slot_once(rados_cluster, ceph, log_name, seqr, moment) -> None:  # type: ignore[no-untyped-def]
+    """A Ctrl-C just after a read went, or just after an append was queued
+    for the retry path, gives the AsyncLog's slot back once: the send's own
+    cleanup and the outcome that comes all the same both gave it back, so
+    in_flight went to -1 and flush() never returned (an adversary's find).
+    The interrupted append's outcome goes to on_cancelled."""
+    cancelled: list[tuple[bytes, object]] = []
+
+    async def main() -> None:
+        log = await aio.Log.create(rados_cluster, ceph.pool, log_name, sequencer=seqr.address, max_in_flight=4,
+                                   on_cancelled=lambda data, outcome: cancelled.append((data, outcome)))
+        position = await log.append(b"x")
+        a = log.sync._async  # noqa: SLF001
+        if moment == "read-after-sent":
+            q = a.log.conn._completions()  # noqa: SLF001
+
+            def submit(*args: Any, **kw: Any) -> None:
+                real(*args, **kw)
+                raise KeyboardInterrupt  # as a Ctrl-C handled as the call returns
+
+            real, q.submit = q.submit, submit
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    await log.read(position)
+            finally:
+                del q.submit
+        else:
+            window = a._window  # noqa: SLF001
+
+            class Window:  # the real window, whose take is followed by an interrupt
+                def take(self, *args: Any) -> bool:
+                    window.take(*args)
+                    raise KeyboardInterrupt
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(window, name)
+
+            a._window = Window()  # noqa: SLF001
+            a.positions.usable_now = lambda now=None: False  # as after a sequencer failure: the retry path
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    await log.append(b"interrupted")
+            finally:
+                a._window = window  # noqa: SLF001
+                del a.positions.usable_now
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if a.in_flight == 0 and (cancelled or moment == "read-after-sent"):
+                break
+        assert log.in_flight == 0 and a.in_flight == 0
+        assert await log.read(position) == b"x"
+        await asyncio.wait_for(log.flush(), 10)
+        assert log.in_flight == 0
+        await log.close()
+
+    run(main())
+    if moment != "read-after-sent":
+        assert len(cancelled) == 1 and cancelled[0][0] == b"interrupted" and isinstance(cancelled[0][1], int)

@@ -265,6 +265,34 @@ def test_an_interrupt_just_after_a_step_leaves_the_window_right(rados_cluster, c
     log.close()
 
 
+def test_entries_stranded_on_the_retry_path_still_go(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """A Ctrl-C between queuing an entry for the retry path and scheduling
+    its job (left as: the entry queued, the job marked scheduled, no job)
+    wedged the log's retry path for good; the retry thread now looks for
+    such entries every second. And a retry thread whose start() a Ctrl-C
+    stopped is started again (an adversary's finds)."""
+    from pyzlog.client.appending import stored_form
+    from pyzlog.core.futures import LazyFuture
+
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address, max_in_flight=4)
+    log.append_async(b"w").result(timeout=30)
+    a = log._async
+    fut: Future[int] = LazyFuture()
+    assert a._window.take(a._retries, (a, fut, stored_form(log.state, b"stranded"), time.monotonic()))
+    a._retry_scheduled = True  # as the interrupt left it: no job will come
+    assert log.read(fut.result(timeout=30)) == b"stranded"
+    assert log.append_async(b"after").result(timeout=30) >= 0 and not a._retry_scheduled
+
+    pipe = a._pipe
+    pipe._worker = threading.Thread(target=lambda: None)  # recorded, never started
+    ran = threading.Event()
+    pipe.later(ran.set)
+    assert ran.wait(30)
+    log.flush(timeout=30)
+    assert a.in_flight == 0
+    log.close()
+
+
 def test_a_done_callback_that_appends_never_waits_for_room(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
     """A done-callback runs on the completion thread, the one thread that
     makes room in the window: an append_async or read_async there takes its

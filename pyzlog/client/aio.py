@@ -66,11 +66,17 @@ class _Sent(LazyFuture):
         super().__init__()
         self.bridge, self.waiter, self.data = bridge, waiter, data
         self.orphan = False  # its task was cancelled after it was sent
+        self.posted = False  # its outcome is on its way to the loop (which gives its slot back)
+        #: its slot was given back as the send raised (an interrupt, say): its outcome, if one
+        #: comes all the same, must not give it back again
+        self.released = False
 
     def set_result(self, result: Any) -> None:
+        self.posted = True
         self.bridge.post(self, result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
+        self.posted = True
         self.bridge.post(self, None, exception)
 
 
@@ -99,7 +105,7 @@ class _Bridge:
         n = 0
         while ready:
             sent, result, error = ready.popleft()
-            n += 1
+            n += not sent.released
             waiter = sent.waiter
             if sent.orphan or waiter.cancelled():
                 owner._orphaned(sent, result, error)
@@ -206,6 +212,16 @@ class AsyncLog:
                     pass
             raise
 
+    def _unsent(self, sent: _Sent) -> None:
+        """Its send raised. Its slot comes back here unless its outcome is on
+        its way already (the pipeline settled it: an interrupt after the
+        operation went); an outcome that comes later all the same (the entry
+        was queued as the interrupt came) goes to on_cancelled."""
+        sent.orphan = True
+        if not sent.posted:
+            sent.released = True
+            self._release(1)
+
     def _release(self, n: int) -> None:
         self._in_flight -= n
         waiters = self._waiters
@@ -250,7 +266,7 @@ class AsyncLog:
         try:
             self._pipe.append(stored, future=sent)
         except BaseException:
-            self._release(1)
+            self._unsent(sent)
             raise
         return sent
 
@@ -312,7 +328,7 @@ class AsyncLog:
         try:
             self._pipe.read(position, future=sent)
         except BaseException:
-            self._release(1)
+            self._unsent(sent)
             raise
         try:
             return await sent.waiter  # type: ignore[no-any-return]

@@ -20,12 +20,12 @@ entry not stored within APPEND_DEADLINE_SECONDS fails.
 """
 from __future__ import annotations
 
-import collections
 import errno
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -57,6 +57,8 @@ DEFAULT_MAX_IN_FLIGHT = 128
 HOT_PATH_SECONDS = 0.05
 #: close() waits this long past the append deadline for what is in flight
 CLOSE_GRACE_SECONDS = 10.0
+#: how often the retry thread looks for retry-path entries no job will take
+RETRY_SWEEP_SECONDS = 1.0
 #: HotPath.queue's answers besides "queued": the log's window is closed
 #: (nothing taken); the C++ pipeline refused the entry (closed)
 QUEUE_CLOSED, QUEUE_REFUSED = 0, 2
@@ -96,6 +98,8 @@ class AsyncPipeline:
         self._work: deque[Callable[[], None]] = deque()
         self._work_ready = threading.Condition(threading.Lock())
         self._worker: threading.Thread | None = None
+        #: the logs whose retry queues _retry looks at now and then
+        self._logs: weakref.WeakSet[LogAsync] = weakref.WeakSet()
         conn.on_posted(self._posted)
         metrics.NATIVE.track(self)
 
@@ -128,22 +132,45 @@ class AsyncPipeline:
         """Run `job` on the retry thread (jobs that block: refreshes, slow tail finding)."""
         with self._work_ready:
             self._work.append(job)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._retry, name="pyzlog-retry", daemon=True)
-                self._worker.start()
+            self._start_locked()
             self._work_ready.notify()
+
+    def _start_locked(self) -> None:
+        worker = self._worker
+        if worker is None or not worker.is_alive():  # not alive: a Ctrl-C stopped its start()
+            self._worker = threading.Thread(target=self._retry, name="pyzlog-retry", daemon=True)
+            self._worker.start()
+
+    def watch(self, log: LogAsync) -> None:
+        """Look at `log`'s retry queue now and then (_retry), from now on."""
+        self._logs.add(log)
+        with self._work_ready:
+            self._start_locked()
 
     def _retry(self) -> None:
         mark_own_thread()
+        swept = time.monotonic()
         while True:
+            job = None
             with self._work_ready:
-                while not self._work:
-                    self._work_ready.wait()
-                job = self._work.popleft()
-            try:
-                job()
-            except BaseException:  # noqa: BLE001 - this thread must outlive one bad job (even a SystemExit)
-                logger.exception("an async retry failed")
+                if self._work or self._work_ready.wait(RETRY_SWEEP_SECONDS):
+                    job = self._work.popleft() if self._work else None
+            if time.monotonic() - swept >= RETRY_SWEEP_SECONDS:
+                # entries queued for the retry path that no job will take: a
+                # Ctrl-C between queuing them and scheduling the job left them
+                swept = time.monotonic()
+                for log in list(self._logs):
+                    if log.stranded_retries():
+                        self._run(log._run_retries)
+            if job is not None:
+                self._run(job)
+
+    @staticmethod
+    def _run(job: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException:  # noqa: BLE001 - this thread must outlive one bad job (even a SystemExit)
+            logger.exception("an async retry failed")
 
     def stats(self) -> dict[str, int]:
         """sequencer_requests, class_calls, entries_sent, split_batches, handed_back."""
@@ -177,7 +204,7 @@ class LogAsync:
         self._stale = StaleWait(log, "async append")
         self._refused_epoch = 0
         #: entries for the retry path (a deque: _take appends to it in C)
-        self._retries: collections.deque[Item] = collections.deque()
+        self._retries: deque[Item] = deque()
         #: (item, position) whose write found its data-format object missing
         self._remake: list[tuple[Item, int, wire.Meta]] = []
         #: the position past which appends open the next stripe (None: no stripes, or asked already)
@@ -187,6 +214,7 @@ class LogAsync:
         self._retry_stale = False
         self._retry_scheduled = False
         self._retry_lock = threading.Lock()
+        self._swept: Item | None = None  # the first entry queued at the retry thread's last look
         self._pipe: AsyncPipeline | None = None
         self._id = 0  # the log's id in the C++ pipeline
         self._meta: Any = None  # the metadata snapshot the C++ pipeline has
@@ -213,6 +241,7 @@ class LogAsync:
                                                       self.log.conn, pipe.items, pipe.tags, LazyFuture,
                                                       wire.MAX_ENTRY_BYTES)
                         self.hot_append = self._hot.append
+                        pipe.watch(self)
                         metrics.count_later(self)  # the bytes it takes reach metrics.BYTES_OUT
                     self._pipe = pipe
                 pipe = self._pipe
@@ -237,13 +266,11 @@ class LogAsync:
                 slot: list[bool] | None = None) -> None:
         """Settle `fut` and give its slot back. A read's `slot` is settled by
         whoever pops it first: its outcome, or read() when interrupted."""
-        if slot is not None:
-            try:
-                slot.pop()
-            except IndexError:
-                return  # settled already
         # free the slot first: a done-callback that submits again must not block
-        self._window.give()
+        if slot is None:
+            self._window.give()
+        elif not self._window.give_token(slot):
+            return  # settled already
         if error is not None:
             fut.set_exception(error)
         else:
@@ -418,6 +445,15 @@ class LogAsync:
                 return
             self._retry_scheduled = True
         (self._pipe or self._pipeline()).later(self._run_retries)
+
+    def stranded_retries(self) -> bool:
+        """Entries queued for the retry path that no scheduled job will take:
+        still queued a sweep after they were (a Ctrl-C between queuing and
+        scheduling)."""
+        first = self._retries[0] if self._retries else None
+        stranded = first is not None and first is self._swept
+        self._swept = first
+        return stranded
 
     def _run_retries(self) -> None:
         """On the retry thread: everything waiting, with one set of positions."""

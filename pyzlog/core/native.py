@@ -701,9 +701,11 @@ class Connection:
                 if self._async is None:
                     q = self._new_queue_locked()
                     lib.dp_queue_hold(q.handle, 1)
-                    self._async = q
-                    self._thread = threading.Thread(target=self._complete, name="pyzlog-complete", daemon=True)
-                    self._thread.start()
+                    # the thread runs before the queue is known: a Ctrl-C in
+                    # start() must not leave a queue that nothing reads
+                    thread = threading.Thread(target=self._complete, args=(q,), name="pyzlog-complete", daemon=True)
+                    thread.start()
+                    self._thread, self._async = thread, q
                 q = self._async
         return q
 
@@ -742,11 +744,9 @@ class Connection:
                                                             **self.append_batching.pipeline_options())
         return self._pipeline
 
-    def _complete(self) -> None:
-        """The completion thread: every async result of this connection."""
+    def _complete(self, q: Queue) -> None:
+        """The completion thread: every async result of this connection (from `q`)."""
         mark_own_thread()
-        q = self._async
-        assert q is not None
         callbacks = self._callbacks
         out = ffi.new("dp_result[]", WAIT_BATCH)
         tags, codes = ffi.new("uint64_t[]", WAIT_BATCH), ffi.new("int32_t[]", WAIT_BATCH)

@@ -285,3 +285,20 @@ def test_a_hot_path_never_made_answers_rather_than_crashes() -> None:
     hot.arm(None, 0.0)
     hot.disarm()
     assert hot.append(b"x") is None and hot.take_bytes() == 0
+
+
+def test_a_token_gives_its_slot_back_once() -> None:
+    """give_token pops the token and gives the slot in one call: the read's
+    outcome and an interrupted read_async may both try, one succeeds (a
+    second Ctrl-C between a Python pop and give leaked the slot)."""
+    w = _appender.Window(2)
+    token: list[bool] = []
+    assert w.take(token) and w.in_flight == 1
+    assert w.give_token(token) and w.in_flight == 0 and token == []
+    assert not w.give_token(token) and w.in_flight == 0
+    try:
+        w.give_token(("not", "a", "list"))
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a tuple was taken as a token")
