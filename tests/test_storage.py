@@ -55,7 +55,10 @@ def test_appends_open_stripes_and_no_object_holds_more_than_its_slots(rados_clus
     positions += [lg.append(b"s%d" % i) for i in range(20)]
     futs = [lg.append_async(b"a%d" % i) for i in range(700)]  # the C++ path over 6 more stripes
     positions += [f.result(timeout=60) for f in futs]
-    assert positions == list(range(1020))
+    assert positions[:320] == list(range(320))
+    # async appends in flight together may land out of their order (one that
+    # meets a stripe not open yet takes a new position): each once, above the rest
+    assert len(set(positions)) == 1020 and min(positions[320:]) == 320
     view = lg.refresh().views[-1]
     assert view.bounded and view.stripes >= 1020 // (2 * SLOTS)
     assert len(view_objects(lg.name, view)) == 2 * view.stripes
@@ -63,8 +66,10 @@ def test_appends_open_stripes_and_no_object_holds_more_than_its_slots(rados_clus
         assert oid.startswith(f"zlog.{lg.name}.1.s")
         ret, st = log_obj(lg, oid).full_stat()
         assert ret == 0 and st is not None and st.entries <= SLOTS
-    assert [r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream()] == \
-        [b"m%d" % i for i in range(300)] + [b"s%d" % i for i in range(20)] + [b"a%d" % i for i in range(700)]
+    data = [b"m%d" % i for i in range(300)] + [b"s%d" % i for i in range(20)] + [b"a%d" % i for i in range(700)]
+    stored = {r.position: r.data for r in Log.open(rados_cluster, ceph.pool, log_name).stream()
+              if r.kind is RecordKind.DATA}
+    assert stored == dict(zip(positions, data))
 
 
 def test_a_full_object_fills_its_remaining_positions_and_appends_move_on(rados_cluster, ceph, log_name) -> None:  # type: ignore[no-untyped-def]
