@@ -81,12 +81,17 @@ struct Window {
   WindowState* w;
 };
 
-// A slot now, if there is one (false: full or closed).
-bool window_try_take(WindowState* w) {
-  std::lock_guard<std::mutex> l(w->mu);
+// With w->mu held: a slot, if there is room (false: full or closed).
+bool take_locked(WindowState* w) {
   if (w->closed || w->in_flight >= w->most) return false;
   ++w->in_flight;
   return true;
+}
+
+// A slot now, if there is one (false: full or closed).
+bool window_try_take(WindowState* w) {
+  std::lock_guard<std::mutex> l(w->mu);
+  return take_locked(w);
 }
 
 // A wait this long or longer is a wait for ever (its deadline in
@@ -161,13 +166,8 @@ void window_give_n(WindowState* w, long long n) {
 int window_take_waiting(WindowState* w) {
   bool taken = false;  // set under the mutex, in the predicate (at once if there is room)
   const int r = window_wait(w, w->room, -1, [&] {
-    if (w->closed) return true;
-    if (w->in_flight < w->most) {
-      ++w->in_flight;
-      taken = true;
-      return true;
-    }
-    return false;
+    taken = take_locked(w);
+    return taken || w->closed;
   });
   if (r < 0) {
     if (taken) window_give_n(w, 1);

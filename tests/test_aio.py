@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from interrupts import InterruptAfter, InterruptedWindow
 from seqr_proc import Fleet, SeqrProcess
 
 from pyzlog import CommitRefused, EntryTooLarge, InvalidRequest, Log, LogNotFound, NotWritten, RecordKind, aio
@@ -434,12 +435,7 @@ def test_an_interrupt_in_a_send_counts_its_slot_once(rados_cluster, ceph, log_na
         a = log.sync._async  # noqa: SLF001
         if moment == "read-after-sent":
             q = a.log.conn._completions()  # noqa: SLF001
-
-            def submit(*args: Any, **kw: Any) -> None:
-                real(*args, **kw)
-                raise KeyboardInterrupt  # as a Ctrl-C handled as the call returns
-
-            real, q.submit = q.submit, submit
+            q.submit = InterruptAfter(q.submit)
             try:
                 with pytest.raises(KeyboardInterrupt):
                     await log.read(position)
@@ -447,16 +443,7 @@ def test_an_interrupt_in_a_send_counts_its_slot_once(rados_cluster, ceph, log_na
                 del q.submit
         else:
             window = a._window  # noqa: SLF001
-
-            class Window:  # the real window, whose take is followed by an interrupt
-                def take(self, *args: Any) -> bool:
-                    window.take(*args)
-                    raise KeyboardInterrupt
-
-                def __getattr__(self, name: str) -> Any:
-                    return getattr(window, name)
-
-            a._window = Window()  # noqa: SLF001
+            a._window = InterruptedWindow(window)  # noqa: SLF001
             a.positions.usable_now = lambda now=None: False  # as after a sequencer failure: the retry path
             try:
                 with pytest.raises(KeyboardInterrupt):

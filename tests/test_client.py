@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from clsobj import log_obj
+from interrupts import InterruptAfter, InterruptedWindow
 from seqr_proc import SeqrProcess
 
 import pyzlog
@@ -193,20 +194,6 @@ def test_interrupts_while_appending_leave_no_slot_taken(rados_cluster, ceph, log
     log.close()
 
 
-class _InterruptAfter:
-    """Stands for a Ctrl-C handled just after a call returned (CPython runs
-    signal handlers at the check after a C call): calls `call`, then raises."""
-
-    def __init__(self, call: Any, before_raise: Any = None) -> None:
-        self.call, self.before_raise = call, before_raise
-
-    def __call__(self, *args: Any, **kw: Any) -> Any:
-        self.call(*args, **kw)
-        if self.before_raise is not None:
-            self.before_raise()
-        raise KeyboardInterrupt
-
-
 @pytest.mark.parametrize("moment", ["read-after-slot", "read-after-sent", "append-retry-path-after-slot"])
 def test_an_interrupt_just_after_a_step_leaves_the_window_right(rados_cluster, ceph, log_name, seqr, moment) -> None:  # type: ignore[no-untyped-def]
     """A Ctrl-C handled between two steps of read_async, or of an append
@@ -225,20 +212,14 @@ def test_an_interrupt_just_after_a_step_leaves_the_window_right(rados_cluster, c
         q = a.log.conn._completions()
         real = q.submit
         # the interrupt comes once the completion thread has settled the read
-        q.submit = _InterruptAfter(real, lambda: time.sleep(0.3))
+        q.submit = InterruptAfter(real, lambda: time.sleep(0.3))
         try:
             with pytest.raises(KeyboardInterrupt):
                 log.read_async(position)
         finally:
             del q.submit
     else:
-        class Window:  # the real window, whose take is followed by an interrupt
-            take = take_over = _InterruptAfter(window.take)
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(window, name)
-
-        a._window = Window()
+        a._window = InterruptedWindow(window)
         if moment == "append-retry-path-after-slot":
             a.positions.usable_now = lambda now=None: False  # as after a sequencer failure
         try:

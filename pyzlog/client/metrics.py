@@ -99,17 +99,6 @@ class Histogram:
         cell[bisect.bisect_left(self.bounds, value)] += 1  # the first bucket whose bound is >= value
         cell[-1] += value
 
-    def observe_since(self, starts: list[float], now: float) -> None:
-        """observe(now - t) for each t in `starts`, in one call."""
-        cell = self._cell()
-        where, bounds = bisect.bisect_left, self.bounds
-        total = 0.0
-        for t in starts:
-            v = now - t
-            cell[where(bounds, v)] += 1
-            total += v
-        cell[-1] += total
-
     def snapshot(self) -> tuple[list[tuple[str, float]], float]:
         """(cumulative buckets as prometheus-client takes them, sum)."""
         n = len(self.bounds) + 1
