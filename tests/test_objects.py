@@ -21,6 +21,7 @@ from pyzlog.objects import (MISSING, BadEntry, CheckpointError, Counter, NotHost
                             RadosCheckpoints, Register, ReplicatedMap, Runtime, RuntimeClosed, RuntimeFailed,
                             StateMachine, UnsupportedEntry, WrongType)
 from pyzlog.objects import codec, entry
+from pyzlog.objects import runtime as runtime_module
 from pyzlog.objects.objects import CTR_ADD, MAP_PUT, _OP
 
 HOLE_WAIT = 0.3
@@ -123,6 +124,31 @@ def test_async_proposals(pair: Replicas) -> None:
     b.counter("c")
     b.sync()
     assert state_of(a)["m"] and state_of(a) == state_of(b)
+
+
+def test_proposals_in_bursts_and_alone_wake_a_sender_every_time(pair: Replicas,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proposal never needs a sender's backstop: the first of a burst wakes
+    one idle sender and the rest of the burst does not (the nudge), and a
+    proposal alone after a burst wakes one again. With the backstop put out
+    of reach, a lost wake-up leaves a proposal queued: its result times out."""
+    monkeypatch.setattr(runtime_module, "SEND_BACKSTOP_SECONDS", 3600.0)
+    a, b = pair.new(), pair.new()
+    m = a.map("m")
+    sizes = [1, 2, 3, 200, 1, 300, 1, 7, 1, 600, 1]
+    for round_ in range(6):
+        for n in sizes:
+            futures = [m.put_async(f"k{i}", round_) for i in range(n)]
+            assert [f.result(30) for f in futures] == [None] * n
+        for _ in range(20):  # one at a time, from another thread than the bursts'
+            outcome: list[Any] = []
+            t = threading.Thread(target=lambda: outcome.append(m.put_async("one", round_).exception(30)))
+            t.start()
+            t.join(60)
+            assert outcome == [None]
+    b.map("m")
+    b.sync()
+    assert b.map("m").snapshot() == m.snapshot()
 
 
 def test_a_user_state_machine(pair: Replicas) -> None:

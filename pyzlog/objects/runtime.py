@@ -73,6 +73,9 @@ PLAY_BACKOFF_MAX = 2.0
 #: threads sending queued proposals (each one append_many at a time), and
 #: the most entries one append_many takes
 SENDERS = 2
+#: an idle sender looks at the queue this often even if no proposer woke it (a backstop only:
+#: every proposal that finds all senders idle wakes one)
+SEND_BACKSTOP_SECONDS = 0.5
 MAX_BATCH = 256
 #: most streams (objects written) one entry may belong to with streams on, and
 #: most objects a streams runtime hosts (its stream requests name them all)
@@ -206,6 +209,10 @@ class Runtime:
         self._queue: deque[_Pending] = deque()  # proposals waiting for a sender
         self._send_cv = threading.Condition(threading.Lock())
         self._idle_senders = 0
+        #: a proposer has woken an idle sender that has not looked at the queue yet: the
+        #: proposers after it need not (a burst of proposals meeting idle senders, as when a
+        #: batch's futures settle at once, each took the lock to notify: 1.2 us a put)
+        self._nudged = False
         self._senders: list[threading.Thread] = []
         self._play_lock = threading.Lock()  # one thread plays at a time: the player, or a caller (_play_here)
         self._applying = False  # _apply_rows is under way (or stopped half way by an exception)
@@ -470,7 +477,8 @@ class Runtime:
         # queued, and one going idle looks first), when every sender is idle
         # (two proposers may both see a length of 2), or past one batch's worth
         idle = self._idle_senders
-        if idle and (len(q) == 1 or idle == SENDERS or len(q) > MAX_BATCH):
+        if idle and (len(q) == 1 or idle == SENDERS or len(q) > MAX_BATCH) and not self._nudged:
+            self._nudged = True
             with self._send_cv:
                 self._send_cv.notify()
         return p.future
@@ -516,9 +524,14 @@ class Runtime:
         while True:
             with self._send_cv:
                 self._idle_senders += 1  # before looking: a proposer that queues after the look notifies
+                # a nudge is cleared before each look at the queue: a proposal queued before the
+                # clear is seen by the look, one after it nudges again (a nudge that found no sender
+                # waiting is not left standing)
+                self._nudged = False
                 try:
                     while not q and not self._closing:
-                        self._send_cv.wait(0.5)
+                        self._send_cv.wait(SEND_BACKSTOP_SECONDS)
+                        self._nudged = False
                 finally:
                     self._idle_senders -= 1
             if self._closing:
