@@ -51,7 +51,9 @@ def _check_key(key: Any) -> None:
         hash(key)
     except TypeError:
         raise InvalidRequest(f"a map key must be hashable, not {type(key).__name__}") from None
-    if isinstance(key, (list, dict)) or key is MISSING:
+    if isinstance(key, (list, dict)) or key is MISSING or key is None:
+        # (None stands for the whole map in a transaction's read set: a key None
+        # read there would be checked against the map's version, and abort)
         raise InvalidRequest(f"a map key cannot be {key!r}")
 
 
@@ -162,6 +164,8 @@ class ReplicatedMap(StateMachine):
     def get(self, key: Any, default: Any = None) -> Any:
         tx = self._tx()
         if tx is not None:
+            if key is None:  # (not a key: it names the whole map in the read set, _check_key)
+                raise InvalidRequest("a map key cannot be None")
             ov = tx.overlay.get(self.stream)
             if ov is not None and key in ov:
                 v = ov[key]

@@ -35,7 +35,7 @@ import time
 from bisect import bisect_left
 from collections import Counter as Tally, deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -138,6 +138,20 @@ class Stats:
     aborted: int = 0          # transactions aborted by replay
 
 
+class _TxSlot(threading.local):
+    """The calling thread's transaction, if any (a class default: no
+    AttributeError raised and caught on every look)."""
+    current: Transaction | None = None
+
+
+def _outside_transaction(obj: StateMachine) -> None:
+    """A command that a transaction cannot buffer (an async one, a queue's
+    claim, ack or release, a state machine's own) would take effect at once,
+    even if the transaction aborts."""
+    raise InvalidRequest(f"a command for {obj!r} cannot be part of a transaction (it would take effect "
+                         "even if the transaction aborts): make it before or after the transaction")
+
+
 class _Trimmed(Exception):
     def __init__(self, position: int) -> None:
         self.position = position
@@ -190,7 +204,11 @@ class Runtime:
         self._objects: dict[int, StateMachine] = {}
         self._initial: dict[int, Any] = {}  # each object's empty state, to reset it on a reload
         self._lock = threading.RLock()  # the state: held while applying, snapshotting, validating
-        self._cv = threading.Condition(threading.Lock())  # progress, targets, own positions
+        # progress, targets, own positions. Held with `with self._cv_lock` (a lock's __enter__ is C), never
+        # `with self._cv`: a Ctrl-C raised inside Condition.__enter__ (Python code) after it took the
+        # lock left it held for good, and every thread of the runtime waited on it
+        self._cv_lock = threading.Lock()
+        self._cv = threading.Condition(self._cv_lock)
         self.applied = 0  # every position below this is played
         self._target = 0
         #: positions wait_applied callers wait for past the tail, and how many wait for each
@@ -207,14 +225,17 @@ class Runtime:
         self._in_flight = 0  # own appends submitted, not yet acknowledged or failed (under _cv)
         self._grace_pos, self._grace_end = -1, 0.0
         self._queue: deque[_Pending] = deque()  # proposals waiting for a sender
-        self._send_cv = threading.Condition(threading.Lock())
+        self._send_cv_lock = threading.Lock()  # held as _cv_lock is
+        self._send_cv = threading.Condition(self._send_cv_lock)
         self._idle_senders = 0
         #: a proposer has woken an idle sender that has not looked at the queue yet: the
         #: proposers after it need not (a burst of proposals meeting idle senders, as when a
         #: batch's futures settle at once, each took the lock to notify: 1.2 us a put)
         self._nudged = False
         self._senders: list[threading.Thread] = []
-        self._play_lock = threading.Lock()  # one thread plays at a time: the player, or a caller (_play_here)
+        # one thread plays at a time: the player, or a caller (_play_here). An RLock (C): its
+        # _is_owned tells a caller whether a Ctrl-C just after its acquire left it holding it
+        self._play_lock = threading.RLock()
         self._applying = False  # _apply_rows is under way (or stopped half way by an exception)
         self._own_heap: list[int] = []
         self._pending: dict[int, _Pending] = {}
@@ -234,12 +255,16 @@ class Runtime:
         self._started = False
         self._start_lock = threading.Lock()
         self._closing = False
+        self._closed = False  # close() got to the end: every pending proposal is told
+        #: an apply stopped by Ctrl-C (or SystemExit): an object may be half changed, so the
+        #: state must never leave this runtime (state_snapshot, checkpoint refuse)
+        self._torn: BaseException | None = None
         self._failed: BaseException | None = None
         self._player: threading.Thread | None = None
         self._retrier: threading.Thread | None = None
         self._retry_q: list[tuple[float, int, _Pending]] = []  # (when, tie, pending) heap, under _cv
         self._retry_tie = 0
-        self._tx = threading.local()
+        self._tx = _TxSlot()
 
     # ------------------------------------------------------------ hosting
     def host(self, name: str, obj: M) -> M:
@@ -331,29 +356,43 @@ class Runtime:
         drops later copies by its low-water mark, which a streams replica
         of other objects does not read."""
         end = time.monotonic() + timeout
-        with self._cv:
-            if self._closing:
+        with self._cv_lock:
+            if self._closed:
                 return
             self._closing = True
             self._cv.notify_all()
-        with self._send_cv:
-            self._send_cv.notify_all()
-        for t in (self._player, self._retrier, *self._senders):
-            if t is not None and t is not threading.current_thread():
-                t.join(max(0.0, end - time.monotonic()))
-        # (not on the client's completion or retry thread: what is on its way lands on that thread)
-        on_client_thread = threading.current_thread().name.startswith("pyzlog-")
-        with self._cv:
-            while self._in_flight and not on_client_thread and (left := end - time.monotonic()) > 0:
-                self._cv.wait(left)
-            if self._in_flight:
-                logger.warning("runtime of %r closed with %d own appends still on their way: their proposals are "
-                               "told RuntimeClosed, yet each may still be applied, if it lands before a runtime of "
-                               "client id %d appends again", self.log.name, self._in_flight, self.client_id)
-        for p in list(self._pending.values()):
-            self._pending.pop(p.seq, None)
-            if not p.future.done():
-                p.future.set_exception(RuntimeClosed("the runtime was closed before the proposal was applied"))
+        try:
+            with self._send_cv_lock:
+                self._send_cv.notify_all()
+            for t in (self._player, self._retrier, *self._senders):
+                if t is not None and t is not threading.current_thread():
+                    t.join(max(0.0, end - time.monotonic()))
+            # (not on the client's completion or retry thread: what is on its way lands on that thread)
+            on_client_thread = threading.current_thread().name.startswith("pyzlog-")
+            with self._cv_lock:
+                while self._in_flight and not on_client_thread and (left := end - time.monotonic()) > 0:
+                    self._cv.wait(left)
+                if self._in_flight:
+                    logger.warning("runtime of %r closed with %d own appends still on their way: their proposals "
+                                   "are told RuntimeClosed, yet each may still be applied, if it lands before a "
+                                   "runtime of client id %d appends again", self.log.name, self._in_flight,
+                                   self.client_id)
+        finally:
+            # also when the wait above is interrupted (Ctrl-C): the player and senders are stopping,
+            # so a proposal left pending now would never be told anything (a second close() did
+            # nothing, since _closing was set)
+            while self._pending:
+                try:
+                    _, p = self._pending.popitem()
+                except KeyError:
+                    break
+                if not p.future.done():
+                    try:
+                        p.future.set_exception(RuntimeClosed("the runtime was closed before the proposal was "
+                                                             "applied"))
+                    except InvalidStateError:
+                        pass  # settled meanwhile (a landing on the client's thread)
+            self._closed = True
 
     def __enter__(self) -> Runtime:
         return self
@@ -376,6 +415,8 @@ class Runtime:
         """Append a command for `obj` (hosted here); a Future of its result."""
         if obj._runtime is not self:
             raise NotHosted(f"{obj!r} is not hosted by this runtime")
+        if self._tx.current is not None:
+            _outside_transaction(obj)
         return self._propose(CMD, obj.stream, payload)
 
     def propose_wait(self, obj: StateMachine, payload: bytes, timeout: float | None = None) -> Any:
@@ -384,6 +425,8 @@ class Runtime:
         switch on the way: what one-at-a-time callers wait for)."""
         if obj._runtime is not self:
             raise NotHosted(f"{obj!r} is not hosted by this runtime")
+        if self._tx.current is not None:
+            _outside_transaction(obj)
         return self._call(CMD, obj.stream, payload, timeout)
 
     def _call(self, kind: int, stream: int, body: bytes, timeout: float | None,
@@ -391,33 +434,37 @@ class Runtime:
         self._not_on_player("wait for a proposal")
         p = self._new_pending(kind, stream, body, None, streams)
         p.attempts += 1
-        with self._cv:
-            closing = self._closing  # looked at again once counted: close() waits for what it counts
-            if not closing:
-                self._in_flight += 1
-        if closing:
-            self._drop(p, RuntimeClosed("the runtime is closed"))
-            return p.future.result(0)
+        counted = [False]  # the in-flight count this append holds, given back once (_landed)
         try:
-            if self.streams:
-                pos, stored = self._store([p])[0]
+            with self._cv_lock:
+                closing = self._closing  # looked at again once counted: close() waits for what it counts
+                if not closing:
+                    self._in_flight += 1
+                    counted[0] = True  # (no call between this and the count: no Ctrl-C can come between)
+            if closing:
+                self._drop(p, RuntimeClosed("the runtime is closed"))
+                return p.future.result(0)
+            try:
+                if self.streams:
+                    pos, stored = self._store([p])[0]
+                else:
+                    pos, stored = self.log.append(p.data), p.data
+            except Exception as e:  # noqa: BLE001 - retried, or told, like any failed append
+                self._landed(None, counted=counted)
+                self._append_failed(p, e)
             else:
-                pos, stored = self.log.append(p.data), p.data
-        except Exception as e:  # noqa: BLE001 - retried, or told, like any failed append
-            self._landed(None)
-            self._append_failed(p, e)
-        except BaseException as e:
-            # Ctrl-C (or SystemExit) mid-append: the entry may be stored. The
-            # caller stops here; the proposal is retried in the background like
-            # any append that may have been stored, so it is applied at most
-            # once and its outcome still reaches the play
-            self._landed(None)
-            p.maybe_stored = True
-            self._append_failed(p, ZlogError(f"the append was interrupted ({type(e).__name__})"))
-            raise
-        else:
-            self._landed(pos, stored, wake=False)
-            self._play_here(pos + 1)
+                self._landed(pos, stored, wake=False, counted=counted)
+                self._play_here(pos + 1)
+        finally:
+            if counted[0]:
+                # Ctrl-C (or SystemExit) before the append's outcome was counted: before it,
+                # mid-append, or between its return and _landed. The entry may be stored. The caller stops
+                # here; the proposal is retried in the background like any append that may
+                # have been stored, so it is applied at most once and its outcome still
+                # reaches the play
+                self._landed(None, counted=counted)
+                p.maybe_stored = True
+                self._append_failed(p, ZlogError("the append was interrupted"))
         return p.future.result(timeout)
 
     def _store(self, batch: list[_Pending]) -> list[tuple[int, bytes]]:
@@ -450,21 +497,27 @@ class Runtime:
             self.start()
         if self._failed is not None or self._closing:
             self._check_open()
-        with self._plock:
-            seq = self._next_seq
-            self._next_seq += 1
-            self._unsettled.append(seq)
-            lwm = self._lwm_locked()
-        data = HEADER.pack(MAGIC, entry.PLAIN_VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
-        if streams is None:
-            if kind == CMD:
-                streams = self._one_stream.get(stream)
-                if streams is None:
-                    streams = self._one_stream[stream] = (stream,)
-            else:
-                streams = ()
-        p = _Pending(seq, data, LazyFuture(), time.monotonic() + self.propose_timeout, retire, streams)
-        self._pending[seq] = p
+        seq = 0
+        try:
+            with self._plock:
+                seq = self._next_seq
+                self._next_seq += 1
+                self._unsettled.append(seq)
+                lwm = self._lwm_locked()
+            data = HEADER.pack(MAGIC, entry.PLAIN_VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
+            if streams is None:
+                if kind == CMD:
+                    streams = self._one_stream.get(stream)
+                    if streams is None:
+                        streams = self._one_stream[stream] = (stream,)
+                else:
+                    streams = ()
+            p = _Pending(seq, data, LazyFuture(), time.monotonic() + self.propose_timeout, retire, streams)
+            self._pending[seq] = p
+        except BaseException:
+            if seq and seq not in self._pending:  # (Ctrl-C) never proposed: the low-water mark passes it
+                self._settle(seq)
+            raise
         return p
 
     def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None,
@@ -479,7 +532,7 @@ class Runtime:
         idle = self._idle_senders
         if idle and (len(q) == 1 or idle == SENDERS or len(q) > MAX_BATCH) and not self._nudged:
             self._nudged = True
-            with self._send_cv:
+            with self._send_cv_lock:
                 self._send_cv.notify()
         return p.future
 
@@ -496,7 +549,7 @@ class Runtime:
     def _submit(self, p: _Pending) -> None:
         p.attempts += 1
         if self.streams:  # appended here, alone, with its backpointers
-            with self._cv:
+            with self._cv_lock:
                 self._in_flight += 1
             try:
                 pos, stored = self._store([p])[0]
@@ -506,7 +559,7 @@ class Runtime:
                 return
             self._landed(pos, stored)
             return
-        with self._cv:
+        with self._cv_lock:
             self._in_flight += 1
         try:
             f = self.log.append_async(p.data)
@@ -522,7 +575,7 @@ class Runtime:
         its own, and the batch one sequencer request and one write per object."""
         q = self._queue
         while True:
-            with self._send_cv:
+            with self._send_cv_lock:
                 self._idle_senders += 1  # before looking: a proposer that queues after the look notifies
                 # a nudge is cleared before each look at the queue: a proposal queued before the
                 # clear is seen by the look, one after it nudges again (a nudge that found no sender
@@ -544,7 +597,7 @@ class Runtime:
                 pass
             if not batch:
                 continue
-            with self._cv:
+            with self._cv_lock:
                 self._in_flight += len(batch)  # out of the queue, not yet stored
             try:
                 if self.streams:
@@ -552,7 +605,7 @@ class Runtime:
                 else:
                     placed = list(zip(self.log.append_many([p.data for p in batch]), [p.data for p in batch]))
             except BaseException as e:  # noqa: BLE001 - each proposal is judged and retried alone
-                with self._cv:
+                with self._cv_lock:
                     self._in_flight -= len(batch)
                     self._cv.notify_all()
                 if isinstance(e, InvalidRequest) and len(batch) > 1:
@@ -566,7 +619,7 @@ class Runtime:
                     p.maybe_stored = p.maybe_stored or partly
                     self._append_failed(p, e)
                 continue
-            with self._cv:
+            with self._cv_lock:
                 self._in_flight -= len(batch)
                 own, heap, applied = self._own, self._own_heap, self.applied
                 top = -1
@@ -580,12 +633,18 @@ class Runtime:
                     self._target = top + 1
                 self._cv.notify_all()
 
-    def _landed(self, pos: int | None, data: bytes | None = None, wake: bool = True) -> None:
+    def _landed(self, pos: int | None, data: bytes | None = None, wake: bool = True,
+                counted: list[bool] | None = None) -> None:
         """An own append is over (stored at pos, or failed). Wake the player
         only when it can move: pos is the next position to play, or nothing
         of ours is in flight any more. Waking it for every append would cost
-        a thread switch per entry."""
-        with self._cv:
+        a thread switch per entry. `counted`: the append's flag of the count
+        it holds; nothing is done if it was given back already."""
+        with self._cv_lock:
+            if counted is not None:
+                if not counted[0]:
+                    return
+                counted[0] = False  # (no call between this and the count: no Ctrl-C can come between)
             self._in_flight -= 1
             now = self._in_flight == 0 and (not self._queue or self._closing)  # (close waits for none in flight)
             if pos is not None:
@@ -602,9 +661,11 @@ class Runtime:
         """Play to `target` on this thread if no one else is playing; else
         (or if it cannot finish) leave it to the player, woken."""
         interrupted: BaseException | None = None
-        if self._play_lock.acquire(blocking=False):
+        lock = self._play_lock
+        if not lock._is_owned():  # (else this thread plays already: a done-callback of its apply)
             try:
-                self._play(target)
+                if lock.acquire(blocking=False):
+                    self._play(target)
             except (_Trimmed, ZlogError) as e:
                 if isinstance(e, ObjectsError):  # a damaged or unsupported entry: the runtime stops here
                     self._fail(e)
@@ -616,9 +677,10 @@ class Runtime:
                 else:  # Ctrl-C in a read or a hole's wait: nothing changed, the player plays on
                     interrupted = e
             finally:
-                self._play_lock.release()
+                if lock._is_owned():  # (also when a Ctrl-C came just after the acquire returned)
+                    lock.release()
         if self.applied < target:
-            with self._cv:
+            with self._cv_lock:
                 self._cv.notify_all()
         if interrupted is not None:
             raise interrupted
@@ -684,7 +746,7 @@ class Runtime:
                                               f"({cause}): it was not applied and never will be"))
 
     def _schedule(self, p: _Pending, delay: float) -> None:
-        with self._cv:
+        with self._cv_lock:
             self._retry_tie += 1
             heapq.heappush(self._retry_q, (time.monotonic() + delay, self._retry_tie, p))
             if self._retrier is None:
@@ -694,7 +756,7 @@ class Runtime:
 
     def _retry_loop(self) -> None:
         while True:
-            with self._cv:
+            with self._cv_lock:
                 while not self._closing and (not self._retry_q or self._retry_q[0][0] > time.monotonic()):
                     self._cv.wait(max(0.001, self._retry_q[0][0] - time.monotonic()) if self._retry_q else None)
                 if self._closing:
@@ -737,7 +799,7 @@ class Runtime:
         self.start()
         self._not_on_player("wait for the log to be played")
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
+        with self._cv_lock:
             handed_out = max(handed_out, self._target, self.applied)
             reach = min(position, handed_out)
             if reach > self._target:
@@ -758,7 +820,7 @@ class Runtime:
         try:
             if self.applied < reach:
                 self._play_here(reach)
-            with self._cv:
+            with self._cv_lock:
                 while self.applied < position:
                     self._check_open()
                     left = None if deadline is None else deadline - time.monotonic()
@@ -768,7 +830,7 @@ class Runtime:
                     self._cv.wait(left if left is not None else 1.0)
                 self._check_open()
         finally:
-            with self._cv:
+            with self._cv_lock:
                 self._waiting[position] -= 1
                 if not self._waiting[position]:
                     del self._waiting[position]
@@ -798,7 +860,7 @@ class Runtime:
         own: the request can take a sequencer's whole timeout, which must
         hold up neither the player (own entries to play) nor close()."""
         while True:
-            with self._cv:
+            with self._cv_lock:
                 while True:
                     if self._closing or self._failed is not None:
                         self._poller = None
@@ -819,18 +881,18 @@ class Runtime:
                 continue
             except BaseException as e:  # noqa: BLE001 - a bug: told to every waiter, as the player's are
                 logger.exception("log %r: asking the tail for wait_applied failed", self.log.name)
-                with self._cv:
+                with self._cv_lock:
                     self._poller = None
                 self._fail(e)
                 return
-            with self._cv:
+            with self._cv_lock:
                 if tail > self._target:
                     self._target = tail
                     self._cv.notify_all()
 
     # ---------------------------------------------------------- transactions
     def current_transaction(self) -> Transaction | None:
-        return getattr(self._tx, "current", None)
+        return self._tx.current
 
     @contextmanager
     def transaction(self, sync: bool = True, timeout: float | None = None) -> Iterator[Transaction]:
@@ -882,7 +944,7 @@ class Runtime:
         backoff = 0.0
         next_poll = 0.0
         while True:
-            with self._cv:
+            with self._cv_lock:
                 while True:
                     if self._closing:
                         return
@@ -904,7 +966,7 @@ class Runtime:
                 if target <= self.applied and walk_to <= self.applied:  # a follow poll
                     next_poll = time.monotonic() + (self.follow or 0.0)
                     tail = self.log.tail()
-                    with self._cv:
+                    with self._cv_lock:
                         self._target = target = max(self._target, tail)
                 with self._play_lock:
                     try:
@@ -913,7 +975,7 @@ class Runtime:
                             self._play(walk_to, past_tail=True)
                     finally:
                         if walk_to:
-                            with self._cv:
+                            with self._cv_lock:
                                 if self.applied < walk_to and self._wants_more():
                                     self._poll_now()  # the walk stopped at the tail (or failed)
                 backoff = 0.0
@@ -929,7 +991,7 @@ class Runtime:
             except ZlogError as e:  # an outage: the log's own retries ran out; try again later
                 backoff = min(max(backoff * 2, 0.05), PLAY_BACKOFF_MAX)
                 logger.warning("playing log %r at %d: %s; again in %.2fs", self.log.name, self.applied, e, backoff)
-                with self._cv:
+                with self._cv_lock:
                     self._cv.wait(backoff)
             except BaseException as e:  # noqa: BLE001 - a bug; told to every waiter
                 logger.exception("playing log %r stopped", self.log.name)
@@ -949,15 +1011,20 @@ class Runtime:
         return max(0.0, self._grace_end - now)
 
     def _fail(self, e: BaseException) -> None:
-        with self._cv:
+        with self._cv_lock:
             self._failed = e
             self._cv.notify_all()
-        for p in list(self._pending.values()):
+        # the pending proposals, and those applied but not yet told (a Ctrl-C in _apply_rows' settling)
+        told, self._done = self._done, []
+        for p in [*self._pending.values(), *told]:
             self._pending.pop(p.seq, None)
             if not p.future.done():
                 exc = RuntimeFailed(f"the runtime stopped: {e}")
                 exc.__cause__ = e
-                p.future.set_exception(exc)
+                try:
+                    p.future.set_exception(exc)
+                except InvalidStateError:
+                    pass  # settled meanwhile
 
     def _play(self, target: int, past_tail: bool = False) -> None:
         """Play to `target` (every position below it handed out), or with
@@ -965,7 +1032,7 @@ class Runtime:
         while self.applied < target and not self._closing:
             at = self.applied
             run: list[bytes] = []
-            with self._cv:
+            with self._cv_lock:
                 heap, own = self._own_heap, self._own
                 while heap and heap[0] < at:
                     own.pop(heapq.heappop(heap), None)
@@ -980,7 +1047,7 @@ class Runtime:
                 self.stats.from_memory += len(run)
                 self._apply_rows(range(at, at + len(run)), run, None)  # type: ignore[arg-type]
                 continue
-            with self._cv:
+            with self._cv_lock:
                 if self._grace_left(at) > 0:
                     return  # to the wait: `at` may be ours, acknowledged any moment
             end = target if nxt is None else min(target, nxt)
@@ -1015,7 +1082,7 @@ class Runtime:
         """Play [at, end) reading only the hosted objects' entries
         (streams.walk): what the backpointers cannot vouch for is scanned.
         `past_tail`: end may lie past the tail; False if the walk stopped short."""
-        with self._cv:
+        with self._cv_lock:
             known = {p: d for p, d in self._own.items() if at <= p}
         positions, datas, kinds, upto = walk(self.log, sorted(self._objects), at, end, known,
                                              self.hole_wait, self.walk_stats, self._holes, past_tail)
@@ -1027,7 +1094,7 @@ class Runtime:
             with self._lock:
                 if upto > self.applied:
                     self.applied = upto
-            with self._cv:
+            with self._cv_lock:
                 self._cv.notify_all()
         if upto < end:
             if past_tail:
@@ -1141,6 +1208,10 @@ class Runtime:
                                 else:
                                     p.result, p.ok = _seq_taken(seq), False
                                 done.append(p)
+                except BaseException as e:
+                    if not isinstance(e, Exception):  # Ctrl-C, SystemExit: maybe mid-entry
+                        self._torn = e  # (under the lock: no snapshot sees this state, ever)
+                    raise
                 finally:
                     self.applied = applied  # under the lock: a snapshot sees state and position together
         except Exception:  # a trim or a damaged entry, met before its entry was applied
@@ -1152,7 +1223,6 @@ class Runtime:
             stats.foreign += n_foreign
             stats.duplicates += n_dup
             if done:
-                self._done = []
                 with self._plock:
                     settled = self._settled
                     for p in done:
@@ -1169,8 +1239,9 @@ class Runtime:
                     else:
                         p.future.set_exception(result)
                 LazyFuture.settle_all(answered)  # one lock for the lot; a future nobody waits on needs no Condition
+                self._done = []  # (only now: a Ctrl-C in this loop leaves them where _fail tells them)
             if self.applied >= self._wake_at:  # (read after `applied`: a waiter registers before it looks)
-                with self._cv:
+                with self._cv_lock:
                     self._cv.notify_all()
         self._applying = False
 
@@ -1219,6 +1290,10 @@ class Runtime:
         position below `position`, with what exactly-once needs."""
         self.start()
         with self._lock:
+            bad = self._torn or self._failed
+            if bad is not None:  # a checkpoint of it would be started from, and the harm spread
+                raise RuntimeFailed(f"the runtime stopped ({bad!r}): its state may be half changed, and is "
+                                    "not snapshotted") from bad
             pos = self.applied
             objs = {o.name: [o.type_name, o.version, o.snapshot()] for o in self._objects.values()}
             state = {"v": 1, "position": pos, "objects": objs, "sessions": self._sessions.snapshot(),
@@ -1298,7 +1373,7 @@ class Runtime:
             self._sees_every_stream = not self.streams and info.complete  # its streams are the checkpoint's
             # before any play: a copy of one of these met later is a duplicate of the checkpoint's, not a taken seq
             held = self._held_by_checkpoint()
-            with self._cv:
+            with self._cv_lock:
                 self.applied = max(pos, 0)
                 if self._target < self.applied:
                     self._target = self.applied

@@ -1,0 +1,272 @@
+"""Replicated objects under a Ctrl-C and misuse, as an adversary found them
+(issue 25, 2026-12-06): a runtime stopped mid-apply must never export its
+state, an interrupted close() still tells every pending proposal, a
+single interrupt anywhere in a put leaves no lock held and no append
+counted for ever, and what a transaction cannot buffer is refused inside
+one. Each docstring says what went wrong before the fix."""
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+from seqr_proc import SeqrProcess
+
+from pyzlog import InvalidRequest, Log
+from pyzlog.objects import RadosCheckpoints, Runtime, RuntimeClosed, RuntimeFailed, StateMachine
+
+HOLE_WAIT = 0.3
+
+
+@pytest.fixture
+def seqr(ceph, tmp_path) -> Iterator[SeqrProcess]:  # type: ignore[no-untyped-def]
+    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
+    yield p
+    p.resume()
+    p.kill()
+
+
+class Logs:
+    def __init__(self, cluster: Any, pool: str, seqr: str) -> None:
+        self.cluster, self.pool, self.seqr = cluster, pool, seqr
+        self.name = f"log-{uuid.uuid4().hex[:12]}"
+        self.opened: list[Any] = [Log.create(cluster, pool, self.name, width=3, sequencer=seqr)]
+
+    def runtime(self, checkpoints: bool = False, **kw: Any) -> Runtime:
+        lg = Log.open(self.cluster, self.pool, self.name, sequencer=self.seqr)
+        kw.setdefault("hole_wait", HOLE_WAIT)
+        rt = Runtime(lg, checkpoints=RadosCheckpoints.for_log(lg) if checkpoints else None, **kw)
+        self.opened += [rt, lg]
+        return rt
+
+    def close(self) -> None:
+        for x in reversed(self.opened):
+            x.close()
+
+
+@pytest.fixture
+def logs(rados_cluster, ceph, seqr) -> Iterator[Logs]:  # type: ignore[no-untyped-def]
+    lg = Logs(rados_cluster, ceph.pool, seqr.address)
+    yield lg
+    lg.close()
+
+
+class Total(StateMachine):
+    """Sums its commands; `explode_on` makes apply raise KeyboardInterrupt
+    half way through that command (a Ctrl-C mid-apply), once."""
+    type_name = "test-total"
+
+    def __init__(self, explode_on: int | None = None) -> None:
+        super().__init__()
+        self.total, self.n, self.explode_on = 0, 0, explode_on
+
+    def apply(self, command: Any, position: int) -> Any:
+        self.n += 1  # half the change made ...
+        if command == self.explode_on:
+            self.explode_on = None
+            raise KeyboardInterrupt
+        self.total += command  # ... and the other half
+        return self.total
+
+    def snapshot(self) -> Any:
+        return [self.total, self.n]
+
+    def restore(self, state: Any) -> None:
+        self.total, self.n = state
+
+
+def test_a_runtime_stopped_mid_apply_never_exports_its_state(logs: Logs) -> None:
+    """A Ctrl-C in the middle of an apply stops the runtime (an object may be
+    half changed: here its count moved and its total did not, and the
+    session had admitted the command's seq). checkpoint(sync=False) still
+    wrote that state as a complete checkpoint; a healthy replica's trim
+    below it and a new replica starting from it lost the command for good
+    (the session said it was applied)."""
+    a, b = logs.runtime(checkpoints=True), logs.runtime(checkpoints=True)
+    ta, tb = a.host("t", Total(explode_on=10)), b.host("t", Total())
+    assert ta.propose(1) == 1
+    with pytest.raises((RuntimeFailed, KeyboardInterrupt)):
+        ta.propose(10)
+    assert isinstance(a.failed, KeyboardInterrupt)
+    with pytest.raises(RuntimeFailed):
+        a.checkpoint(sync=False)
+    with pytest.raises(RuntimeFailed):
+        a.state_snapshot()
+    b.sync()
+    assert tb.snapshot() == [11, 2]
+    b.checkpoint()
+    assert b.trim() is not None
+    c = logs.runtime(checkpoints=True)
+    tc = c.host("t", Total())
+    c.sync()
+    assert tc.snapshot() == [11, 2] and c.stats.reloads == 1
+
+
+def test_an_interrupted_close_still_tells_every_pending_proposal(logs: Logs, seqr: SeqrProcess) -> None:
+    """close() marked the runtime closing, then waited for the appends on
+    their way (the sequencer paused). A Ctrl-C in that wait left every
+    pending proposal untold, and a second close() returned at once on the
+    closing mark: a thread waiting on one of those Futures waited for ever."""
+    a = logs.runtime()
+    m = a.map("m")
+    m["warm"] = 1
+    seqr.pause()
+    futures = [m.put_async(f"k{i}", b"v") for i in range(20)]
+    time.sleep(0.3)  # (the senders are in their appends, waiting on the paused sequencer)
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            a.close(timeout=60)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    done, not_done = concurrent.futures.wait(futures, timeout=30)
+    assert not not_done
+    assert all(isinstance(f.exception(), RuntimeClosed) for f in done)
+    seqr.resume()
+    a.close(timeout=30)  # finishes what was left (nothing): returns
+    with pytest.raises(RuntimeClosed):
+        m.put_async("after", b"v")
+
+
+class _InterruptAt:
+    """A profile hook that raises KeyboardInterrupt at the n-th moment where
+    CPython runs a signal handler (the start of a Python function, the
+    return of a C function) in pyzlog's objects layer, or in a Condition's
+    __enter__ (Python code holding the lock it took), on this thread: a
+    Ctrl-C at that moment. (The rest of threading is left alone: a Ctrl-C
+    inside Condition.wait's own steps is the standard library's to handle.)"""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen, self.fired = n, 0, False
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if self.fired or event not in ("call", "c_return"):
+            return
+        code = frame.f_code
+        if "pyzlog/objects/" not in code.co_filename and not (
+                code.co_filename.endswith("threading.py") and code.co_name == "__enter__"):
+            return
+        self.seen += 1
+        if self.seen == self.n:
+            self.fired = True
+            sys.setprofile(None)
+            raise KeyboardInterrupt
+
+
+def _free(lock: Any) -> bool:
+    if not lock.acquire(timeout=10):
+        return False
+    lock.release()
+    return True
+
+
+def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_counted(logs: Logs) -> None:
+    """A Ctrl-C raised inside Condition.__enter__ (Python code) after it had
+    taken the runtime's lock left the lock held: the player, the senders
+    and close() then waited on it for ever. One raised between a put's
+    append and the count of its outcome left the runtime counting an
+    append in flight for ever (close() waited its whole timeout, and the
+    player waited a grace period before every read). Here one interrupt is
+    raised at each step of a put in turn: afterwards the locks are free,
+    nothing is counted in flight, and the runtime works (or, interrupted
+    mid-apply, has stopped and says so)."""
+    rt = logs.runtime()
+    m = rt.map("m")
+    m.put("warm", 0)
+    counter = _InterruptAt(0)
+    sys.setprofile(counter)
+    try:
+        m.put("count", 0)
+    finally:
+        sys.setprofile(None)
+    steps = counter.seen
+    assert steps > 20
+    stride = max(1, steps // 150)
+    interrupted = stopped = 0
+    for n in range(1, steps + 1, stride):
+        hook = _InterruptAt(n)
+        sys.setprofile(hook)
+        try:
+            m.put(f"k{n}", n)
+        except KeyboardInterrupt:
+            interrupted += 1
+        except RuntimeFailed:
+            pass
+        finally:
+            sys.setprofile(None)
+        assert _free(rt._cv._lock) and _free(rt._send_cv._lock) and _free(rt._plock), f"a lock held after step {n}"
+        if rt.failed is not None:  # interrupted mid-apply: stopped, by design; a new one goes on
+            stopped += 1
+            assert isinstance(rt.failed, KeyboardInterrupt)
+            rt.close(timeout=30)
+            rt = logs.runtime()
+            m = rt.map("m")
+            continue
+        deadline = time.monotonic() + 60
+        while rt._in_flight and time.monotonic() < deadline:  # (a retry of the interrupted append lands)
+            time.sleep(0.01)
+        assert rt._in_flight == 0, f"an append counted in flight for ever after step {n}"
+        m.put("after", n)  # the runtime works
+        assert m["after"] == n
+    assert interrupted > 10
+    closer = threading.Thread(target=rt.close, kwargs={"timeout": 30})
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive()
+
+
+def test_what_a_transaction_cannot_buffer_is_refused_inside_one(logs: Logs) -> None:
+    """A queue's claim, ack and release and every *_async call went to the
+    log at once inside a transaction: the transaction aborted, yet the item
+    stayed claimed (then consumed by an ack) and the counter was added to."""
+    a, b = logs.runtime(), logs.runtime()
+    q, m, c, t = a.queue("q"), a.map("m"), a.counter("c"), a.host("t", Total())
+    mb = b.map("m")
+    q.put("job")
+    m["x"] = 0
+    with a.transaction() as tx:
+        seen = m.get("x")
+        for call in (lambda: q.claim(lease=30), lambda: q.ack(1), lambda: q.release(1),
+                     lambda: c.add_async(5), lambda: m.put_async("y", 1), lambda: q.put_async("job2"),
+                     lambda: t.propose_async(3)):
+            with pytest.raises(InvalidRequest):
+                call()
+        mb["x"] = 99  # another replica's write: this transaction aborts
+        m["x"] = seen + 1
+    assert not tx.committed
+    a.sync()
+    assert q.claimed() == {} and len(q) == 1 and c.value == 0 and "y" not in m and m["x"] == 99
+    got = q.claim(lease=30)  # outside a transaction all of them work
+    assert got is not None and q.ack(got[0]) and c.add_async(5).result(30) == 5
+
+
+def test_none_is_not_a_map_key(logs: Logs) -> None:
+    """None names the whole map in a transaction's read set: a get(None)
+    there was checked against the map's version, so every transaction that
+    read it aborted, for ever (atomically() gave up)."""
+    a = logs.runtime()
+    m = a.map("m")
+    for call in (lambda: m.put(None, 1), lambda: m.put_async(None, 1), lambda: m.cas(None, 1, 2),
+                 lambda: m.delete(None)):
+        with pytest.raises(InvalidRequest):
+            call()
+    m["y"] = 1
+    assert m.get(None) is None  # outside a transaction: no such key
+    with a.transaction() as tx:
+        with pytest.raises(InvalidRequest):
+            m.get(None)
+        assert m.get("y") == 1
+    assert tx.committed
