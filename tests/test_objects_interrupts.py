@@ -270,3 +270,32 @@ def test_none_is_not_a_map_key(logs: Logs) -> None:
             m.get(None)
         assert m.get("y") == 1
     assert tx.committed
+
+
+def test_a_done_callback_that_waits_is_refused_on_a_callers_thread_too(logs: Logs) -> None:
+    """A put_async's done-callback runs on the thread that plays its entry:
+    the player, or a caller whose put plays the log itself. A callback that
+    called put() there skipped the play (its thread held the play lock) and
+    waited for a play only it could make: that thread hung, and the player
+    with it. Now it gets InvalidRequest, as on the player's thread."""
+    a = logs.runtime()
+    m = a.map("m")
+    outcomes: list[Any] = []
+
+    def callback(_f: Any) -> None:
+        try:
+            m.put("inner", 1, timeout=30)
+            outcomes.append(None)
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion
+            outcomes.append(e)
+
+    for i in range(40):
+        f = m.put_async(f"k{i}", i)
+        f.add_done_callback(callback)
+        t = threading.Thread(target=lambda: m.put(f"o{i}", i, timeout=30))
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), f"a caller's put hung at round {i}"
+        assert f.result(30) is None
+    # a callback that ran where it could wait (the Future settled already) put; the others were refused
+    assert outcomes and all(o is None or isinstance(o, InvalidRequest) for o in outcomes)

@@ -435,6 +435,7 @@ class Runtime:
         p = self._new_pending(kind, stream, body, None, streams)
         p.attempts += 1
         counted = [False]  # the in-flight count this append holds, given back once (_landed)
+        failed: BaseException | None = None  # an append's error not yet handed to _append_failed
         try:
             with self._cv_lock:
                 closing = self._closing  # looked at again once counted: close() waits for what it counts
@@ -450,13 +451,15 @@ class Runtime:
                 else:
                     pos, stored = self.log.append(p.data), p.data
             except Exception as e:  # noqa: BLE001 - retried, or told, like any failed append
+                failed = e
                 self._landed(None, counted=counted)
                 self._append_failed(p, e)
+                failed = None
             else:
                 self._landed(pos, stored, wake=False, counted=counted)
                 self._play_here(pos + 1)
         finally:
-            if counted[0]:
+            if counted[0] or failed is not None:
                 # Ctrl-C (or SystemExit) before the append's outcome was counted: before it,
                 # mid-append, or between its return and _landed. The entry may be stored. The caller stops
                 # here; the proposal is retried in the background like any append that may
@@ -526,6 +529,13 @@ class Runtime:
         p.attempts += 1
         q = self._queue
         q.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
+        if self._closing:  # close() may have told the pending ones before this one was registered
+            self._pending.pop(p.seq, None)
+            try:
+                p.future.set_exception(RuntimeClosed("the runtime was closed before the proposal was applied"))
+            except InvalidStateError:
+                pass  # told by close() already
+            return p.future
         # wake a sender for the first of a batch (one that wakes takes what is
         # queued, and one going idle looks first), when every sender is idle
         # (two proposers may both see a length of 2), or past one batch's worth
@@ -775,8 +785,10 @@ class Runtime:
         return tail
 
     def _not_on_player(self, what: str) -> None:
-        if threading.current_thread() is self._player:
-            raise InvalidRequest(f"cannot {what} on the runtime's own thread (in a Future's callback): it "
+        # the player's thread, or a caller's while it plays (a done-callback of a Future its play
+        # settles): either would wait for a play that only this thread can make
+        if threading.current_thread() is self._player or self._play_lock._is_owned():
+            raise InvalidRequest(f"cannot {what} in a Future's callback (on the thread playing the log): it "
                                  "would wait for itself")
 
     def wait_applied(self, position: int, timeout: float | None = None) -> None:
