@@ -235,7 +235,7 @@ class Runtime:
         self._senders: list[threading.Thread] = []
         # one thread plays at a time: the player, or a caller (_play_here). An RLock (C): its
         # _is_owned tells a caller whether a Ctrl-C just after its acquire left it holding it
-        self._play_lock = threading.RLock()
+        self._play_lock: Any = threading.RLock()  # (typeshed does not list the C RLock's _is_owned)
         self._applying = False  # _apply_rows is under way (or stopped half way by an exception)
         self._own_heap: list[int] = []
         self._pending: dict[int, _Pending] = {}
