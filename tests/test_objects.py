@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from replicas import HOLE_WAIT, Replicas
 from seqr_proc import SeqrProcess
 
 import pyzlog
-from pyzlog import Log
 from pyzlog import InvalidRequest, Timeout
 from pyzlog.objects import (MISSING, BadEntry, CheckpointError, Counter, NotHosted, Queue,
                             RadosCheckpoints, Register, ReplicatedMap, Runtime, RuntimeClosed, RuntimeFailed,
@@ -24,38 +24,12 @@ from pyzlog.objects import codec, entry
 from pyzlog.objects import runtime as runtime_module
 from pyzlog.objects.objects import CTR_ADD, MAP_PUT, _OP
 
-HOLE_WAIT = 0.3
-
 
 @pytest.fixture(scope="module")
 def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
     p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
     yield p
     p.kill()
-
-
-class Replicas:
-    """Runtimes on one log, each with a Log of its own; all closed at the end."""
-
-    def __init__(self, cluster: Any, pool: str, name: str, seqr: str | None) -> None:
-        self.cluster, self.pool, self.name, self.seqr = cluster, pool, name, seqr
-        self.log = Log.create(cluster, pool, name, width=3, sequencer=seqr)
-        self.runtimes: list[Runtime] = []
-        self.logs: list[Log] = [self.log]
-
-    def new(self, checkpoints: bool = False, **kw: Any) -> Runtime:
-        lg = Log.open(self.cluster, self.pool, self.name, sequencer=self.seqr)
-        self.logs.append(lg)
-        kw.setdefault("hole_wait", HOLE_WAIT)
-        rt = Runtime(lg, checkpoints=RadosCheckpoints.for_log(lg) if checkpoints else None, **kw)
-        self.runtimes.append(rt)
-        return rt
-
-    def close(self) -> None:
-        for rt in self.runtimes:
-            rt.close()
-        for lg in self.logs:
-            lg.close()
 
 
 @pytest.fixture(params=["sequencer", "no-sequencer"])

@@ -11,18 +11,16 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 import pytest
+from replicas import Replicas
 from seqr_proc import SeqrProcess
 
-from pyzlog import InvalidRequest, Log
-from pyzlog.objects import RadosCheckpoints, Runtime, RuntimeClosed, RuntimeFailed, StateMachine
-
-HOLE_WAIT = 0.3
+from pyzlog import InvalidRequest
+from pyzlog.objects import RuntimeClosed, RuntimeFailed, StateMachine
 
 
 @pytest.fixture
@@ -33,29 +31,11 @@ def seqr(ceph, tmp_path) -> Iterator[SeqrProcess]:  # type: ignore[no-untyped-de
     p.kill()
 
 
-class Logs:
-    def __init__(self, cluster: Any, pool: str, seqr: str) -> None:
-        self.cluster, self.pool, self.seqr = cluster, pool, seqr
-        self.name = f"log-{uuid.uuid4().hex[:12]}"
-        self.opened: list[Any] = [Log.create(cluster, pool, self.name, width=3, sequencer=seqr)]
-
-    def runtime(self, checkpoints: bool = False, **kw: Any) -> Runtime:
-        lg = Log.open(self.cluster, self.pool, self.name, sequencer=self.seqr)
-        kw.setdefault("hole_wait", HOLE_WAIT)
-        rt = Runtime(lg, checkpoints=RadosCheckpoints.for_log(lg) if checkpoints else None, **kw)
-        self.opened += [rt, lg]
-        return rt
-
-    def close(self) -> None:
-        for x in reversed(self.opened):
-            x.close()
-
-
 @pytest.fixture
-def logs(rados_cluster, ceph, seqr) -> Iterator[Logs]:  # type: ignore[no-untyped-def]
-    lg = Logs(rados_cluster, ceph.pool, seqr.address)
-    yield lg
-    lg.close()
+def logs(rados_cluster, ceph, log_name, seqr) -> Iterator[Replicas]:  # type: ignore[no-untyped-def]
+    r = Replicas(rados_cluster, ceph.pool, log_name, seqr.address)
+    yield r
+    r.close()
 
 
 class Total(StateMachine):
@@ -82,14 +62,14 @@ class Total(StateMachine):
         self.total, self.n = state
 
 
-def test_a_runtime_stopped_mid_apply_never_exports_its_state(logs: Logs) -> None:
+def test_a_runtime_stopped_mid_apply_never_exports_its_state(logs: Replicas) -> None:
     """A Ctrl-C in the middle of an apply stops the runtime (an object may be
     half changed: here its count moved and its total did not, and the
     session had admitted the command's seq). checkpoint(sync=False) still
     wrote that state as a complete checkpoint; a healthy replica's trim
     below it and a new replica starting from it lost the command for good
     (the session said it was applied)."""
-    a, b = logs.runtime(checkpoints=True), logs.runtime(checkpoints=True)
+    a, b = logs.new(checkpoints=True), logs.new(checkpoints=True)
     ta, tb = a.host("t", Total(explode_on=10)), b.host("t", Total())
     assert ta.propose(1) == 1
     with pytest.raises((RuntimeFailed, KeyboardInterrupt)):
@@ -103,18 +83,18 @@ def test_a_runtime_stopped_mid_apply_never_exports_its_state(logs: Logs) -> None
     assert tb.snapshot() == [11, 2]
     b.checkpoint()
     assert b.trim() is not None
-    c = logs.runtime(checkpoints=True)
+    c = logs.new(checkpoints=True)
     tc = c.host("t", Total())
     c.sync()
     assert tc.snapshot() == [11, 2] and c.stats.reloads == 1
 
 
-def test_an_interrupted_close_still_tells_every_pending_proposal(logs: Logs, seqr: SeqrProcess) -> None:
+def test_an_interrupted_close_still_tells_every_pending_proposal(logs: Replicas, seqr: SeqrProcess) -> None:
     """close() marked the runtime closing, then waited for the appends on
     their way (the sequencer paused). A Ctrl-C in that wait left every
     pending proposal untold, and a second close() returned at once on the
     closing mark: a thread waiting on one of those Futures waited for ever."""
-    a = logs.runtime()
+    a = logs.new()
     m = a.map("m")
     m["warm"] = 1
     seqr.pause()
@@ -173,7 +153,7 @@ def _free(lock: Any) -> bool:
     return True
 
 
-def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_counted(logs: Logs) -> None:
+def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_counted(logs: Replicas) -> None:
     """A Ctrl-C raised inside Condition.__enter__ (Python code) after it had
     taken the runtime's lock left the lock held: the player, the senders
     and close() then waited on it for ever. One raised between a put's
@@ -183,7 +163,7 @@ def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_count
     raised at each step of a put in turn: afterwards the locks are free,
     nothing is counted in flight, and the runtime works (or, interrupted
     mid-apply, has stopped and says so)."""
-    rt = logs.runtime()
+    rt = logs.new()
     m = rt.map("m")
     m.put("warm", 0)
     counter = _InterruptAt(0)
@@ -212,7 +192,7 @@ def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_count
             stopped += 1
             assert isinstance(rt.failed, KeyboardInterrupt)
             rt.close(timeout=30)
-            rt = logs.runtime()
+            rt = logs.new()
             m = rt.map("m")
             continue
         deadline = time.monotonic() + 60
@@ -228,11 +208,11 @@ def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_count
     assert not closer.is_alive()
 
 
-def test_what_a_transaction_cannot_buffer_is_refused_inside_one(logs: Logs) -> None:
+def test_what_a_transaction_cannot_buffer_is_refused_inside_one(logs: Replicas) -> None:
     """A queue's claim, ack and release and every *_async call went to the
     log at once inside a transaction: the transaction aborted, yet the item
     stayed claimed (then consumed by an ack) and the counter was added to."""
-    a, b = logs.runtime(), logs.runtime()
+    a, b = logs.new(), logs.new()
     q, m, c, t = a.queue("q"), a.map("m"), a.counter("c"), a.host("t", Total())
     mb = b.map("m")
     q.put("job")
@@ -253,11 +233,11 @@ def test_what_a_transaction_cannot_buffer_is_refused_inside_one(logs: Logs) -> N
     assert got is not None and q.ack(got[0]) and c.add_async(5).result(30) == 5
 
 
-def test_none_is_not_a_map_key(logs: Logs) -> None:
+def test_none_is_not_a_map_key(logs: Replicas) -> None:
     """None names the whole map in a transaction's read set: a get(None)
     there was checked against the map's version, so every transaction that
     read it aborted, for ever (atomically() gave up)."""
-    a = logs.runtime()
+    a = logs.new()
     m = a.map("m")
     for call in (lambda: m.put(None, 1), lambda: m.put_async(None, 1), lambda: m.cas(None, 1, 2),
                  lambda: m.delete(None)):
@@ -272,13 +252,13 @@ def test_none_is_not_a_map_key(logs: Logs) -> None:
     assert tx.committed
 
 
-def test_a_done_callback_that_waits_is_refused_on_a_callers_thread_too(logs: Logs) -> None:
+def test_a_done_callback_that_waits_is_refused_on_a_callers_thread_too(logs: Replicas) -> None:
     """A put_async's done-callback runs on the thread that plays its entry:
     the player, or a caller whose put plays the log itself. A callback that
     called put() there skipped the play (its thread held the play lock) and
     waited for a play only it could make: that thread hung, and the player
     with it. Now it gets InvalidRequest, as on the player's thread."""
-    a = logs.runtime()
+    a = logs.new()
     m = a.map("m")
     outcomes: list[Any] = []
 

@@ -152,6 +152,16 @@ def _outside_transaction(obj: StateMachine) -> None:
                          "even if the transaction aborts): make it before or after the transaction")
 
 
+def _tell(future: Future[Any], error: BaseException) -> None:
+    """Settle `future` with `error` unless it is settled already (also when
+    another thread settles it between the look and the set)."""
+    if not future.done():
+        try:
+            future.set_exception(error)
+        except InvalidStateError:
+            pass
+
+
 class _Trimmed(Exception):
     def __init__(self, position: int) -> None:
         self.position = position
@@ -386,12 +396,7 @@ class Runtime:
                     _, p = self._pending.popitem()
                 except KeyError:
                     break
-                if not p.future.done():
-                    try:
-                        p.future.set_exception(RuntimeClosed("the runtime was closed before the proposal was "
-                                                             "applied"))
-                    except InvalidStateError:
-                        pass  # settled meanwhile (a landing on the client's thread)
+                _tell(p.future, RuntimeClosed("the runtime was closed before the proposal was applied"))
             self._closed = True
 
     def __enter__(self) -> Runtime:
@@ -530,11 +535,7 @@ class Runtime:
         q = self._queue
         q.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
         if self._closing:  # close() may have told the pending ones before this one was registered
-            self._pending.pop(p.seq, None)
-            try:
-                p.future.set_exception(RuntimeClosed("the runtime was closed before the proposal was applied"))
-            except InvalidStateError:
-                pass  # told by close() already
+            self._drop(p, RuntimeClosed("the runtime was closed before the proposal was applied"))
             return p.future
         # wake a sender for the first of a batch (one that wakes takes what is
         # queued, and one going idle looks first), when every sender is idle
@@ -723,8 +724,7 @@ class Runtime:
     def _drop(self, p: _Pending, e: BaseException) -> None:
         self._pending.pop(p.seq, None)
         self._settle(p.seq)
-        if not p.future.done():
-            p.future.set_exception(e)
+        _tell(p.future, e)
 
     def _give_up(self, p: _Pending, cause: BaseException) -> None:
         if not p.maybe_stored:  # every attempt was refused: nothing is stored, nothing will be
@@ -1033,10 +1033,7 @@ class Runtime:
             if not p.future.done():
                 exc = RuntimeFailed(f"the runtime stopped: {e}")
                 exc.__cause__ = e
-                try:
-                    p.future.set_exception(exc)
-                except InvalidStateError:
-                    pass  # settled meanwhile
+                _tell(p.future, exc)
 
     def _play(self, target: int, past_tail: bool = False) -> None:
         """Play to `target` (every position below it handed out), or with
