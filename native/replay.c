@@ -1,4 +1,4 @@
-/* pyzlog.objects._replay: the replay loop's common entry, in C.
+/* pyzlog.objects._replay: the replay loop's common entry, and a stream walk's check, in C.
  *
  * A replica replays the log by applying each entry in order
  * (objects/runtime.py, Runtime._apply_rows). Most entries are alike: a
@@ -25,6 +25,16 @@
  *   the list their applied records are appended to. Applies datas[i:j],
  *   j the first entry it did not take (len(datas) at the end); `applied`
  *   is how many it applied. Called with the runtime's state lock held.
+ *
+ * check_stream(batch, got, single, lead, hi, light, found) -> rest
+ *   streams.py's walk, one stream: of the positions in `batch` (a list),
+ *   those whose entry in `got` ({position: bytes or a code}) is this
+ *   layer's, carries backpointers and names the one stream `single` (its
+ *   section's head, at offset 38) first, and is not in `lead` (the set of
+ *   chain links, which are parsed whole): each goes into `light`, and into
+ *   `found` if it is below `hi`. The other positions are returned, in
+ *   order. tests/unit/test_stream_walk.py checks it against the
+ *   comprehension it replaces.
  *
  * The header is entry.HEADER, "<2sBBBQQQQ": magic, version, kind, flags,
  * client, seq, lwm, stream (37 bytes); a one-stream backpointer section
@@ -340,9 +350,62 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
   return failed ? NULL : Py_BuildValue("nn", i, applied);
 }
 
+static PyObject *check_stream(PyObject *self, PyObject *args) {
+  PyObject *batch, *got, *lead, *hi_obj, *light, *found;
+  const char *single;
+  Py_ssize_t single_len;
+  if (!PyArg_ParseTuple(args, "O!O!y#O!O!O!O!", &PyList_Type, &batch, &PyDict_Type, &got, &single, &single_len,
+                        &PySet_Type, &lead, &PyLong_Type, &hi_obj, &PyDict_Type, &light, &PyDict_Type, &found))
+    return NULL;
+  if (!F.ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._replay is not configured");
+  const Py_ssize_t at = 38; /* the section's head: the header, then the section's count */
+  PyObject *rest = PyList_New(0);
+  if (rest == NULL) return NULL;
+  Py_INCREF(batch);
+  /* the list is looked at afresh on every pass: an allocation may run a finalizer (any code) */
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
+    PyObject *p = PyList_GET_ITEM(batch, i);
+    Py_INCREF(p);
+    PyObject *data = PyDict_GetItemWithError(got, p); /* borrowed */
+    int ok = 0, r = 0;
+    if (data == NULL && PyErr_Occurred()) r = -1;
+    Py_XINCREF(data);
+    if (r == 0 && data != NULL && PyBytes_CheckExact(data)) {
+      const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
+      Py_ssize_t len = PyBytes_GET_SIZE(data);
+      if (len >= at + single_len && memcmp(d + at, single, (size_t)single_len) == 0 &&
+          (unsigned)(d[0] | d[1] << 8) == F.magic && (d[4] & F.flag_bp)) {
+        int led = PySet_Contains(lead, p);
+        if (led < 0) r = -1;
+        else ok = !led;
+      }
+    }
+    if (r == 0 && ok) {
+      r = PyDict_SetItem(light, p, data);
+      if (r == 0) {
+        int below = PyObject_RichCompareBool(p, hi_obj, Py_LT);
+        if (below < 0) r = -1;
+        else if (below) r = PyDict_SetItem(found, p, data);
+      }
+    } else if (r == 0) {
+      r = PyList_Append(rest, p);
+    }
+    Py_XDECREF(data);
+    Py_DECREF(p);
+    if (r < 0) {
+      Py_DECREF(batch);
+      Py_DECREF(rest);
+      return NULL;
+    }
+  }
+  Py_DECREF(batch);
+  return rest;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "the entry format's constants and the map class"},
     {"apply_common", apply_common, METH_VARARGS, "apply the common entries from i on; (j, applied)"},
+    {"check_stream", check_stream, METH_VARARGS, "a walk's light check of one stream's entries; the others"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyzlog.objects._replay",

@@ -68,14 +68,35 @@ class LazyFuture(Future[Any]):
         with a result (FINISHED is final, and its result was stored before it)."""
         if self._state == _futures.FINISHED and self._exception is None:
             return self._result
-        return super().result(timeout)
+        try:
+            return super().result(timeout)
+        except BaseException:
+            self._let_go_if_held()
+            raise
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Future.exception, with no Condition made for a settled future: the
         usual done-callback (`lambda f: f.exception()`) runs on a settled one."""
         if self._state == _futures.FINISHED:
             return self._exception
-        return super().exception(timeout)
+        try:
+            return super().exception(timeout)
+        except BaseException:
+            self._let_go_if_held()
+            raise
+
+    def _let_go_if_held(self) -> None:
+        """After result() or exception() raised: a Ctrl-C inside Future's
+        `with self._condition` (Condition.__enter__ is Python code; the
+        interrupt can come once its lock's acquire has returned, before the
+        with block holds it) leaves the Condition's lock held by this thread,
+        and whoever settles the future then waits for it for ever (a
+        runtime's player). Nobody calls result() holding it, so it is let go."""
+        cond = self._cond
+        if cond is not None:
+            lock: Any = cond._lock  # type: ignore[attr-defined]  # an RLock (C): _is_owned is typeshed's gap
+            while lock._is_owned():
+                lock.release()
 
     def done(self) -> bool:
         return self._state in _DONE  # one read of one attribute: no lock needed to take a snapshot

@@ -222,3 +222,37 @@ def _unsettled_go_futures_way(ask: Callable[[LazyFuture, float], object]) -> Non
     with pytest.raises(FutureTimeout):
         ask(pending, 0.01)
     assert pending._cond is not None
+
+
+@pytest.mark.parametrize("ask", ["result", "exception"])
+def test_a_ctrl_c_as_a_wait_takes_the_condition_leaves_it_free_for_the_settler(ask: str) -> None:
+    """Future's wait holds its Condition with `with self._condition`, whose
+    __enter__ is Python code: an interrupt just after the lock's acquire
+    returned (CPython looks for signals after a C call) left the lock held,
+    and the thread that settles the future (a runtime's player) waited for
+    it for ever. The profile hook raises exactly there."""
+    import sys
+
+    f = LazyFuture()
+    hit: list[bool] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if (event == "c_return" and frame.f_code.co_name == "__enter__"
+                and frame.f_code.co_filename.endswith("threading.py") and frame.f_back is not None
+                and frame.f_back.f_code.co_name == ask):
+            sys.setprofile(None)
+            hit.append(True)
+            raise KeyboardInterrupt
+
+    sys.setprofile(hook)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            getattr(f, ask)(5)
+    finally:
+        sys.setprofile(None)
+    assert hit, "the interrupt was not raised inside Condition.__enter__"
+    settler = threading.Thread(target=f.set_result, args=(3,), daemon=True)
+    settler.start()
+    settler.join(10)
+    assert not settler.is_alive(), "settling the future waited for a lock the interrupted wait left held"
+    assert f.result(0) == 3

@@ -233,3 +233,45 @@ def test_a_walk_past_the_tail_takes_no_tail_from_a_sequencer_the_log_moved_past(
     log.stream_tail = stale_answer  # type: ignore[method-assign]
     ps, _d, _k, end = walk(log, [IDS[0]], 0, 1000, None, 0.0, WalkStats(), past_tail=True)  # type: ignore[arg-type]
     assert end == 20 and ps == list(range(20)) and log.max_stored() == 19
+
+
+def _check_stream_in_python(batch: list[int], got: dict[int, Any], single: bytes, lead: set[int], hi: int,
+                            light: dict[int, bytes], found: dict[int, bytes]) -> list[int]:
+    """The comprehension native check_stream replaced, as the walk had it."""
+    ok = {p: data for p in batch
+          if type(data := got.get(p)) is bytes and data.startswith(single, 38)
+          and data.startswith(entry.MAGIC) and data[4] & entry.FLAG_BACKPOINTERS and p not in lead}
+    light.update(ok)
+    found.update((p, d) for p, d in ok.items() if p < hi)
+    return [p for p in batch if p not in ok]
+
+
+def _walk_entry(stream: int, streams_named: int, flags: int, magic: bytes, cut: int) -> bytes:
+    data = bytearray(entry.header(entry.CMD, 1, 1, 0, stream))
+    data[:2] = magic
+    data[4] = flags
+    data += bytes([4, streams_named]) + stream.to_bytes(8, "little") + b"\x00" * 30  # K, then the section's head
+    return bytes(data[:cut])
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60),
+                          st.one_of(st.integers(-70, 0),
+                                    st.builds(_walk_entry, st.sampled_from([7, 8, 2**64 - 1]), st.sampled_from([1, 2]),
+                                              st.sampled_from([0, entry.FLAG_BACKPOINTERS, 0xFF]),
+                                              st.sampled_from([entry.MAGIC, b"XX"]), st.integers(0, 90)))),
+                max_size=40),
+       st.sampled_from([7, 2**64 - 1]), st.sets(st.integers(0, 60)), st.integers(0, 61), st.sets(st.integers(0, 60)))
+def test_the_native_light_check_agrees_with_the_python_one(rows: list[tuple[int, Any]], stream: int,
+                                                           lead: set[int], hi: int, asked: set[int]) -> None:
+    from pyzlog.objects._replay import check_stream
+
+    got = dict(rows)
+    batch = sorted(asked | set(got))
+    single = b"\x01" + stream.to_bytes(8, "little")
+    light_c: dict[int, bytes] = {1000: b"kept"}
+    found_c: dict[int, bytes] = {}
+    light_py, found_py = dict(light_c), dict(found_c)
+    rest_c = check_stream(batch, got, single, lead, hi, light_c, found_c)
+    rest_py = _check_stream_in_python(batch, got, single, lead, hi, light_py, found_py)
+    assert (rest_c, light_c, found_c) == (rest_py, light_py, found_py)
