@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from seqr_proc import seqr  # noqa: F401 - the fixture, for every test file
 from vstartmod import ROOT, vstart
 
 

@@ -9,7 +9,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 
 def _die_with_parent() -> None:
@@ -105,3 +109,23 @@ class Fleet:
             if p.proc and p.proc.poll() is None:
                 p.resume()
                 p.stop()
+
+
+def _served(ceph: Any, folder: Path) -> Iterator[SeqrProcess]:
+    p = SeqrProcess(ceph.conf, log_path=folder / "seqr.log").start()
+    try:
+        yield p
+    finally:
+        p.kill()  # SIGKILL: also one a test left paused (SIGSTOP)
+
+
+@pytest.fixture
+def seqr(ceph: Any, tmp_path: Path) -> Iterator[SeqrProcess]:
+    """A zlog-seqr serving the test pool, for one test (conftest offers it to every file)."""
+    yield from _served(ceph, tmp_path)
+
+
+@pytest.fixture(scope="module", name="seqr")
+def module_seqr(ceph: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeqrProcess]:
+    """The same, for a whole test file: `from seqr_proc import module_seqr` there."""
+    yield from _served(ceph, tmp_path_factory.mktemp("seqr"))

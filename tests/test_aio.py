@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from interrupts import InterruptAfter, InterruptedWindow
-from seqr_proc import Fleet, SeqrProcess
+from seqr_proc import Fleet
 
 from pyzlog import CommitRefused, EntryTooLarge, InvalidRequest, Log, LogNotFound, NotWritten, RecordKind, aio
 from pyzlog.client import metrics
@@ -24,13 +24,6 @@ T = TypeVar("T")
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(asyncio.wait_for(coro, 300))
-
-
-@pytest.fixture
-def seqr(ceph, tmp_path: Path) -> Iterator[SeqrProcess]:  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
-    yield p
-    p.kill()
 
 
 def stored(rados_cluster, pool: str, name: str) -> dict[int, bytes]:  # type: ignore[no-untyped-def]
@@ -416,7 +409,6 @@ def test_the_example_service(ceph, log_name, seqr) -> None:  # type: ignore[no-u
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["appended"] == out["billed"] == 100 and out["resumed_at"] == 2000
-
 
 
 @pytest.mark.parametrize("moment", ["read-after-sent", "append-retry-path-after-queued"])

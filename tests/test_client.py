@@ -13,20 +13,13 @@ import pytest
 
 from clsobj import log_obj
 from interrupts import InterruptAfter, InterruptedWindow
-from seqr_proc import SeqrProcess
+from seqr_proc import SeqrProcess, module_seqr  # noqa: F401 - the fixture `seqr`, once per file
 
 import pyzlog
 import pyzlog.client.positions
 from pyzlog import Log, RecordKind
 from pyzlog.core import wire
 from pyzlog.core.native import Connection
-
-
-@pytest.fixture(scope="module")
-def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
-    yield p
-    p.kill()
 
 
 @pytest.fixture(params=["sequencer", "no-sequencer"])

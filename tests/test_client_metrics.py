@@ -2,11 +2,10 @@
 registry, count exactly what the test did against the real cluster."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from seqr_proc import SeqrProcess, free_port
+from seqr_proc import free_port
 
 from pyzlog import Log, RecordKind
 
@@ -31,13 +30,6 @@ class Deltas:
     def __call__(self, name: str, **labels: str) -> float:
         key = (name, tuple(sorted(labels.items())))
         return self.now()[key] - self.base.get(key, 0.0)
-
-
-@pytest.fixture
-def seqr(ceph, tmp_path: Path):  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
-    yield p
-    p.kill()
 
 
 def test_client_counters_match_what_the_test_did(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]

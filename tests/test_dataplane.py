@@ -49,6 +49,7 @@ from pyzlog.core.scan import (
 from pyzlog._dataplane import lib
 
 from clsobj import log_obj
+from seqr_proc import module_seqr  # noqa: F401 - the fixture `seqr`, once per file
 
 MAX_CALLS_PER_OP = lib.DP_MAX_CALLS_PER_OP
 
@@ -462,7 +463,6 @@ def test_a_queue_handed_back_as_the_connection_closes_is_closed(ceph) -> None:  
         cluster.shutdown()
 
 
-
 # ------------------------------------------------------- faults and lifetime
 def _run(script: str, tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "script.py"
@@ -612,15 +612,6 @@ print("exiting", q.pending, flush=True)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-@pytest.fixture(scope="module")
-def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from seqr_proc import SeqrProcess
-
-    p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
-    yield p
-    p.kill()
 
 
 def test_ten_logs_share_one_connection_and_a_fixed_set_of_threads(ceph, seqr, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

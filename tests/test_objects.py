@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from replicas import HOLE_WAIT, Replicas
-from seqr_proc import SeqrProcess
+from seqr_proc import module_seqr  # noqa: F401 - the fixture `seqr`, once per file
 
 import pyzlog
 from pyzlog import InvalidRequest, Timeout
@@ -23,13 +23,6 @@ from pyzlog.objects import (MISSING, BadEntry, CheckpointError, Counter, NotHost
 from pyzlog.objects import codec, entry
 from pyzlog.objects import runtime as runtime_module
 from pyzlog.objects.objects import CTR_ADD, MAP_PUT, _OP
-
-
-@pytest.fixture(scope="module")
-def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
-    yield p
-    p.kill()
 
 
 @pytest.fixture(params=["sequencer", "no-sequencer"])

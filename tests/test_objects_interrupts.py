@@ -24,14 +24,6 @@ from pyzlog.objects import RuntimeClosed, RuntimeFailed, StateMachine
 
 
 @pytest.fixture
-def seqr(ceph, tmp_path) -> Iterator[SeqrProcess]:  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
-    yield p
-    p.resume()
-    p.kill()
-
-
-@pytest.fixture
 def logs(rados_cluster, ceph, log_name, seqr) -> Iterator[Replicas]:  # type: ignore[no-untyped-def]
     r = Replicas(rados_cluster, ceph.pool, log_name, seqr.address)
     yield r

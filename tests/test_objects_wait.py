@@ -9,20 +9,11 @@ import time
 from typing import Any
 
 import pytest
-from seqr_proc import SeqrProcess
 
 import pyzlog
 from pyzlog import Log, Timeout
 from pyzlog.client import reader
 from pyzlog.objects import Runtime, RuntimeClosed
-
-
-@pytest.fixture
-def seqr(ceph, tmp_path):  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
-    yield p
-    p.resume() if p.proc and p.proc.poll() is None else None
-    p.kill()
 
 
 def test_wait_applied_timeout_with_a_paused_sequencer(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from clsobj import log_obj
-from seqr_proc import SeqrProcess
+from seqr_proc import module_seqr  # noqa: F401 - the fixture `seqr`, once per file
 
 import pyzlog
 import pyzlog.client.ops
@@ -27,13 +27,6 @@ from pyzlog.core.native import Op
 #: a wait that a dead process can cause must end well within this (the
 #: client finishes a half-done epoch change after a few seconds)
 BOUND = 25.0
-
-
-@pytest.fixture(scope="module")
-def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
-    yield p
-    p.kill()
 
 
 def within(seconds: float, fn: Callable[[], Any]) -> Any:

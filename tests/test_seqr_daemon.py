@@ -18,13 +18,6 @@ from pyzlog.core import wire
 from pyzlog.core import sequencer as sq
 
 
-@pytest.fixture
-def seqr(ceph, tmp_path: Path):  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
-    yield p
-    p.kill()
-
-
 def next_ok(client: SequencerClient, pool: str, name: str, epoch: int, count: int = 1):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -22,7 +22,7 @@ from pyzlog import Log  # noqa: E402
 from pyzlog.client.reader import RecordKind  # noqa: E402
 from pyzlog.spark import READ_LIMITS, ZlogBadOffset, ZlogBatchReader, ZlogStreamReader, parse_options  # noqa: E402
 from pyzlog.spark.plan import ZlogPartition  # noqa: E402
-from seqr_proc import SeqrProcess  # noqa: E402
+from seqr_proc import module_seqr  # noqa: E402, F401 - the fixture `seqr`, once per file
 from vstartmod import ROOT  # noqa: E402
 
 HOLE_WAIT = "0.5"
@@ -47,13 +47,6 @@ def writes(spark):  # type: ignore[no-untyped-def]
     handle = register(spark)
     assert handle is not None
     return handle
-
-
-@pytest.fixture(scope="module")
-def seqr(ceph, tmp_path_factory):  # type: ignore[no-untyped-def]
-    s = SeqrProcess(ceph.conf, log_path=tmp_path_factory.mktemp("seqr") / "seqr.log").start()
-    yield s
-    s.kill()
 
 
 def reader(spark, ceph, name: str, **opts: object):  # type: ignore[no-untyped-def]

@@ -20,13 +20,6 @@ from pyzlog.objects.entry import HEADER, HEADER_SIZE, MAGIC
 HOLE_WAIT = 0.3
 
 
-@pytest.fixture
-def seqr(ceph, tmp_path) -> Iterator[SeqrProcess]:  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
-    yield p
-    p.kill()
-
-
 class Logs:
     def __init__(self, cluster: Any, pool: str, name: str, seqr: str) -> None:
         self.cluster, self.pool, self.name, self.seqr = cluster, pool, name, seqr

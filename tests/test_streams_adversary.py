@@ -4,7 +4,6 @@ Written by an adversary helper; each docstring says what went wrong when
 the test was written."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,6 @@ from pyzlog.objects.entry import MAGIC
 from pyzlog.objects.streams import walk
 
 HOLE_WAIT = 0.3
-
-
-@pytest.fixture
-def seqr(ceph, tmp_path: Path) -> Iterator[SeqrProcess]:  # type: ignore[no-untyped-def]
-    p = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()
-    yield p
-    p.kill()
 
 
 def positions_of(log: Log, sid: int, end: int) -> list[int]:
