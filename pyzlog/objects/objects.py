@@ -55,6 +55,14 @@ def _check_key(key: Any) -> None:
         # (None stands for the whole map in a transaction's read set: a key None
         # read there would be checked against the map's version, and abort)
         raise InvalidRequest(f"a map key cannot be {key!r}")
+    if _holds_nan(key):  # stored, it could never be found again: every replica decodes a new NaN
+        raise InvalidRequest(f"a map key cannot hold a NaN (it never equals itself): {key!r}")
+
+
+def _holds_nan(key: Any) -> bool:
+    if isinstance(key, float):
+        return key != key
+    return isinstance(key, tuple) and any(_holds_nan(k) for k in key)
 
 
 # --------------------------------------------------------------------- map

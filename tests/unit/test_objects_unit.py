@@ -343,3 +343,20 @@ def test_skip_pointers_worked_out_once_per_block_are_each_entrys_own(ordinal: in
     memo: dict[tuple[int, int], list[int]] = {}
     for i in range(n):
         assert entry_backpointers(first, i, k, answer, memo) == entry_backpointers(first, i, k, answer)
+
+
+@pytest.mark.parametrize("key", [float("nan"), (1, float("nan")), ("a", (2.5, float("-nan")))],
+                         ids=["nan", "in-a-tuple", "nested"])
+def test_a_map_key_holding_a_nan_is_refused(key: object) -> None:
+    """A NaN never equals itself: a key holding one was stored and could
+    never be read back (each replica decodes a new NaN). Refused before
+    anything is appended, so a runtime that never started will do."""
+    from pyzlog import Log
+    from pyzlog.objects import Runtime
+
+    m = Runtime(Log.__new__(Log), client_id=9).map("m")
+    for call in (lambda: m.put(key, 1), lambda: m.put_async(key, 1), lambda: m.cas(key, 1, 2),
+                 lambda: m.delete(key)):
+        with pytest.raises(pyzlog.InvalidRequest, match="NaN"):
+            call()
+    assert m.get((1, 2.0)) is None  # a float key without a NaN is a key like any other
