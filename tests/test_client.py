@@ -814,3 +814,26 @@ def test_read_async_outcomes(rados_cluster, ceph, log_name) -> None:  # type: ig
     assert log.read_async(3).result(timeout=30) == b"d3"
     futs = [log.read_async(i % 6 if i % 6 != 1 else 0) for i in range(2000)]
     assert sum(1 for f in futs if f.result(timeout=60)) == 2000
+
+
+def test_warm_sequencer_connects_ahead_for_the_first_request(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """Log.warm_sequencer() opens the sequencer connection (its handshake
+    reads the pool's secret) so the first request does not wait for it; a
+    replicated-objects runtime's player calls it while start() reads the
+    first position. A sequencer nobody answers at is no error there: the
+    first request meets it, as it would have."""
+    Log.create(rados_cluster, ceph.pool, log_name, width=2).close()
+    with Log.open(rados_cluster, ceph.pool, log_name, sequencer=seqr.address) as lg:
+        client = lg.positions.sequencer
+        assert client is not None and ceph.pool not in client._conns
+        lg.warm_sequencer()
+        conn = client._conns[ceph.pool]
+        assert not conn.closed
+        assert lg.append(b"first") == 0 and client._conns[ceph.pool] is conn  # the request used it
+        lg.warm_sequencer()  # connected already: nothing changes
+        assert client._conns[ceph.pool] is conn
+    from seqr_proc import free_port
+
+    with Log.open(rados_cluster, ceph.pool, log_name, sequencer=f"127.0.0.1:{free_port()}") as lg:
+        lg.warm_sequencer()  # refused: logged, not raised
+        assert lg.tail() == 1  # found without it (slow tail finding), as before

@@ -192,6 +192,14 @@ class Log:
         """The first position not trimmed by trim_to (0 if none was)."""
         return ops.first_position(self.state)
 
+    def warm_sequencer(self) -> None:
+        """Connect to the log's sequencer now (its handshake reads the pool's
+        secret: about a millisecond), so that the first append or tail
+        request made later does not wait for it. A thread that knows it will
+        ask soon calls it while doing something else; errors are left for
+        that request to meet."""
+        self.positions.warm()
+
     def tail(self) -> int:
         """The next position an append would get (the sequencer's counter, or
         without a sequencer the position after the highest one stored)."""

@@ -148,6 +148,18 @@ class Positions:
         return (self.sequencer is not None and not self._down
                 and (time.monotonic() if now is None else now) >= self._recheck_at)
 
+    def warm(self) -> None:
+        """Connect to the sequencer asked now, if it is usable (no registry
+        or metadata read); what fails is left for the first request to meet."""
+        seqr = self.sequencer
+        if seqr is not None and self.usable_now() and self._may_ask_tail():
+            try:
+                seqr.connect(self.log.pool)
+            except ZlogError as e:
+                logger.debug("log %r: connecting to sequencer %s ahead: %s", self.log.name, seqr.address, e)
+                if isinstance(e, SequencerUnavailable):  # as a tail request that found it so (counter())
+                    self._tail_recheck_at = time.monotonic() + SEQUENCER_RECHECK_SECONDS
+
     def follow(self) -> bool:
         """Ask the sequencer the metadata names (or, if none, one from the
         registry). True if that changed which sequencer is asked."""

@@ -123,6 +123,15 @@ class SequencerClient:
                 raise SequencerUnavailable(f"sequencer {self.address}: {e}{hint}") from None
         raise AssertionError("unreachable")
 
+    def connect(self, pool: str) -> None:
+        """Open the connection for `pool` now, if there is none: the
+        handshake (which reads the pool's secret) then costs the first
+        request nothing. Errors as a request's."""
+        with self._lock, native_call():
+            conn = self._conns.get(pool)
+            if conn is None or conn.closed:
+                self._conns[pool] = self._connect(pool)
+
     def _request(self, op: str, pool: str, log: str, epoch: int, count: int,
                  streams: list[int] | None = None, history: int = 0) -> tuple[Any, ...]:
         with self._lock, native_call():

@@ -338,15 +338,23 @@ class Runtime:
             if self._started:
                 return self
             self._check_open()
-            first = self.log.first_position()
-            info = self._load_newest(first) if self.checkpoints is not None else None
-            if info is None and first > 0:
-                raise CheckpointError(f"log {self.log.name!r} is trimmed below {first} and no checkpoint covers "
-                                      "the objects hosted here: the state cannot be rebuilt")
-            self._started = True
-            self._player = threading.Thread(target=self._run, name=f"zlog-objects-play-{self.log.name}",
-                                            daemon=True)
-            self._player.start()
+            # the player starts first: it connects to the sequencer (its first request, a tail or a
+            # stream's, would) while this thread reads the first position and any checkpoint, and
+            # plays once `ready` is set, with _started (else it returns)
+            ready = threading.Event()
+            try:
+                player = threading.Thread(target=self._run, args=(ready,),
+                                          name=f"zlog-objects-play-{self.log.name}", daemon=True)
+                player.start()
+                first = self.log.first_position()
+                info = self._load_newest(first) if self.checkpoints is not None else None
+                if info is None and first > 0:
+                    raise CheckpointError(f"log {self.log.name!r} is trimmed below {first} and no checkpoint "
+                                          "covers the objects hosted here: the state cannot be rebuilt")
+                self._player = player
+                self._started = True
+            finally:
+                ready.set()  # (also on a failed or interrupted start: that player returns)
             for i in range(SENDERS):
                 t = threading.Thread(target=self._send_loop, name=f"zlog-objects-send-{self.log.name}-{i}",
                                      daemon=True)
@@ -952,7 +960,14 @@ class Runtime:
         return self.applied
 
     # ------------------------------------------------------------- playing
-    def _run(self) -> None:
+    def _run(self, ready: threading.Event) -> None:
+        try:
+            self.log.warm_sequencer()
+        except Exception:  # noqa: BLE001 - only a head start: the first request meets whatever it was
+            logger.debug("log %r: connecting to the sequencer ahead failed", self.log.name, exc_info=True)
+        ready.wait()
+        if not self._started or self._player is not threading.current_thread():
+            return  # the start that made it failed
         backoff = 0.0
         next_poll = 0.0
         while True:
