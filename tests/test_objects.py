@@ -517,6 +517,10 @@ def test_checkpoint_trim_and_a_new_process_starting_from_it(pair: Replicas) -> N
     assert info.complete and info.position == a.applied and set(info.objects) == {"m", "c", "r", "q"}
     for i in range(50):
         m[f"after{i}"] = i
+    for keep in (0, -1, 1.5, float("nan"), "1", True):  # nan and "1" raised TypeError from deep inside
+        with pytest.raises(InvalidRequest):
+            a.trim(keep)  # type: ignore[arg-type]
+    assert pair.log.first_position() == 0
     assert a.trim() == info.position - 1
     assert pair.log.first_position() == info.position
     # a new process: starts from the checkpoint and reads only what follows it
@@ -547,6 +551,45 @@ def test_checkpoint_trim_and_a_new_process_starting_from_it(pair: Replicas) -> N
     pinfo = part.checkpoint()
     assert not pinfo.complete
     assert [i.position for i in a.checkpoints.list() if i.complete] == [info.position]  # type: ignore[union-attr]
+
+
+def test_a_streams_replica_behind_a_trim_reloads_and_never_skips_the_trimmed_entries(pair: Replicas) -> None:
+    """A streams replica that falls behind a trim (made below a whole-log
+    replica's checkpoint) meets its stream's entries trimmed when it walks.
+    It passed over them as "not the stream's" and went on: 39 of 45 keys
+    lost, and its next checkpoint spread the loss to new replicas (an
+    adversary's find). Now it reloads from the checkpoint; one with no
+    checkpoint store stops, like a full replica, rather than skip them."""
+    writer = pair.new(streams=True)
+    wm = writer.map("m")
+    behind = pair.new(streams=True, checkpoints=True)
+    bm = behind.map("m")
+    bare = pair.new(streams=True)
+    bare.map("m")
+    wm.put("k0", 0)
+    behind.sync(30)
+    bare.sync(30)
+    for i in range(1, 40):
+        wm.put(f"k{i}", i)
+    whole = pair.new(checkpoints=True)  # every stream: its checkpoints are complete, so a trim may follow
+    whole.map("m")
+    whole.sync(30)
+    info = whole.checkpoint()
+    assert info.complete
+    for i in range(40, 45):
+        wm.put(f"k{i}", i)
+    assert whole.trim() is not None and pair.log.first_position() > 1
+    behind.sync(60)
+    writer.sync(30)
+    assert behind.stats.reloads == 1 and dict(bm.items()) == dict(wm.items()) and len(wm) == 45
+    with pytest.raises(RuntimeFailed, match="trimmed"):
+        bare.sync(60)
+    # and a new streams replica starting from the behind one's checkpoint has everything too
+    later = behind.checkpoint()
+    fresh = pair.new(streams=True, checkpoints=True)
+    fm = fresh.map("m")
+    fresh.sync(60)
+    assert fresh.stats.reloads == 1 and later.position <= fresh.applied and dict(fm.items()) == dict(wm.items())
 
 
 def test_a_damaged_checkpoint_is_refused(pair: Replicas) -> None:

@@ -9,8 +9,11 @@ linearizable read. Values are shared with the state: do not mutate them.
 """
 from __future__ import annotations
 
+import math
+import operator
 import time
 from collections.abc import Iterator
+from numbers import Real
 from concurrent.futures import Future
 from typing import Any
 
@@ -44,6 +47,10 @@ def _wrong(obj: StateMachine, op: int) -> WrongType:
                      "(is the name used as another type elsewhere?)")
 
 
+#: the longest lease a claim takes (its milliseconds must fit the codec's 64-bit int)
+MAX_LEASE_SECONDS = 2**31
+
+
 def _check_key(key: Any) -> None:
     if type(key) is str:  # the usual key: hashable, and not a list, dict or MISSING
         return
@@ -63,6 +70,14 @@ def _holds_nan(key: Any) -> bool:
     if isinstance(key, float):
         return key != key
     return isinstance(key, tuple) and any(_holds_nan(k) for k in key)
+
+
+def _item_id(qid: Any) -> int:
+    """A queue item's id: an int (1.9 was taken as item 1)."""
+    try:
+        return operator.index(qid)
+    except TypeError:
+        raise InvalidRequest(f"a queue item's id is an int, not {qid!r}") from None
 
 
 # --------------------------------------------------------------------- map
@@ -476,25 +491,33 @@ class Queue(StateMachine):
     def claim(self, lease: float = 30.0, consumer: str | None = None,
               timeout: float | None = None) -> tuple[int, Any] | None:
         """Claim the oldest expired claim, else the head, for `lease` seconds."""
-        if not lease > 0:
-            raise InvalidRequest("a lease is a positive number of seconds")
-        who = consumer if consumer is not None else self._consumer()
-        payload = _OP[Q_CLAIM] + dumps(who) + dumps(int(lease * 1000)) + dumps(int(time.time() * 1000))
+        if (not isinstance(lease, Real) or isinstance(lease, bool) or not math.isfinite(lease)
+                or not 0 < lease <= MAX_LEASE_SECONDS):
+            raise InvalidRequest(f"a lease is a positive number of seconds, at most {MAX_LEASE_SECONDS}, "
+                                 f"not {lease!r}")
+        who = self._consumer(consumer)
+        payload = _OP[Q_CLAIM] + dumps(who) + dumps(math.ceil(lease * 1000)) + dumps(int(time.time() * 1000))
         got = self.runtime.propose_wait(self, payload, timeout)
         return None if got is None else (int(got[0]), got[1])
 
     def ack(self, qid: int, consumer: str | None = None, timeout: float | None = None) -> bool:
         """Done with a claimed item: True if the claim was still ours (the
         item is consumed, once); False if it was lost to another claimer."""
-        who = consumer if consumer is not None else self._consumer()
-        return bool(self.runtime.propose_wait(self, _OP[Q_ACK] + dumps(int(qid)) + dumps(who), timeout))
+        payload = _OP[Q_ACK] + dumps(_item_id(qid)) + dumps(self._consumer(consumer))
+        return bool(self.runtime.propose_wait(self, payload, timeout))
 
     def release(self, qid: int, consumer: str | None = None, timeout: float | None = None) -> bool:
-        who = consumer if consumer is not None else self._consumer()
-        return bool(self.runtime.propose_wait(self, _OP[Q_RELEASE] + dumps(int(qid)) + dumps(who), timeout))
+        payload = _OP[Q_RELEASE] + dumps(_item_id(qid)) + dumps(self._consumer(consumer))
+        return bool(self.runtime.propose_wait(self, payload, timeout))
 
-    def _consumer(self) -> str:
-        return f"{self.runtime.client_id:016x}"
+    def _consumer(self, consumer: str | None) -> str:
+        """The consumer named (a str: a claim is held by whoever's name equals
+        it), or this runtime's own name."""
+        if consumer is None:
+            return f"{self.runtime.client_id:016x}"
+        if type(consumer) is not str:
+            raise InvalidRequest(f"a consumer is named by a str, not {type(consumer).__name__}")
+        return consumer
 
     # ------------------------------------------------------------- reads
     def __len__(self) -> int:

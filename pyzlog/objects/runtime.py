@@ -51,7 +51,7 @@ from .machine import StateMachine
 from .objects import MAP_PUT, ReplicatedMap
 from .sessions import Session, Sessions
 from ._replay import apply_common as _apply_common, configure as _configure_replay
-from .streams import WalkStats, walk
+from .streams import BehindTrim as _Trimmed, WalkStats, walk
 from .machine import Transaction, TxnResult
 
 if TYPE_CHECKING:
@@ -160,11 +160,6 @@ def _tell(future: Future[Any], error: BaseException) -> None:
             future.set_exception(error)
         except InvalidStateError:
             pass
-
-
-class _Trimmed(Exception):
-    def __init__(self, position: int) -> None:
-        self.position = position
 
 
 class Runtime:
@@ -1346,8 +1341,8 @@ class Runtime:
         Returns the highest position trimmed, or None if too few exist."""
         if self.checkpoints is None:
             raise CheckpointError("this runtime has no checkpoint store")
-        if keep < 1:
-            raise InvalidRequest("keep at least one checkpoint")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise InvalidRequest(f"keep is how many complete checkpoints to keep, at least 1, not {keep!r}")
         infos = self.checkpoints.list()
         complete = [i for i in infos if i.complete]
         if len(complete) < keep or complete[-keep].position == 0:

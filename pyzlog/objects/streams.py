@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyzlog import HoleClock
 
@@ -42,6 +42,17 @@ if TYPE_CHECKING:
 
 #: holes of a walk read one by one, at most; more are read as the one range they span
 FEW_HOLES = 16
+
+
+class BehindTrim(Exception):
+    """A position to play is trimmed: the reader is behind a trim, and its
+    state can only come from a checkpoint (the Runtime reloads one, or
+    fails with CheckpointError without a store). Never skipped: a stream
+    entry trimmed away is a command the reader would never apply."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
 
 
 @dataclass
@@ -109,9 +120,15 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     for a, b in spans:
         for batch in log.stream_batches(a, b, hole_wait=clock.hole_wait, known_tail=unchecked_tail,
                                         hole_clock=clock):
-            for p, data in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
-                if p in holes and data is not None and _backpointers(data, p, w.wanted)[1]:
-                    w.found[p] = data
+            kinds = _kinds(batch)
+            for i, (p, data) in enumerate(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())):
+                if p not in holes:
+                    continue
+                if data is not None:
+                    if _backpointers(data, p, w.wanted)[1]:
+                        w.found[p] = data
+                elif kinds is not None and kinds[i] == "trimmed":
+                    raise BehindTrim(p)  # written and trimmed since the first read
     found, gaps = w.found, w.gaps
     # The answer vouches for [lo, hi) as of when it was given. A position
     # handed out then but not stored yet (a writer in flight, or dead) could
@@ -214,6 +231,8 @@ class _Walk:
                     first = False
                     v = known[end] if end in known else got.get(end)
                     self.stored_at_end = type(v) is bytes or v == -errno.ENOMSG
+                    if v == -errno.EIDRM:
+                        raise BehindTrim(end)  # and so is every position below it
                 quick = bool(single) and not thorough
                 rest = batch
                 if quick:
@@ -223,6 +242,8 @@ class _Walk:
                 for p in rest:
                     data = got.get(p)
                     if type(data) is not bytes:
+                        if data == -errno.EIDRM:
+                            raise BehindTrim(p)  # a position of the range trimmed: never passed over
                         if (data is None or data in (-errno.ENODATA, -errno.ENOENT)) and p < hi:
                             self.holes.append(p)  # read below with the hole rules
                         else:
@@ -345,12 +366,7 @@ def _scan(log: Log, lo: int, upto: int, clock: HoleClock, st: WalkStats, found: 
         ps = batch.column(0).to_pylist()
         positions.extend(ps)
         datas.extend(batch.column(1).to_pylist())
-        if batch.column(1).null_count:
-            col = batch.column(2)
-            names = col.dictionary.to_pylist()
-            kinds.extend(names[i] for i in col.indices.to_pylist())
-        else:
-            kinds.extend(["data"] * len(ps))
+        kinds.extend(_kinds(batch) or ["data"] * len(ps))
     st.scanned += len(positions) - n
     end = positions[-1] + 1 if len(positions) > n else lo
     if end < upto:  # the scan stopped at the tail
@@ -361,3 +377,13 @@ def _scan(log: Log, lo: int, upto: int, clock: HoleClock, st: WalkStats, found: 
             datas.append(found[p])
             kinds.append("data")
     return positions, datas, kinds, hi
+
+
+def _kinds(batch: Any) -> list[str] | None:
+    """Each row's kind ("data", "filled", "trimmed", ...) of a stream_batches
+    batch; None if every row is data."""
+    if not batch.column(1).null_count:
+        return None
+    col = batch.column(2)
+    names = col.dictionary.to_pylist()
+    return [names[i] for i in col.indices.to_pylist()]

@@ -360,3 +360,23 @@ def test_a_map_key_holding_a_nan_is_refused(key: object) -> None:
         with pytest.raises(pyzlog.InvalidRequest, match="NaN"):
             call()
     assert m.get((1, 2.0)) is None  # a float key without a NaN is a key like any other
+
+
+@pytest.mark.parametrize("call", [
+    "claim(lease=float('inf'))", "claim(lease=float('nan'))", "claim(lease=0)", "claim(lease=-1)",
+    "claim(lease='5')", "claim(lease=None)", "claim(lease=True)", "claim(lease=2**62)",
+    "claim(consumer=float('nan'))", "claim(consumer={})", "claim(consumer=7)",
+    "ack('x')", "ack(None)", "ack(float('nan'))", "ack(1.9)", "release(1.9)", "ack(1, consumer=b'me')",
+])
+def test_a_queue_refuses_bad_arguments_with_a_clear_error(call: str) -> None:
+    """Each was taken: a lease of inf or '5' raised OverflowError or
+    TypeError from inside the layer, ack(1.9) acknowledged item 1, a
+    consumer named NaN held its claim for good (no name equals it), a lease
+    of 2**62 s stored a deadline past the codec's 64-bit int. Refused before
+    anything is appended, so a runtime that never started will do."""
+    from pyzlog import Log
+    from pyzlog.objects import Runtime
+
+    q = Runtime(Log.__new__(Log), client_id=9).queue("q")
+    with pytest.raises(pyzlog.InvalidRequest):
+        eval(call, {"float": float}, {"claim": q.claim, "ack": q.ack, "release": q.release})
