@@ -832,6 +832,8 @@ def test_warm_sequencer_connects_ahead_for_the_first_request(rados_cluster, ceph
         assert lg.append(b"first") == 0 and client._conns[ceph.pool] is conn  # the request used it
         lg.warm_sequencer()  # connected already: nothing changes
         assert client._conns[ceph.pool] is conn
+    lg.warm_sequencer()  # closed (a failed start's player may get here late): connects to nothing
+    assert not client._conns
     from seqr_proc import free_port
 
     with Log.open(rados_cluster, ceph.pool, log_name, sequencer=f"127.0.0.1:{free_port()}") as lg:

@@ -94,6 +94,7 @@ class SequencerClient:
         self.credentials = credentials if credentials is not None else Credentials(cluster)
         self._conns: dict[str, _seqr.Client] = {}
         self._lock = threading.Lock()
+        self._closed = False  # close() was called: connect() (ahead of any request) opens nothing
 
     def auth_settings(self, pool: str) -> dict[str, object]:
         """What the C++ append path authenticates with (pyzlog._appender)."""
@@ -124,12 +125,12 @@ class SequencerClient:
         raise AssertionError("unreachable")
 
     def connect(self, pool: str) -> None:
-        """Open the connection for `pool` now, if there is none: the
-        handshake (which reads the pool's secret) then costs the first
-        request nothing. Errors as a request's."""
+        """Open the connection for `pool` now, if there is none and the
+        client was not closed: the handshake (which reads the pool's secret)
+        then costs the first request nothing. Errors as a request's."""
         with self._lock, native_call():
             conn = self._conns.get(pool)
-            if conn is None or conn.closed:
+            if (conn is None or conn.closed) and not self._closed:
                 self._conns[pool] = self._connect(pool)
 
     def _request(self, op: str, pool: str, log: str, epoch: int, count: int,
@@ -194,4 +195,5 @@ class SequencerClient:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self.close_locked()

@@ -336,17 +336,17 @@ class Runtime:
             # the player starts first: it connects to the sequencer (its first request, a tail or a
             # stream's, would) while this thread reads the first position and any checkpoint, and
             # plays once `ready` is set, with _started (else it returns)
+            # (a failed start's player stays _player until the next start: close() joins it)
             ready = threading.Event()
             try:
-                player = threading.Thread(target=self._run, args=(ready,),
-                                          name=f"zlog-objects-play-{self.log.name}", daemon=True)
-                player.start()
+                self._player = threading.Thread(target=self._run, args=(ready,),
+                                                name=f"zlog-objects-play-{self.log.name}", daemon=True)
+                self._player.start()
                 first = self.log.first_position()
                 info = self._load_newest(first) if self.checkpoints is not None else None
                 if info is None and first > 0:
                     raise CheckpointError(f"log {self.log.name!r} is trimmed below {first} and no checkpoint "
                                           "covers the objects hosted here: the state cannot be rebuilt")
-                self._player = player
                 self._started = True
             finally:
                 ready.set()  # (also on a failed or interrupted start: that player returns)
@@ -379,7 +379,10 @@ class Runtime:
                 self._send_cv.notify_all()
             for t in (self._player, self._retrier, *self._senders):
                 if t is not None and t is not threading.current_thread():
-                    t.join(max(0.0, end - time.monotonic()))
+                    try:
+                        t.join(max(0.0, end - time.monotonic()))
+                    except RuntimeError:  # never started: a Ctrl-C in its start()
+                        pass
             # (not on the client's completion or retry thread: what is on its way lands on that thread)
             on_client_thread = threading.current_thread().name.startswith("pyzlog-")
             with self._cv_lock:
