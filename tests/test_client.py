@@ -839,3 +839,38 @@ def test_warm_sequencer_connects_ahead_for_the_first_request(rados_cluster, ceph
     with Log.open(rados_cluster, ceph.pool, log_name, sequencer=f"127.0.0.1:{free_port()}") as lg:
         lg.warm_sequencer()  # refused: logged, not raised
         assert lg.tail() == 1  # found without it (slow tail finding), as before
+
+
+def test_a_request_behind_a_failed_warm_up_does_not_connect_again(rados_cluster, ceph, log_name, tmp_path,  # type: ignore[no-untyped-def]
+                                                                   monkeypatch) -> None:
+    """A paused sequencer: the runtime's player warms the connection up and
+    waits the whole timeout for the handshake, holding the client's lock. A
+    tail request made meanwhile waited for the lock and then made its own
+    connection attempt, a second timeout (a second adversary's find). It now
+    fails at once with the warm-up's error and falls back: one attempt."""
+    from pyzlog.core.sequencer import SequencerClient
+
+    paused = SeqrProcess(ceph.conf, log_path=tmp_path / "paused.log").start()
+    attempts: list[str] = []
+    real = SequencerClient._connect
+
+    def counted(self: SequencerClient, pool: str) -> Any:
+        attempts.append(pool)
+        return real(self, pool)
+
+    Log.create(rados_cluster, ceph.pool, log_name, width=2).close()
+    lg = Log.open(rados_cluster, ceph.pool, log_name, sequencer=paused.address)
+    try:
+        monkeypatch.setattr(SequencerClient, "_connect", counted)
+        paused.pause()
+        warm = threading.Thread(target=lg.warm_sequencer)
+        warm.start()
+        while not attempts:  # the warm-up holds the lock, connecting
+            time.sleep(0.01)
+        assert lg.tail() == 0  # behind it, then without the sequencer
+        warm.join(30)
+        assert not warm.is_alive() and attempts == [ceph.pool]
+    finally:
+        paused.resume()
+        lg.close()
+        paused.kill()

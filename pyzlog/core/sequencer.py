@@ -9,6 +9,7 @@ refused this client) so callers can fall back to slow tail finding.
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]  # the C++ extension
@@ -95,6 +96,9 @@ class SequencerClient:
         self._conns: dict[str, _seqr.Client] = {}
         self._lock = threading.Lock()
         self._closed = False  # close() was called: connect() (ahead of any request) opens nothing
+        #: per pool, when a connection last failed to open and why: a request that waited for the
+        #: lock meanwhile (behind a connect() made ahead) fails at once, not after a second timeout
+        self._connect_failed: dict[str, tuple[float, str]] = {}
 
     def auth_settings(self, pool: str) -> dict[str, object]:
         """What the C++ append path authenticates with (pyzlog._appender)."""
@@ -121,7 +125,8 @@ class SequencerClient:
                 hint = ("; does the sequencer run with TLS (zlog-seqr --tls-cert)? this client asks for it "
                         "(PYZLOG_SEQR_TLS)" if self.credentials.tls.enabled and "TLS handshake failed" in str(e)
                         else "")
-                raise SequencerUnavailable(f"sequencer {self.address}: {e}{hint}") from None
+                self._connect_failed[pool] = (time.monotonic(), f"sequencer {self.address}: {e}{hint}")
+                raise SequencerUnavailable(self._connect_failed[pool][1]) from None
         raise AssertionError("unreachable")
 
     def connect(self, pool: str) -> None:
@@ -135,11 +140,15 @@ class SequencerClient:
 
     def _request(self, op: str, pool: str, log: str, epoch: int, count: int,
                  streams: list[int] | None = None, history: int = 0) -> tuple[Any, ...]:
+        asked = time.monotonic()
         with self._lock, native_call():
             for attempt in range(2):
                 conn = self._conns.get(pool)
                 fresh = conn is None or conn.closed
                 if conn is None or conn.closed:
+                    failed = self._connect_failed.get(pool)
+                    if failed is not None and failed[0] >= asked:  # while this waited for the lock
+                        raise SequencerUnavailable(failed[1])
                     conn = self._conns[pool] = self._connect(pool)
                 try:
                     if op == "next":

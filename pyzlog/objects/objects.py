@@ -73,11 +73,13 @@ def _holds_nan(key: Any) -> bool:
 
 
 def _item_id(qid: Any) -> int:
-    """A queue item's id: an int (1.9 was taken as item 1)."""
+    """A queue item's id: an int (1.9 and True were taken as item 1)."""
     try:
-        return operator.index(qid)
+        if not isinstance(qid, bool):
+            return operator.index(qid)
     except TypeError:
-        raise InvalidRequest(f"a queue item's id is an int, not {qid!r}") from None
+        pass
+    raise InvalidRequest(f"a queue item's id is an int, not {qid!r}")
 
 
 # --------------------------------------------------------------------- map

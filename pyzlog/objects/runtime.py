@@ -333,28 +333,30 @@ class Runtime:
             if self._started:
                 return self
             self._check_open()
-            # the player starts first: it connects to the sequencer (its first request, a tail or a
-            # stream's, would) while this thread reads the first position and any checkpoint, and
-            # plays once `ready` is set, with _started (else it returns)
-            # (a failed start's player stays _player until the next start: close() joins it)
-            ready = threading.Event()
+            # The threads start first, held at `gate` (a lock this thread holds): the player
+            # connects to the sequencer (its first request, a tail or a stream's, would) while this
+            # thread reads the first position and any checkpoint. The gate is let go by one C call
+            # in the finally, so a Ctrl-C anywhere leaves either a started runtime whose threads all
+            # run, or one not started whose threads return (close() joins them: they stay
+            # _player and _senders until the next start).
+            gate = threading.Lock()
+            gate.acquire()
             try:
-                self._player = threading.Thread(target=self._run, args=(ready,),
+                self._player = threading.Thread(target=self._run, args=(gate,),
                                                 name=f"zlog-objects-play-{self.log.name}", daemon=True)
-                self._player.start()
+                self._senders = [threading.Thread(target=self._send_loop, args=(gate,), daemon=True,
+                                                  name=f"zlog-objects-send-{self.log.name}-{i}")
+                                 for i in range(SENDERS)]
+                for t in (self._player, *self._senders):
+                    t.start()
                 first = self.log.first_position()
                 info = self._load_newest(first) if self.checkpoints is not None else None
                 if info is None and first > 0:
                     raise CheckpointError(f"log {self.log.name!r} is trimmed below {first} and no checkpoint "
                                           "covers the objects hosted here: the state cannot be rebuilt")
-                self._started = True
+                self._started = True  # (no call between this and the release: no Ctrl-C can come between)
             finally:
-                ready.set()  # (also on a failed or interrupted start: that player returns)
-            for i in range(SENDERS):
-                t = threading.Thread(target=self._send_loop, name=f"zlog-objects-send-{self.log.name}-{i}",
-                                     daemon=True)
-                t.start()
-                self._senders.append(t)
+                gate.release()
         if self._fixed_id:  # a restarted client: its seqs go on above every one it used before
             self.sync()
             with self._plock:
@@ -586,10 +588,13 @@ class Runtime:
             return
         f.add_done_callback(lambda f: self._appended(p, f))
 
-    def _send_loop(self) -> None:
+    def _send_loop(self, gate: Any) -> None:
         """Send queued proposals: everything queued (up to MAX_BATCH) in one
         append_many, so a proposal costs no client Future or callback of
         its own, and the batch one sequencer request and one write per object."""
+        self._through(gate)
+        if not self._started or threading.current_thread() not in self._senders:
+            return  # the start that made it failed
         q = self._queue
         while True:
             with self._send_cv_lock:
@@ -958,12 +963,19 @@ class Runtime:
         return self.applied
 
     # ------------------------------------------------------------- playing
-    def _run(self, ready: threading.Event) -> None:
+    @staticmethod
+    def _through(gate: Any) -> None:
+        """A thread of start(): wait until start() is over (then look whether
+        it started the runtime, and whether a later start made other threads)."""
+        gate.acquire()
+        gate.release()  # (the next one waiting goes through too)
+
+    def _run(self, gate: Any) -> None:
         try:
             self.log.warm_sequencer()
         except Exception:  # noqa: BLE001 - only a head start: the first request meets whatever it was
             logger.debug("log %r: connecting to the sequencer ahead failed", self.log.name, exc_info=True)
-        ready.wait()
+        self._through(gate)
         if not self._started or self._player is not threading.current_thread():
             return  # the start that made it failed
         backoff = 0.0

@@ -366,7 +366,8 @@ def test_a_map_key_holding_a_nan_is_refused(key: object) -> None:
     "claim(lease=float('inf'))", "claim(lease=float('nan'))", "claim(lease=0)", "claim(lease=-1)",
     "claim(lease='5')", "claim(lease=None)", "claim(lease=True)", "claim(lease=2**62)",
     "claim(consumer=float('nan'))", "claim(consumer={})", "claim(consumer=7)",
-    "ack('x')", "ack(None)", "ack(float('nan'))", "ack(1.9)", "release(1.9)", "ack(1, consumer=b'me')",
+    "ack('x')", "ack(None)", "ack(float('nan'))", "ack(1.9)", "release(1.9)", "ack(True)", "release(False)",
+    "ack(1, consumer=b'me')",
 ])
 def test_a_queue_refuses_bad_arguments_with_a_clear_error(call: str) -> None:
     """Each was taken: a lease of inf or '5' raised OverflowError or
