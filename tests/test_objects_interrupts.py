@@ -220,7 +220,7 @@ def test_one_interrupt_anywhere_in_start_leaves_a_runtime_that_works_and_no_thre
     calls from the layer included: afterwards a put_async settles and a
     sync sees it, and once closed none of the runtime's threads is left."""
     def ours() -> int:
-        return sum(t.name.startswith(f"zlog-objects-") and logs.name in t.name for t in threading.enumerate())
+        return sum(t.name.startswith("zlog-objects-") and logs.name in t.name for t in threading.enumerate())
 
     def gone(before: int) -> bool:
         deadline = time.monotonic() + 30

@@ -11,40 +11,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from replicas import HOLE_WAIT, Replicas
 from seqr_proc import SeqrProcess
 
 from pyzlog import Log
 from pyzlog.objects import Runtime, entry
 from pyzlog.objects.entry import HEADER, HEADER_SIZE, MAGIC
 
-HOLE_WAIT = 0.3
-
-
-class Logs:
-    def __init__(self, cluster: Any, pool: str, name: str, seqr: str) -> None:
-        self.cluster, self.pool, self.name, self.seqr = cluster, pool, name, seqr
-        self.log = Log.create(cluster, pool, name, width=3, sequencer=seqr)
-        self.opened: list[Log] = [self.log]
-        self.runtimes: list[Runtime] = []
-
-    def runtime(self, **kw: Any) -> Runtime:
-        lg = Log.open(self.cluster, self.pool, self.name, sequencer=self.seqr)
-        self.opened.append(lg)
-        kw.setdefault("hole_wait", HOLE_WAIT)
-        rt = Runtime(lg, **kw)
-        self.runtimes.append(rt)
-        return rt
-
-    def close(self) -> None:
-        for rt in self.runtimes:
-            rt.close()
-        for lg in self.opened:
-            lg.close()
-
 
 @pytest.fixture
-def logs(rados_cluster, ceph, log_name, seqr) -> Iterator[Logs]:  # type: ignore[no-untyped-def]
-    r = Logs(rados_cluster, ceph.pool, log_name, seqr.address)
+def logs(rados_cluster, ceph, log_name, seqr) -> Iterator[Replicas]:  # type: ignore[no-untyped-def]
+    r = Replicas(rados_cluster, ceph.pool, log_name, seqr.address)
     yield r
     r.close()
 
@@ -68,12 +45,12 @@ def maps_state(rt: Runtime) -> dict[str, Any]:
     return {name: obj.snapshot() for name, obj in sorted(rt.hosted().items())}
 
 
-def test_backpointers_correct_under_concurrent_appenders(logs: Logs) -> None:
+def test_backpointers_correct_under_concurrent_appenders(logs: Replicas) -> None:
     """Three runtimes append to six maps at once, one at a time and in
     batches: every entry's backpointers are exactly its stream's previous
     positions (the last K), and a runtime hosting one map reads only its
     entries and reaches the state a full replay reaches."""
-    writers = [logs.runtime(streams=True) for _ in range(3)]
+    writers = [logs.new(streams=True) for _ in range(3)]
     names = [f"m{i}" for i in range(6)]
 
     def work(rt: Runtime, seed: int) -> None:
@@ -117,12 +94,12 @@ def test_backpointers_correct_under_concurrent_appenders(logs: Logs) -> None:
                     break
             assert far == want, (s, pos)
 
-    full = logs.runtime()
+    full = logs.new()
     for n in names:
         full.map(n)
     full.sync()
     for n in names:
-        one = logs.runtime(streams=True)
+        one = logs.new(streams=True)
         one.map(n)
         one.sync()
         assert maps_state(one) == {n: full.map(n).snapshot()}
@@ -134,12 +111,12 @@ def test_backpointers_correct_under_concurrent_appenders(logs: Logs) -> None:
         assert one.walk_stats.parsed <= 2 * (len(found[entry.stream_id(n)]) // k + 1) + 8, one.walk_stats
 
 
-def test_sequencer_restart_never_leaves_a_wrong_backpointer(logs: Logs, seqr: SeqrProcess, ceph) -> None:  # type: ignore[no-untyped-def]
+def test_sequencer_restart_never_leaves_a_wrong_backpointer(logs: Replicas, seqr: SeqrProcess, ceph) -> None:  # type: ignore[no-untyped-def]
     """Appends, a kill -9 of the sequencer, a new one on the same address,
     more appends. Every backpointer an entry carries names an entry of its
     stream; entries after the restart know nothing below the new horizon;
     a stream-only reader scans below it and agrees with a full replay."""
-    w = logs.runtime(streams=True)
+    w = logs.new(streams=True)
     a, b = w.map("a"), w.map("b")
     for i in range(30):
         (a if i % 3 else b)[f"k{i}"] = i
@@ -160,18 +137,18 @@ def test_sequencer_restart_never_leaves_a_wrong_backpointer(logs: Logs, seqr: Se
                     assert bp in mine and bp < pos, (s, pos, bp)
                     assert bp >= horizon
         assert 0 in horizons and max(horizons) > 0  # the restart made a horizon
-        full = logs.runtime()
+        full = logs.new()
         full.map("a")
         full.map("b")
         full.sync()
-        one = logs.runtime(streams=True)
+        one = logs.new(streams=True)
         one.map("a")
         one.sync()
         assert maps_state(one) == {"a": full.map("a").snapshot()}
         assert one.walk_stats.scans >= 1  # below the horizon it scanned
         # a reader that starts above the horizon follows backpointers only
         one.map("a")["late"] = 1
-        later = logs.runtime(streams=True)
+        later = logs.new(streams=True)
         later.map("a")
         later.sync()
         assert later.map("a")["late"] == 1
@@ -179,8 +156,8 @@ def test_sequencer_restart_never_leaves_a_wrong_backpointer(logs: Logs, seqr: Se
         again.kill()
 
 
-def test_stream_only_replicas_of_a_map_counter_and_queue_match_full_replay(logs: Logs) -> None:
-    w = logs.runtime(streams=True)
+def test_stream_only_replicas_of_a_map_counter_and_queue_match_full_replay(logs: Replicas) -> None:
+    w = logs.new(streams=True)
     m, c, q = w.map("m"), w.counter("c"), w.queue("q")
     for i in range(40):
         m[f"k{i % 7}"] = i
@@ -192,30 +169,30 @@ def test_stream_only_replicas_of_a_map_counter_and_queue_match_full_replay(logs:
     with w.transaction():
         m["t"] = "x"
         q.put("in-tx")
-    full = logs.runtime()
+    full = logs.new()
     for name, host in (("m", full.map), ("c", full.counter), ("q", full.queue)):
         host(name)
     full.sync()
     for name in ("m", "c", "q"):
-        rt = logs.runtime(streams=True)
+        rt = logs.new(streams=True)
         getattr(rt, {"m": "map", "c": "counter", "q": "queue"}[name])(name)
         rt.sync()
         assert maps_state(rt) == {name: full.hosted()[name].snapshot()}
 
 
-def test_a_stream_replay_reads_the_sequencers_history_in_one_round(logs: Logs, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_stream_replay_reads_the_sequencers_history_in_one_round(logs: Replicas, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The sequencer keeps each stream's last positions (STREAM_HISTORY): a
     stream-only replica of one map among three finds its 300 entries in one
     round of reads. Against a sequencer without it (an older zlog-seqr
     answers the op with BAD_REQUEST) it walks the backpointers instead, in
     more rounds, and reaches the same state."""
-    w = logs.runtime(streams=True)
+    w = logs.new(streams=True)
     maps = [w.map(f"m{i}") for i in range(3)]
     futures = [maps[i % 3].put_async(f"k{i % 50}", i) for i in range(900)]
     for f in futures:  # every put in the log (a sync alone covers only what is handed out when it asks)
         f.result(60)
     w.sync()
-    one = logs.runtime(streams=True)
+    one = logs.new(streams=True)
     one.map("m1")
     one.sync()
     assert maps_state(one) == {"m1": maps[1].snapshot()}
@@ -231,7 +208,7 @@ def test_a_stream_replay_reads_the_sequencers_history_in_one_round(logs: Logs, m
         return real(self, pool, log, epoch, count, streams)
 
     monkeypatch.setattr(SequencerClient, "streams", older)
-    walker = logs.runtime(streams=True)
+    walker = logs.new(streams=True)
     walker.map("m1")
     walker.sync()
     assert maps_state(walker) == {"m1": maps[1].snapshot()}
@@ -239,7 +216,7 @@ def test_a_stream_replay_reads_the_sequencers_history_in_one_round(logs: Logs, m
     assert st.rounds > 1 and st.scans == 0, st
 
 
-def test_read_positions_in_one_call_per_object(logs: Logs) -> None:
+def test_read_positions_in_one_call_per_object(logs: Replicas) -> None:
     """read_set (the class's read of any positions of one object) answers
     what a read of each position answers: data, filled, lost, trimmed,
     unwritten; malformed calls are refused EINVAL."""
@@ -278,7 +255,7 @@ def test_read_positions_in_one_call_per_object(logs: Logs) -> None:
     assert code == 0 and [e.position for e in window.entries()] == mine  # every one is stored
 
 
-def test_read_positions_cuts_apart_entries_read_together(logs: Logs) -> None:
+def test_read_positions_cuts_apart_entries_read_together(logs: Replicas) -> None:
     """The class reads the bytes of entries lying close together in an
     object in one read and cuts them apart (cls_zlog/store.cc,
     DataStore::get_many): any set of positions reads back what each
@@ -306,12 +283,12 @@ def test_read_positions_cuts_apart_entries_read_together(logs: Logs) -> None:
         assert lg.read_positions(subset) == {p: alone[p] for p in subset}
 
 
-def test_a_bad_entry_in_a_batch_fails_alone_with_streams(logs: Logs) -> None:
+def test_a_bad_entry_in_a_batch_fails_alone_with_streams(logs: Replicas) -> None:
     """An entry too large is refused before any position is taken: the
     others of its batch are appended, and no position is left a hole."""
     import pyzlog
 
-    rt = logs.runtime(streams=True)
+    rt = logs.new(streams=True)
     m = rt.map("m")
     futures = [m.put_async(f"k{i}", b"v") for i in range(20)]
     big = m.put_async("big", b"x" * (2 << 20))

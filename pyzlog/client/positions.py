@@ -127,7 +127,6 @@ class Positions:
         self._no_history: set[str] = set()  # sequencers that refused STREAM_HISTORY (older ones)
         self._slow_lock = threading.Lock()
         self._slow_next = 0  # next position slow tail finding hands out
-        self._closed = False  # the log was closed: warm() connects to nothing
 
     @property
     def generation(self) -> int:
@@ -151,9 +150,10 @@ class Positions:
 
     def warm(self) -> None:
         """Connect to the sequencer asked now, if it is usable (no registry
-        or metadata read); what fails is left for the first request to meet."""
+        or metadata read; nothing once the log is closed: SequencerClient.
+        connect); what fails is left for the first request to meet."""
         seqr = self.sequencer
-        if seqr is not None and not self._closed and self.usable_now() and self._may_ask_tail():
+        if seqr is not None and self.usable_now() and self._may_ask_tail():
             try:
                 seqr.connect(self.log.pool)
             except ZlogError as e:
@@ -216,7 +216,6 @@ class Positions:
         return True
 
     def close(self) -> None:
-        self._closed = True
         if self.sequencer is not None:
             self.sequencer.close()
 

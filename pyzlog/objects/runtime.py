@@ -51,7 +51,7 @@ from .machine import StateMachine
 from .objects import MAP_PUT, ReplicatedMap
 from .sessions import Session, Sessions
 from ._replay import apply_common as _apply_common, configure as _configure_replay
-from .streams import BehindTrim as _Trimmed, WalkStats, walk
+from .streams import BehindTrim as _Trimmed, WalkStats, kinds_of, walk
 from .machine import Transaction, TxnResult
 
 if TYPE_CHECKING:
@@ -592,9 +592,8 @@ class Runtime:
         """Send queued proposals: everything queued (up to MAX_BATCH) in one
         append_many, so a proposal costs no client Future or callback of
         its own, and the batch one sequencer request and one write per object."""
-        self._through(gate)
-        if not self._started or threading.current_thread() not in self._senders:
-            return  # the start that made it failed
+        if not self._through(gate):
+            return
         q = self._queue
         while True:
             with self._send_cv_lock:
@@ -963,21 +962,21 @@ class Runtime:
         return self.applied
 
     # ------------------------------------------------------------- playing
-    @staticmethod
-    def _through(gate: Any) -> None:
-        """A thread of start(): wait until start() is over (then look whether
-        it started the runtime, and whether a later start made other threads)."""
+    def _through(self, gate: Any) -> bool:
+        """A thread of start(): wait until start() is over; False if this
+        thread is to return (that start failed, or a later one made others)."""
         gate.acquire()
         gate.release()  # (the next one waiting goes through too)
+        me = threading.current_thread()
+        return self._started and (me is self._player or me in self._senders)
 
     def _run(self, gate: Any) -> None:
         try:
             self.log.warm_sequencer()
         except Exception:  # noqa: BLE001 - only a head start: the first request meets whatever it was
             logger.debug("log %r: connecting to the sequencer ahead failed", self.log.name, exc_info=True)
-        self._through(gate)
-        if not self._started or self._player is not threading.current_thread():
-            return  # the start that made it failed
+        if not self._through(gate):
+            return
         backoff = 0.0
         next_poll = 0.0
         while True:
@@ -1101,11 +1100,7 @@ class Runtime:
                     else col.to_pylist()
                 datas = batch.column(1).to_pylist()
                 self.stats.read += n
-                kinds = None
-                if batch.column(1).null_count:
-                    kind_col = batch.column(2)
-                    names = kind_col.dictionary.to_pylist()
-                    kinds = [names[i] for i in kind_col.indices.to_pylist()]
+                kinds = kinds_of(batch)
                 for i in range(0, n, CHUNK):
                     self._apply_rows(positions[i:i + CHUNK], datas[i:i + CHUNK],
                                      kinds[i:i + CHUNK] if kinds is not None else None)

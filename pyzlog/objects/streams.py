@@ -120,7 +120,7 @@ def walk(log: Log, streams: list[int], lo: int, hi: int, known: dict[int, bytes]
     for a, b in spans:
         for batch in log.stream_batches(a, b, hole_wait=clock.hole_wait, known_tail=unchecked_tail,
                                         hole_clock=clock):
-            kinds = _kinds(batch)
+            kinds = kinds_of(batch)
             for i, (p, data) in enumerate(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())):
                 if p not in holes:
                     continue
@@ -366,7 +366,7 @@ def _scan(log: Log, lo: int, upto: int, clock: HoleClock, st: WalkStats, found: 
         ps = batch.column(0).to_pylist()
         positions.extend(ps)
         datas.extend(batch.column(1).to_pylist())
-        kinds.extend(_kinds(batch) or ["data"] * len(ps))
+        kinds.extend(kinds_of(batch) or ["data"] * len(ps))
     st.scanned += len(positions) - n
     end = positions[-1] + 1 if len(positions) > n else lo
     if end < upto:  # the scan stopped at the tail
@@ -379,7 +379,7 @@ def _scan(log: Log, lo: int, upto: int, clock: HoleClock, st: WalkStats, found: 
     return positions, datas, kinds, hi
 
 
-def _kinds(batch: Any) -> list[str] | None:
+def kinds_of(batch: Any) -> list[str] | None:
     """Each row's kind ("data", "filled", "trimmed", ...) of a stream_batches
     batch; None if every row is data."""
     if not batch.column(1).null_count:
