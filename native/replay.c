@@ -26,6 +26,16 @@
  *   j the first entry it did not take (len(datas) at the end); `applied`
  *   is how many it applied. Called with the runtime's state lock held.
  *
+ * apply_common_columns(columns, n, i, sessions, objects, seen, me, pending,
+ *                      done) -> (j, applied, after)
+ *   apply_common over rows i .. n - 1 of a batch given as columns (a RowSet's
+ *   columns(): the addresses of its positions (u64), data pointers (NULL
+ *   for a row that is not an entry), lengths (u32) and kinds (u8)), with no
+ *   bytes object made per entry; `after` is the position after row j - 1
+ *   (0 if j == i). The caller holds the RowSet for the call.
+ * row_at(columns, n, i) -> (position, bytes or None, kind code): one row,
+ *   for the Python loop.
+ *
  * check_stream(batch, got, single, lead, hi, light, found) -> rest
  *   streams.py's walk, one stream: of the positions in `batch` (a list),
  *   those whose entry in `got` ({position: bytes or a code}) is this
@@ -272,12 +282,10 @@ static int range_of(PyObject *range, long long *start, long long *step) {
 
 /* Apply the entry `data` at index i if it is a common one: 1 applied, 0
  * not (nothing changed: the Python loop takes it), -1 an error. */
-static int entry_at(Kept *k, PyObject *data, PyObject *positions, int as_list, long long start,
-                    long long step, Py_ssize_t i, PyObject *sessions, PyObject *objects, PyObject *seen,
-                    uint64_t me, PyObject *pending, PyObject *done) {
+static int entry_at(Kept *k, const unsigned char *d, Py_ssize_t end, uint64_t pos, PyObject *sessions,
+                    PyObject *objects, PyObject *seen, uint64_t me, PyObject *pending, PyObject *done) {
   const Py_ssize_t h = F.header;
-  const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
-  Py_ssize_t end = PyBytes_GET_SIZE(data), off, ko = 0;
+  Py_ssize_t off, ko = 0;
   if (end < h || (unsigned)(d[0] | d[1] << 8) != F.magic || (d[2] != 1 && d[2] != 2) || d[3] != F.cmd) return 0;
   if (!(d[4] & F.flag_bp))
     off = h;
@@ -285,13 +293,7 @@ static int entry_at(Kept *k, PyObject *data, PyObject *positions, int as_list, l
     off = h + 21 + d[h + 20] * (d[h + 18] + d[h + 19]);
   else
     return 0;
-  uint64_t client = u64(d + 5), seq = u64(d + 13), lwm = u64(d + 21), stream = u64(d + 29), pos;
-  if (as_list) {
-    pos = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, i));
-    if (pos == (uint64_t)-1 && PyErr_Occurred()) return -1;
-  } else {
-    pos = (uint64_t)(start + step * i);
-  }
+  uint64_t client = u64(d + 5), seq = u64(d + 13), lwm = u64(d + 21), stream = u64(d + 29);
   /* every check before the session is asked: admit() marks seq seen */
   if (client == me) {
     int o = own_differs(pending, seq, d, end, off);
@@ -338,9 +340,16 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
     if (i >= PyList_GET_SIZE(datas) || (as_list && i >= PyList_GET_SIZE(positions))) break;
     PyObject *data = PyList_GET_ITEM(datas, i);
     if (!PyBytes_Check(data)) break;
+    uint64_t pos;
+    if (as_list) {
+      pos = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, i));
+      if (pos == (uint64_t)-1 && PyErr_Occurred()) { failed = 1; break; }
+    } else {
+      pos = (uint64_t)(start + step * i);
+    }
     Py_INCREF(data);
-    int r = entry_at(&k, data, positions, as_list, start, step, i, sessions, objects, seen, me, pending,
-                     done);
+    int r = entry_at(&k, (const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), pos, sessions,
+                     objects, seen, me, pending, done);
     Py_DECREF(data);
     if (r < 0) { failed = 1; break; }
     if (r == 0) break;
@@ -348,6 +357,73 @@ static PyObject *apply_common(PyObject *self, PyObject *args) {
   }
   let_go(&k);
   return failed ? NULL : Py_BuildValue("nn", i, applied);
+}
+
+/* A batch's rows as columns (a pyzlog RowSet's columns()): each row's
+ * position, data (NULL unless the row is an entry), its length and kind. */
+typedef struct {
+  const uint64_t *positions;
+  const char *const *data;
+  const uint32_t *lens;
+  const uint8_t *kinds;
+} Columns;
+
+static int columns_of(PyObject *args_cols, Columns *c) {
+  unsigned long long a[4];
+  if (!PyArg_ParseTuple(args_cols, "KKKK", &a[0], &a[1], &a[2], &a[3])) return -1;
+  if (!a[0] || !a[1] || !a[2] || !a[3]) {
+    PyErr_SetString(PyExc_ValueError, "columns: a null address");
+    return -1;
+  }
+  c->positions = (const uint64_t *)(uintptr_t)a[0];
+  c->data = (const char *const *)(uintptr_t)a[1];
+  c->lens = (const uint32_t *)(uintptr_t)a[2];
+  c->kinds = (const uint8_t *)(uintptr_t)a[3];
+  return 0;
+}
+
+static PyObject *apply_common_columns(PyObject *self, PyObject *args) {
+  PyObject *cols, *sessions, *objects, *seen, *pending, *done, *me_obj;
+  Py_ssize_t i, n;
+  if (!PyArg_ParseTuple(args, "O!nnO!O!O!O!O!O!", &PyTuple_Type, &cols, &n, &i, &PyDict_Type, &sessions,
+                        &PyDict_Type, &objects, &PySet_Type, &seen, &PyLong_Type, &me_obj, &PyDict_Type, &pending,
+                        &PyList_Type, &done))
+    return NULL;
+  Columns c;
+  if (columns_of(cols, &c) < 0) return NULL;
+  uint64_t me = PyLong_AsUnsignedLongLong(me_obj);
+  if (me == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+  if (!F.ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._replay is not configured");
+  if (i < 0 || n < i) return PyErr_Format(PyExc_ValueError, "bad row index");
+  Py_ssize_t applied = 0, first = i;
+  Kept k = {0};
+  int failed = 0;
+  /* the columns are the caller's RowSet's, which it holds for the call: no
+   * finalizer run meanwhile can free them */
+  for (; i < n; i++) {
+    const char *d = c.data[i];
+    if (d == NULL) break; /* a gap: the loop's */
+    int r = entry_at(&k, (const unsigned char *)d, (Py_ssize_t)c.lens[i], c.positions[i], sessions, objects, seen,
+                     me, pending, done);
+    if (r < 0) { failed = 1; break; }
+    if (r == 0) break;
+    applied++;
+  }
+  let_go(&k);
+  if (failed) return NULL;
+  return Py_BuildValue("nnK", i, applied, (unsigned long long)(i > first ? c.positions[i - 1] + 1 : 0));
+}
+
+static PyObject *row_at(PyObject *self, PyObject *args) {
+  PyObject *cols;
+  Py_ssize_t i, n;
+  if (!PyArg_ParseTuple(args, "O!nn", &PyTuple_Type, &cols, &n, &i)) return NULL;
+  Columns c;
+  if (columns_of(cols, &c) < 0) return NULL;
+  if (i < 0 || i >= n) return PyErr_Format(PyExc_IndexError, "row %zd of %zd", i, n);
+  if (c.data[i] == NULL) return Py_BuildValue("KOi", (unsigned long long)c.positions[i], Py_None, (int)c.kinds[i]);
+  return Py_BuildValue("Ky#i", (unsigned long long)c.positions[i], c.data[i], (Py_ssize_t)c.lens[i],
+                       (int)c.kinds[i]);
 }
 
 static PyObject *check_stream(PyObject *self, PyObject *args) {
@@ -405,6 +481,9 @@ static PyObject *check_stream(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "the entry format's constants and the map class"},
     {"apply_common", apply_common, METH_VARARGS, "apply the common entries from i on; (j, applied)"},
+    {"apply_common_columns", apply_common_columns, METH_VARARGS,
+     "apply_common over a RowSet's columns, rows i .. n - 1; (j, applied, position after row j - 1)"},
+    {"row_at", row_at, METH_VARARGS, "row i of a RowSet's columns: (position, bytes or None, kind code)"},
     {"check_stream", check_stream, METH_VARARGS, "a walk's light check of one stream's entries; the others"},
     {NULL, NULL, 0, NULL}};
 

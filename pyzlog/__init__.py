@@ -24,6 +24,7 @@ from .core.errors import (Blocklisted, ClassNotLoaded, CommitRefused, ClusterUna
 from .client.consumer import Consumer
 from .client.log import Log
 from .client.reader import HoleClock, Record, RecordKind
+from .core.scan import RowSet
 from .core.sequencer import SequencerClient
 from .core.seqr_auth import Credentials, TLSSettings
 
@@ -33,6 +34,6 @@ __all__ = [
     "ZlogError", "ClusterUnavailable", "PermissionDenied", "Blocklisted", "PoolNotFound", "LogNotFound",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt", "CorruptEntry",
-    "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer", "HoleClock", "LazyFuture",
+    "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer", "HoleClock", "LazyFuture", "RowSet",
 ]
 __version__ = "0.1.0"

@@ -14,9 +14,9 @@ HOLE_WAIT = 0.3
 class Replicas:
     """Runtimes on one log, each with a Log of its own; all closed at the end."""
 
-    def __init__(self, cluster: Any, pool: str, name: str, seqr: str | None) -> None:
+    def __init__(self, cluster: Any, pool: str, name: str, seqr: str | None, **create: Any) -> None:
         self.cluster, self.pool, self.name, self.seqr = cluster, pool, name, seqr
-        self.log = Log.create(cluster, pool, name, width=3, sequencer=seqr)
+        self.log = Log.create(cluster, pool, name, width=3, sequencer=seqr, **create)  # create: e.g. compression
         self.runtimes: list[Runtime] = []
         self.logs: list[Log] = [self.log]
 

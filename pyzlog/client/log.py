@@ -349,7 +349,7 @@ class Log:
                        hole_wait: float = HOLE_WAIT_SECONDS, stride_index: int | None = None,
                        stride: int | None = None, known_tail: int | None = None,
                        signed: bool = False, on_corrupt: Any = "fail",
-                       hole_clock: HoleClock | None = None) -> Iterator[Any]:
+                       hole_clock: HoleClock | None = None, rows: bool = False) -> Iterator[Any]:
         """stream() as pyarrow.RecordBatch es, on the native read path:
         columns position, data (null unless the kind is data), kind (data,
         filled, trimmed, lost; corrupt with on_corrupt="skip"), epoch, with
@@ -357,11 +357,16 @@ class Log:
         `signed`: position and epoch as int64. `hole_clock`: a reader that
         reads a range in pieces (a stream per piece) passes one HoleClock to
         all of them, so a hole it has known to lie below the tail for
-        `hole_wait` is filled at once, not waited for anew by each piece."""
+        `hole_wait` is filled at once, not waited for anew by each piece.
+        `rows`: for native consumers, a batch read as stored (no decoding or
+        filtering to do) comes as a core.scan.RowSet instead, its rows left
+        in the replies they were read into (RowSet.columns), with no Arrow
+        column made; other batches (lost or corrupt rows, a compressed log's,
+        a stride's) still come as record batches."""
         check_stream_args(start, end, stride_index, stride, on_corrupt)
         return iter(BatchStream(self.state, start, end, follow=follow, hole_wait=hole_wait,
                                 stride_index=stride_index, stride=stride, known_tail=known_tail, signed=signed,
-                                on_corrupt=on_corrupt, holes=hole_clock))
+                                on_corrupt=on_corrupt, holes=hole_clock, rows=rows))
 
     def read_batches(self, start: int, end: int, *, hole_wait: float = HOLE_WAIT_SECONDS,
                      signed: bool = False) -> Iterator[Any]:

@@ -218,6 +218,7 @@ class RowSet:
     Arrow column in between. `num_rows` as a RecordBatch has it."""
 
     __slots__ = ("_r", "num_rows")
+    KIND_NAMES = KIND_NAMES  # the name of each kind code of columns()
 
     def __init__(self, handle: Any) -> None:
         self._r = ffi.gc(handle, lib.dp_rows_free)
@@ -226,6 +227,15 @@ class RowSet:
     @property
     def address(self) -> int:
         return int(ffi.cast("uintptr_t", self._r))
+
+    def columns(self) -> tuple[int, int, int, int]:
+        """The addresses of its columns, for native consumers: positions
+        (u64), data pointers (NULL for a row that is not an entry, as
+        stored), data lengths (u32) and kinds (u8, dataplane.h's DP_KIND_*),
+        one per row; valid while this RowSet lives."""
+        r = self._r
+        return (int(ffi.cast("uintptr_t", r.positions)), int(ffi.cast("uintptr_t", r.data)),
+                int(ffi.cast("uintptr_t", r.lens)), int(ffi.cast("uintptr_t", r.kinds)))
 
     def counts(self, first: int, done: int) -> tuple[int, int]:
         """(DATA rows, their bytes) among rows [first, done)."""

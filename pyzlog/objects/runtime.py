@@ -32,7 +32,6 @@ import logging
 import random
 import threading
 import time
-from bisect import bisect_left
 from collections import Counter as Tally, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -40,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pyzlog import ClusterUnavailable, HoleClock, InvalidRequest, LazyFuture, Log, Timeout, ZlogError
+from pyzlog import ClusterUnavailable, HoleClock, InvalidRequest, LazyFuture, Log, RowSet, Timeout, ZlogError
 
 from . import codec, entry
 from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, HEADER_U16, MAGIC, MAGIC_U16, NOOP, RETIRE, TXN
@@ -50,7 +49,8 @@ from .codec import SSTR, SBYTES
 from .machine import StateMachine
 from .objects import MAP_PUT, ReplicatedMap
 from .sessions import Session, Sessions
-from ._replay import apply_common as _apply_common, configure as _configure_replay
+from ._replay import apply_common as _apply_common, apply_common_columns as _apply_common_columns
+from ._replay import configure as _configure_replay, row_at as _row_at
 from .streams import BehindTrim as _Trimmed, WalkStats, kinds_of, walk
 from .machine import Transaction, TxnResult
 
@@ -66,6 +66,7 @@ M = TypeVar("M", bound=StateMachine)
 
 #: entries applied per hold of the state lock (readers and checkpoints wait at most this long)
 CHUNK = 512
+KIND_TRIMMED = RowSet.KIND_NAMES.index("trimmed")  # a RowSet row's kind code
 #: seconds between retries of a failed append (doubling up to the max)
 RETRY_FIRST, RETRY_MAX = 0.05, 2.0
 #: the player's pause after an error it retries (a cluster or sequencer outage)
@@ -1091,7 +1092,16 @@ class Runtime:
             if past_tail:
                 return
             for batch in self.log.stream_batches(at, end, hole_wait=self.hole_wait, known_tail=target,
-                                                 hole_clock=self._holes):
+                                                 hole_clock=self._holes, rows=True):
+                if type(batch) is RowSet:  # the rows as read: applied from the replies, no bytes per entry
+                    n = batch.num_rows
+                    self.stats.read += n
+                    cols = batch.columns()
+                    for i in range(0, n, CHUNK):
+                        self._apply_rows((), [], None, (batch, cols, i, min(n, i + CHUNK)))
+                    if self._closing:
+                        return
+                    continue
                 col = batch.column(0)
                 n = len(col)
                 first = col[0].as_py() if n else 0
@@ -1131,9 +1141,13 @@ class Runtime:
             raise ZlogError(f"the log's tail is at {upto}, below {end}: playing again later")
         return True
 
-    def _apply_rows(self, positions: Sequence[int], datas: list[bytes | None], kinds: list[str] | None) -> None:
+    def _apply_rows(self, positions: Sequence[int], datas: list[bytes | None], kinds: list[str] | None,
+                    rows: tuple[RowSet, tuple[int, int, int, int], int, int] | None = None) -> None:
         """Apply entries (in position order, from self.applied on) under the
         state lock, then settle the proposals they answered and wake waiters.
+        `rows` (RowSet, its columns, first row, end row): the entries are
+        those rows instead (positions, datas and kinds unused), read where
+        they lie (the RowSet is held meanwhile).
         The loop keeps its counts in locals and stores `applied` once at the
         end (or at the entry that stopped it): per entry, attribute stores
         cost as much as the rest of a put's apply. The common entries (a
@@ -1151,24 +1165,41 @@ class Runtime:
         stats = self.stats
         applied = self.applied
         n_applied = n_gaps = n_foreign = n_dup = 0
-        i, n = 0, len(datas)
+        if rows is None:
+            cols = None
+            i, n = 0, len(datas)
+        else:
+            _, cols, i, n = rows
+            common_cols = _apply_common_columns
         self._applying = True  # until the lot is applied and settled: an interrupt meanwhile stops the runtime
         try:
             with self._lock:
                 try:
                     while i < n:
                         # the common entries in C (native/replay.c), up to the first it leaves to this loop
-                        j, k = common(positions, datas, i, sessions, objects, seen, me, pending, done)
-                        if j > i:
-                            n_applied += k
-                            applied = positions[j - 1] + 1
-                            i = j
-                            if i == n:
-                                break
-                        pos, data = positions[i], datas[i]
+                        if cols is None:
+                            j, k = common(positions, datas, i, sessions, objects, seen, me, pending, done)
+                            if j > i:
+                                n_applied += k
+                                applied = positions[j - 1] + 1
+                                i = j
+                                if i == n:
+                                    break
+                            pos, data = positions[i], datas[i]
+                            trimmed = data is None and kinds is not None and kinds[i] == "trimmed"
+                        else:
+                            j, k, after = common_cols(cols, n, i, sessions, objects, seen, me, pending, done)
+                            if j > i:
+                                n_applied += k
+                                applied = after
+                                i = j
+                                if i == n:
+                                    break
+                            pos, data, kind = _row_at(cols, n, i)
+                            trimmed = kind == KIND_TRIMMED
                         i += 1
                         if data is None:
-                            if kinds is not None and kinds[bisect_left(positions, pos)] == "trimmed":
+                            if trimmed:
                                 raise _Trimmed(pos)
                             n_gaps += 1
                             applied = pos + 1

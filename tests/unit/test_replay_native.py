@@ -9,13 +9,15 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
+import ctypes
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pyzlog.objects._replay as native
 import pyzlog.objects.runtime as runtime_module
-from pyzlog import Log
+from pyzlog import Log, RowSet
 from pyzlog.objects import ObjectsError, Runtime, entry
 from pyzlog.objects.codec import dumps
 from pyzlog.objects.objects import MAP_DEL, MAP_PUT, _OP
@@ -112,8 +114,29 @@ def own_proposals(datas: list[bytes | None]) -> dict[int, bytes]:
     return own
 
 
+class Columns:
+    """`datas` as a RowSet's columns (RowSet.columns): C arrays, kept here
+    alive, of positions (from 0), data pointers (NULL for a gap, a
+    "filled" row unless `kinds` says otherwise), lengths and kind codes."""
+
+    def __init__(self, datas: list[bytes | None], kinds: list[str] | None = None) -> None:
+        n = len(datas)
+        self.datas = datas  # the bytes the pointers point into
+        self.positions = (ctypes.c_uint64 * max(n, 1))(*range(n))
+        self.data = (ctypes.c_void_p * max(n, 1))(*[None if d is None else ctypes.cast(ctypes.c_char_p(d),
+                                                                                          ctypes.c_void_p).value
+                                                     for d in datas])
+        self.lens = (ctypes.c_uint32 * max(n, 1))(*[0 if d is None else len(d) for d in datas])
+        codes = [RowSet.KIND_NAMES.index(kinds[i] if kinds else ("filled" if d is None else "data"))
+                 for i, d in enumerate(datas)]
+        self.kinds = (ctypes.c_uint8 * max(n, 1))(*codes)
+
+    def columns(self) -> tuple[int, int, int, int]:
+        return tuple(ctypes.addressof(a) for a in (self.positions, self.data, self.lens, self.kinds))  # type: ignore[return-value]
+
+
 def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.MonkeyPatch,
-           lwm_of_5: int | None = None) -> dict[str, Any]:
+           lwm_of_5: int | None = None, columns: bool = False) -> dict[str, Any]:
     rt = runtime()
     if lwm_of_5 is not None:  # a session as a checkpoint restored it
         rt._sessions.by_client[5] = Session(lwm_of_5)
@@ -125,20 +148,31 @@ def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.Mon
         futures[s] = f
     taken = [0]
     real = runtime_module._apply_common
+    real_columns = runtime_module._apply_common_columns
 
     def counted(*args: Any) -> tuple[int, int]:
         j, k = real(*args)
         taken[0] += k
         return j, k
 
+    def counted_columns(*args: Any) -> tuple[int, int, int]:
+        j, k, after = real_columns(*args)
+        taken[0] += k
+        return j, k, after
+
+    cols = Columns(datas) if columns else None
     with monkeypatch.context() as m:
         m.setattr(runtime_module, "_apply_common", (lambda positions, datas, i, *rest: (i, 0)) if python_only else counted)
+        m.setattr(runtime_module, "_apply_common_columns", counted_columns)
         stopped = None
         for lo in range(0, len(datas), 7):  # in chunks, as the player applies them
             chunk = datas[lo:lo + 7]
             positions = range(lo, lo + len(chunk)) if lo % 2 else list(range(lo, lo + len(chunk)))
             try:
-                rt._apply_rows(positions, chunk, None)
+                if cols is not None:  # the rows of one RowSet, in chunks of it
+                    rt._apply_rows((), [], None, (cols, cols.columns(), lo, lo + len(chunk)))  # type: ignore[arg-type]
+                else:
+                    rt._apply_rows(positions, chunk, None)
             except ObjectsError as e:  # an entry this build cannot read stops the runtime there
                 stopped = (type(e).__name__, str(e))
                 break
@@ -162,9 +196,12 @@ def replay_both(datas: list[bytes | None], monkeypatch: pytest.MonkeyPatch,
     the Python loop's alone, and how many entries the C part applied."""
     fast = replay(datas, False, monkeypatch, lwm_of_5)
     slow = replay(datas, True, monkeypatch, lwm_of_5)
+    from_columns = replay(datas, False, monkeypatch, lwm_of_5, columns=True)
     taken = fast.pop("native")
+    assert from_columns.pop("native") == taken  # the same entries in C, from a RowSet's columns
     slow.pop("native")
     assert fast == slow
+    assert from_columns == fast
     return fast, taken
 
 
@@ -309,3 +346,27 @@ def test_an_own_seq_taken_by_another_runtime_of_the_client_id_is_not_applied(nat
     rt._pending[4] = _Pending(4, put(4, "e", b"mine"), ok, 0.0)
     rt._apply_rows([4], [put(4, "e", b"mine")], None)
     assert ok.result(timeout=1) is None and rt.hosted()["m1"].get("e") == b"mine" and not rt._pending
+
+
+def test_a_trimmed_row_of_a_rowset_stops_the_play_there_and_a_filled_one_is_a_gap() -> None:
+    """Rows read from a RowSet's columns: a row of kind "trimmed" raises
+    the runtime's trim signal at its position, with every row before it
+    applied; "filled" and "lost" rows are gaps, as in a record batch."""
+    from pyzlog.objects.streams import BehindTrim
+
+    rt = runtime()
+    m1 = entry.stream_id("m1")
+    datas: list[bytes | None] = [entry.header(entry.NOOP, 5, 1, 0, 0)]
+    datas += [entry.header(entry.CMD, 5, s, 0, m1) + _OP[MAP_PUT] + dumps(f"k{s}") + dumps(b"v") for s in range(2, 6)]
+    datas += [None, None, None]
+    datas += [entry.header(entry.CMD, 5, 9, 0, m1) + _OP[MAP_PUT] + dumps("k9") + dumps(b"v")]
+    kinds = ["data"] * 5 + ["filled", "lost", "trimmed", "data"]
+    cols = Columns(datas, kinds)
+    with pytest.raises(BehindTrim) as e:
+        rt._apply_rows((), [], None, (cols, cols.columns(), 0, len(datas)))  # type: ignore[arg-type]
+    assert e.value.position == 7
+    assert rt.applied == 7 and rt.stats.gaps == 2 and sorted(rt.hosted()["m1"]._data) == ["k2", "k3", "k4", "k5"]
+    assert native.row_at(cols.columns(), len(datas), 7) == (7, None, RowSet.KIND_NAMES.index("trimmed"))
+    assert native.row_at(cols.columns(), len(datas), 8)[1] == datas[8]
+    with pytest.raises(IndexError):
+        native.row_at(cols.columns(), len(datas), len(datas))
