@@ -119,6 +119,41 @@ def test_proposals_in_bursts_and_alone_wake_a_sender_every_time(pair: Replicas,
     assert b.map("m").snapshot() == m.snapshot()
 
 
+def test_an_own_put_that_lands_above_a_put_in_flight_is_played(pair: Replicas,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put_async that lands while a put() below it is still on its way
+    does not wake the player (it cannot play past the put's position yet);
+    the put, playing to its own position, must leave the rest to the player.
+    It played only to its own: the put_async stayed unplayed for ever,
+    found in the direct-append change (a put_async racing a put, one round
+    in four)."""
+    a = pair.new()
+    m = a.map("m")
+    m["warm"] = 0
+    real = a.log.append
+    appended, landed = threading.Event(), threading.Event()
+
+    def held_append(data: bytes) -> int:
+        pos = real(data)
+        appended.set()
+        landed.wait(30)  # the put_async above lands meanwhile
+        return pos
+
+    monkeypatch.setattr(a.log, "append", held_append)
+    t = threading.Thread(target=lambda: m.put("sync", 1, timeout=30))
+    t.start()
+    assert appended.wait(30)
+    below = a.log.tail() - 1
+    f = m.put_async("async", 2)
+    deadline = time.monotonic() + 30
+    while not any(p > below for p in a._own) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert any(p > below for p in a._own)  # landed, above the put still held
+    landed.set()
+    t.join(30)
+    assert f.result(10) is None and m["async"] == 2 and m["sync"] == 1
+
+
 def test_a_user_state_machine(pair: Replicas) -> None:
     class Ledger(StateMachine):
         type_name = "ledger"

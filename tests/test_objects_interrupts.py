@@ -210,8 +210,10 @@ def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_count
     assert not closer.is_alive()
 
 
-def test_one_interrupt_anywhere_in_start_leaves_a_runtime_that_works_and_no_thread_behind(logs: Replicas) -> None:
-    """start() starts the player and the senders first, held at a gate,
+@pytest.mark.parametrize("streams", [False, True], ids=["plain", "streams"])
+def test_one_interrupt_anywhere_in_start_leaves_a_runtime_that_works_and_no_thread_behind(logs: Replicas,
+                                                                                          streams: bool) -> None:
+    """start() starts the player (and with streams the senders) first, held at a gate,
     then reads the first position. A Ctrl-C inside the Event.set that let
     them go (Python code) left a runtime counted as started whose player
     waited for ever, with no senders: put_async never settled and close()
@@ -228,10 +230,10 @@ def test_one_interrupt_anywhere_in_start_leaves_a_runtime_that_works_and_no_thre
             time.sleep(0.01)
         return ours() == before
 
-    writer = logs.new()
+    writer = logs.new(streams=streams)  # (a streams replica finds only entries appended with backpointers)
     writer.map("m")["w"] = 1
     before = ours()
-    rt = logs.new()
+    rt = logs.new(streams=streams)
     rt.map("m")
     counter = _InterruptAt(0, threading_calls=True)
     sys.setprofile(counter)
@@ -241,10 +243,10 @@ def test_one_interrupt_anywhere_in_start_leaves_a_runtime_that_works_and_no_thre
         sys.setprofile(None)
     rt.close(timeout=30)
     steps = counter.seen
-    assert steps > 12 and gone(before)
+    assert steps > (12 if streams else 6) and gone(before)
     interrupted = 0
     for n in range(1, steps + 1, max(1, steps // 100)):
-        rt = logs.new()
+        rt = logs.new(streams=streams)
         m = rt.map("m")
         sys.setprofile(_InterruptAt(n, threading_calls=True))
         try:

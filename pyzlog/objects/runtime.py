@@ -112,17 +112,28 @@ def _seq_taken(seq: int) -> NotApplied:
 
 
 class _Pending:
-    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire", "streams", "result", "ok")
+    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire", "streams", "result", "ok",
+                 "flying", "runtime")
 
     def __init__(self, seq: int, data: bytes, future: Future[Any], deadline: float,
-                 retire: list[int] | None = None, streams: tuple[int, ...] = ()) -> None:
+                 retire: list[int] | None = None, streams: tuple[int, ...] = (), runtime: Runtime | None = None) -> None:
         self.seq, self.data, self.future, self.deadline = seq, data, future, deadline
+        #: an attempt to append it holds a count of the runtime's in flight (given back once, by _landed);
+        #: one attempt at a time: the next is made once the last one's outcome is in
+        self.flying = False
+        self.runtime = runtime  # (for __call__)
         self.maybe_stored = False  # an attempt failed in a way that may have stored it
         self.attempts = 0
         self.retire = retire or []  # a RETIRE entry: the seqs it retires
         self.streams = streams  # the streams the entry belongs to (with streams on)
         self.result: Any = None  # apply's outcome, kept here until the Future is settled
         self.ok = True
+
+    def __call__(self, f: Future[int]) -> None:
+        """The done-callback of its append's Future (the pending proposal is
+        its own callback: no closure made per append)."""
+        assert self.runtime is not None
+        self.runtime._appended(self, f)
 
 
 @dataclass
@@ -347,7 +358,7 @@ class Runtime:
                                                 name=f"zlog-objects-play-{self.log.name}", daemon=True)
                 self._senders = [threading.Thread(target=self._send_loop, args=(gate,), daemon=True,
                                                   name=f"zlog-objects-send-{self.log.name}-{i}")
-                                 for i in range(SENDERS)]
+                                 for i in range(SENDERS if self.streams else 0)]  # (without streams: _submit)
                 for t in (self._player, *self._senders):
                     t.start()
                 first = self.log.first_position()
@@ -448,14 +459,13 @@ class Runtime:
         self._not_on_player("wait for a proposal")
         p = self._new_pending(kind, stream, body, None, streams)
         p.attempts += 1
-        counted = [False]  # the in-flight count this append holds, given back once (_landed)
         failed: BaseException | None = None  # an append's error not yet handed to _append_failed
         try:
             with self._cv_lock:
                 closing = self._closing  # looked at again once counted: close() waits for what it counts
                 if not closing:
                     self._in_flight += 1
-                    counted[0] = True  # (no call between this and the count: no Ctrl-C can come between)
+                    p.flying = True  # (no call between this and the count: no Ctrl-C can come between)
             if closing:
                 self._drop(p, RuntimeClosed("the runtime is closed"))
                 return p.future.result(0)
@@ -466,20 +476,20 @@ class Runtime:
                     pos, stored = self.log.append(p.data), p.data
             except Exception as e:  # noqa: BLE001 - retried, or told, like any failed append
                 failed = e
-                self._landed(None, counted=counted)
+                self._landed(None, p=p)
                 self._append_failed(p, e)
                 failed = None
             else:
-                self._landed(pos, stored, wake=False, counted=counted)
+                self._landed(pos, stored, wake=False, p=p)
                 self._play_here(pos + 1)
         finally:
-            if counted[0] or failed is not None:
+            if p.flying or failed is not None:
                 # Ctrl-C (or SystemExit) before the append's outcome was counted: before it,
                 # mid-append, or between its return and _landed. The entry may be stored. The caller stops
                 # here; the proposal is retried in the background like any append that may
                 # have been stored, so it is applied at most once and its outcome still
                 # reaches the play
-                self._landed(None, counted=counted)
+                self._landed(None, p=p)
                 p.maybe_stored = True
                 self._append_failed(p, ZlogError("the append was interrupted"))
         return p.future.result(timeout)
@@ -529,7 +539,7 @@ class Runtime:
                         streams = self._one_stream[stream] = (stream,)
                 else:
                     streams = ()
-            p = _Pending(seq, data, LazyFuture(), time.monotonic() + self.propose_timeout, retire, streams)
+            p = _Pending(seq, data, LazyFuture(), time.monotonic() + self.propose_timeout, retire, streams, self)
             self._pending[seq] = p
         except BaseException:
             if seq and seq not in self._pending:  # (Ctrl-C) never proposed: the low-water mark passes it
@@ -540,6 +550,11 @@ class Runtime:
     def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None,
                  streams: tuple[int, ...] | None = None) -> Future[Any]:
         p = self._new_pending(kind, stream, body, retire, streams)
+        if not self.streams:  # into the client's async append pipeline, from this thread
+            self._submit(p)
+            return p.future
+        # with streams, an entry is made once its position and backpointers are known: the
+        # senders append what is queued in batches (append_streams), one sequencer request each
         p.attempts += 1
         q = self._queue
         q.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
@@ -579,15 +594,35 @@ class Runtime:
                 return
             self._landed(pos, stored)
             return
-        with self._cv_lock:
-            self._in_flight += 1
+        handed = False  # the append's outcome goes to _appended, or was judged here
+        f: Future[int] | None = None
         try:
-            f = self.log.append_async(p.data)
-        except BaseException as e:  # noqa: BLE001 - judged like a failed Future
-            self._landed(None)
-            self._append_failed(p, e)
-            return
-        f.add_done_callback(lambda f: self._appended(p, f))
+            with self._cv_lock:
+                closing = self._closing
+                if not closing:
+                    self._in_flight += 1
+                    p.flying = True  # (no call between this and the count: no Ctrl-C can come between)
+            if closing:  # close() may have told the pending ones before this one was registered
+                handed = True
+                self._drop(p, RuntimeClosed("the runtime was closed before the proposal was applied"))
+                return
+            try:
+                f = self.log.append_async(p.data)
+            except Exception as e:  # noqa: BLE001 - judged like a failed Future
+                handed = True
+                self._landed(None, p=p)
+                self._append_failed(p, e)
+                return
+            f.add_done_callback(p)  # (p is its own callback: _Pending.__call__)
+            handed = True
+        finally:
+            if not handed:  # Ctrl-C (or SystemExit) on a proposer's thread, the proposal half sent
+                if f is not None:  # sent: its outcome lands as any other's (_appended acts once)
+                    f.add_done_callback(p)
+                else:  # maybe sent (inside append_async): retried in the background, applied at most once
+                    self._landed(None, p=p)
+                    p.maybe_stored = True
+                    self._append_failed(p, ZlogError("the append was interrupted"))
 
     def _send_loop(self, gate: Any) -> None:
         """Send queued proposals: everything queued (up to MAX_BATCH) in one
@@ -656,17 +691,17 @@ class Runtime:
                 self._cv.notify_all()
 
     def _landed(self, pos: int | None, data: bytes | None = None, wake: bool = True,
-                counted: list[bool] | None = None) -> None:
+                p: _Pending | None = None) -> None:
         """An own append is over (stored at pos, or failed). Wake the player
         only when it can move: pos is the next position to play, or nothing
         of ours is in flight any more. Waking it for every append would cost
-        a thread switch per entry. `counted`: the append's flag of the count
-        it holds; nothing is done if it was given back already."""
+        a thread switch per entry. `p`: the proposal whose attempt holds the
+        count (p.flying); nothing is done if it was given back already."""
         with self._cv_lock:
-            if counted is not None:
-                if not counted[0]:
+            if p is not None:
+                if not p.flying:
                     return
-                counted[0] = False  # (no call between this and the count: no Ctrl-C can come between)
+                p.flying = False  # (no call between this and the count: no Ctrl-C can come between)
             self._in_flight -= 1
             now = self._in_flight == 0 and (not self._queue or self._closing)  # (close waits for none in flight)
             if pos is not None:
@@ -701,20 +736,25 @@ class Runtime:
             finally:
                 if lock._is_owned():  # (also when a Ctrl-C came just after the acquire returned)
                     lock.release()
-        if self.applied < target:
-            with self._cv_lock:
+        with self._cv_lock:
+            # the player takes what is left: past `target` too (an own append that landed
+            # meanwhile above a position in flight here did not wake it: _landed)
+            if self.applied < max(target, self._target):
                 self._cv.notify_all()
         if interrupted is not None:
             raise interrupted
 
     def _appended(self, p: _Pending, f: Future[int]) -> None:
-        """On the client's completion thread: keep it short."""
+        """On the client's completion thread: keep it short. Once per append
+        (p.flying: its in-flight count, given back by the first call)."""
+        if not p.flying:
+            return
         e = f.exception()
         if e is not None:
-            self._landed(None)
+            self._landed(None, p=p)
             self._append_failed(p, e)
             return
-        self._landed(f.result(), p.data)
+        self._landed(f.result(), p.data, p=p)
 
     def _append_failed(self, p: _Pending, e: BaseException) -> None:
         refused = isinstance(e, ZlogError) and not isinstance(e, ClusterUnavailable)
