@@ -368,9 +368,21 @@ typedef struct {
   const uint8_t *kinds;
 } Columns;
 
-static int columns_of(PyObject *args_cols, Columns *c) {
+static int columns_of(PyObject *cols, Columns *c) {
   unsigned long long a[4];
-  if (!PyArg_ParseTuple(args_cols, "KKKK", &a[0], &a[1], &a[2], &a[3])) return -1;
+  if (PyTuple_GET_SIZE(cols) != 4) {
+    PyErr_SetString(PyExc_TypeError, "columns: a tuple of four addresses");
+    return -1;
+  }
+  for (int j = 0; j < 4; j++) { /* checked: a negative or too large int is an error, not an address */
+    PyObject *v = PyTuple_GET_ITEM(cols, j);
+    if (!PyLong_Check(v)) {
+      PyErr_SetString(PyExc_TypeError, "columns: addresses are ints");
+      return -1;
+    }
+    a[j] = PyLong_AsUnsignedLongLong(v);
+    if (a[j] == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+  }
   if (!a[0] || !a[1] || !a[2] || !a[3]) {
     PyErr_SetString(PyExc_ValueError, "columns: a null address");
     return -1;

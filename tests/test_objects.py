@@ -6,6 +6,7 @@ several processes: each has its own Log, and none shares state with another
 except through the log."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
@@ -119,14 +120,16 @@ def test_proposals_in_bursts_and_alone_wake_a_sender_every_time(pair: Replicas,
     assert b.map("m").snapshot() == m.snapshot()
 
 
-def test_an_own_put_that_lands_above_a_put_in_flight_is_played(pair: Replicas,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("interrupted", [False, True], ids=["played", "ctrl-c-before-the-play"])
+def test_an_own_put_that_lands_above_a_put_in_flight_is_played(pair: Replicas, monkeypatch: pytest.MonkeyPatch,
+                                                              interrupted: bool) -> None:
     """A put_async that lands while a put() below it is still on its way
     does not wake the player (it cannot play past the put's position yet);
     the put, playing to its own position, must leave the rest to the player.
     It played only to its own: the put_async stayed unplayed for ever,
     found in the direct-append change (a put_async racing a put, one round
-    in four)."""
+    in four). A Ctrl-C on the put's thread as its play begins leaves the
+    same to the player (an adversary's find: it did not)."""
     a = pair.new()
     m = a.map("m")
     m["warm"] = 0
@@ -140,7 +143,23 @@ def test_an_own_put_that_lands_above_a_put_in_flight_is_played(pair: Replicas,
         return pos
 
     monkeypatch.setattr(a.log, "append", held_append)
-    t = threading.Thread(target=lambda: m.put("sync", 1, timeout=30))
+
+    def ctrl_c_as_play_begins(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "_play_here":
+            sys.setprofile(None)
+            raise KeyboardInterrupt
+
+    def put() -> None:
+        if interrupted:
+            sys.setprofile(ctrl_c_as_play_begins)
+        try:
+            m.put("sync", 1, timeout=30)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.setprofile(None)
+
+    t = threading.Thread(target=put)
     t.start()
     assert appended.wait(30)
     below = a.log.tail() - 1

@@ -210,6 +210,50 @@ def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_count
     assert not closer.is_alive()
 
 
+def test_one_interrupt_anywhere_in_a_put_async_leaves_no_proposal_untold(logs: Replicas) -> None:
+    """Without streams a put_async appends from the caller's thread. A
+    Ctrl-C as it called _submit left the proposal registered but never
+    sent nor told: its seq was never settled, so the low-water mark stayed
+    on it for good and every replica kept every later seq of this client
+    (an adversary's find). Here one interrupt is raised at each step of a
+    put_async in turn: afterwards nothing is pending or counted in flight,
+    every seq is settled, and what was acknowledged is applied."""
+    rt = logs.new()
+    m = rt.map("m")
+    m.put("warm", 0)
+    counter = _InterruptAt(0)
+    sys.setprofile(counter)
+    try:
+        first = m.put_async("count", 0)
+    finally:
+        sys.setprofile(None)
+    assert first.result(30) is None
+    steps = counter.seen
+    assert steps > 8
+    interrupted = 0
+    for n in range(1, steps + 1):
+        f = None
+        sys.setprofile(_InterruptAt(n))
+        try:
+            f = m.put_async(f"k{n}", n)
+        except KeyboardInterrupt:
+            interrupted += 1
+        finally:
+            sys.setprofile(None)
+        if f is not None:
+            assert f.result(30) is None and m[f"k{n}"] == n
+        deadline = time.monotonic() + 60
+        while (rt._pending or rt._in_flight) and time.monotonic() < deadline:  # (a retry lands)
+            time.sleep(0.01)
+        assert not rt._pending and rt._in_flight == 0, (f"after step {n}: {sorted(rt._pending)} pending, "
+                                                         f"{rt._in_flight} in flight")
+        with rt._plock:
+            assert rt._lwm_locked() == rt._next_seq, f"a seq never settled after step {n}"
+    assert interrupted > steps // 2
+    m.put("after", 1)
+    assert m["after"] == 1
+
+
 @pytest.mark.parametrize("streams", [False, True], ids=["plain", "streams"])
 def test_one_interrupt_anywhere_in_start_leaves_a_runtime_that_works_and_no_thread_behind(logs: Replicas,
                                                                                           streams: bool) -> None:

@@ -460,6 +460,8 @@ class Runtime:
         p = self._new_pending(kind, stream, body, None, streams)
         p.attempts += 1
         failed: BaseException | None = None  # an append's error not yet handed to _append_failed
+        pos = -1  # where the append stored the entry, once it returned
+        played = False  # this thread's play (and its wake-up of the player) is over
         try:
             with self._cv_lock:
                 closing = self._closing  # looked at again once counted: close() waits for what it counts
@@ -482,7 +484,16 @@ class Runtime:
             else:
                 self._landed(pos, stored, wake=False, p=p)
                 self._play_here(pos + 1)
+                played = True
         finally:
+            if pos >= 0 and not p.flying and not played:
+                # Ctrl-C after the append landed, before this thread's play was over: the player takes
+                # it from here (_landed woke nobody, and an own append that landed above this one
+                # meanwhile did not either)
+                with self._cv_lock:
+                    if self._target < pos + 1:
+                        self._target = pos + 1
+                    self._cv.notify_all()
             if p.flying or failed is not None:
                 # Ctrl-C (or SystemExit) before the append's outcome was counted: before it,
                 # mid-append, or between its return and _landed. The entry may be stored. The caller stops
@@ -551,7 +562,13 @@ class Runtime:
                  streams: tuple[int, ...] | None = None) -> Future[Any]:
         p = self._new_pending(kind, stream, body, retire, streams)
         if not self.streams:  # into the client's async append pipeline, from this thread
-            self._submit(p)
+            tried = p.attempts
+            try:
+                self._submit(p)
+            except BaseException:
+                if p.attempts == tried:  # (Ctrl-C) as _submit was called: never sent, nothing counted
+                    self._drop(p, NotApplied(f"proposal {p.seq}: interrupted before it was appended"))
+                raise
             return p.future
         # with streams, an entry is made once its position and backpointers are known: the
         # senders append what is queued in batches (append_streams), one sequencer request each

@@ -370,3 +370,14 @@ def test_a_trimmed_row_of_a_rowset_stops_the_play_there_and_a_filled_one_is_a_ga
     assert native.row_at(cols.columns(), len(datas), 8)[1] == datas[8]
     with pytest.raises(IndexError):
         native.row_at(cols.columns(), len(datas), len(datas))
+
+
+@pytest.mark.parametrize("columns", [(-8, -8, -8, -8), (2**64, 1, 1, 1), (0, 1, 1, 1), (1, 2, 3), (1.0, 2, 3, 4)])
+def test_bad_columns_are_a_clean_error(columns: Any) -> None:
+    """Addresses are checked as far as they can be: a negative or too large
+    int, a null, a wrong count or type is an error, never read (an
+    adversary's find: a negative address passed and crashed)."""
+    with pytest.raises((TypeError, ValueError, OverflowError)):
+        native.row_at(columns, 1, 0)
+    with pytest.raises((TypeError, ValueError, OverflowError)):
+        native.apply_common_columns(columns, 1, 0, {}, {}, set(), ME, {}, [])
