@@ -6,7 +6,7 @@
 // the common case stays in Python (pyzlog/client/pipeline.py, LogAsync):
 //
 // Window is a log's bound on async operations in flight (LogAsync.max_in_flight).
-// HotPath.append(data) is LogAsync.append(stored_form(state, data)) when
+// HotPath.append(data, future=None) is LogAsync.append(stored_form(state, data), future) when
 //   the entry is plain bytes within the size limit, the log's window has a
 //   slot, the connection is not blocklisted, and Python has checked the C++
 //   pipeline's view and sequencer within the last moments (arm(): the
@@ -486,7 +486,13 @@ PyObject* fail_entry(HotPath* self, PyObject* fut) {
   return Py_NewRef(fut);
 }
 
-PyObject* hot_append(HotPath* self, PyObject* data) {
+PyObject* hot_append(HotPath* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || nargs > 2) {
+    PyErr_SetString(PyExc_TypeError, "append(data, future=None)");
+    return nullptr;
+  }
+  PyObject* data = args[0];
+  PyObject* given = nargs == 2 && args[1] != Py_None ? args[1] : nullptr;  // settled instead of a new one
   if (!self->pipeline) Py_RETURN_NONE;
   // stored_form's common case: bytes as they are, within the limit (a plain log: arm() says so)
   if (!PyBytes_CheckExact(data) || PyBytes_GET_SIZE(data) > self->max_entry) Py_RETURN_NONE;
@@ -496,7 +502,7 @@ PyObject* hot_append(HotPath* self, PyObject* data) {
   if (same <= 0) return same < 0 ? nullptr : Py_NewRef(Py_None);
   same = attr_is(self->conn, s_blocklisted, Py_None);  // never a position for a revoked client
   if (same <= 0) return same < 0 ? nullptr : Py_NewRef(Py_None);
-  PyObject* fut = PyObject_CallNoArgs(self->future_type);
+  PyObject* fut = given ? Py_NewRef(given) : PyObject_CallNoArgs(self->future_type);
   if (!fut) return nullptr;
   if (!window_try_take(reinterpret_cast<Window*>(self->window)->w)) {  // full or closed: Python waits or says why
     Py_DECREF(fut);
@@ -589,8 +595,9 @@ PyObject* hot_get_armed(HotPath* self, void*) {
 }
 
 PyMethodDef hot_methods[] = {
-    {"append", reinterpret_cast<PyCFunction>(hot_append), METH_O,
-     "append(data) -> Future, or None when Python must take the entry (see the module's source)."},
+    {"append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(hot_append)), METH_FASTCALL,
+     "append(data, future=None) -> Future (`future` if given: any object with set_result and set_exception), "
+     "or None when Python must take the entry (see the module's source)."},
     {"queue", reinterpret_cast<PyCFunction>(hot_queue), METH_VARARGS,
      "queue(item, take: 0 held, 1 wait, 2 at once) -> 1 queued, 0 the window closed (nothing taken), "
      "2 refused by the pipeline."},

@@ -134,6 +134,43 @@ def test_a_second_batch_goes_once_the_window_is_full(ceph, log_name, seqr, pause
         cluster.shutdown()
 
 
+@pytest.mark.parametrize("path", ["c-path", "python-path"])
+def test_append_async_settles_a_given_future_instead_of_making_one(rados_cluster, ceph, log_name, seqr,  # type: ignore[no-untyped-def]
+                                                                   path: str) -> None:
+    """append_async(data, future=x) settles x (any object with set_result
+    and set_exception, called once) and returns it: a layer that keeps its
+    own record of each append (the replicated objects' pending proposals)
+    makes no Future for it. Both ways in: the common case in C and the
+    Python path."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+    log.append_async(b"warm-up").result(timeout=30)
+    if path == "python-path":
+        log._async.hot_append = lambda _data, _future=None: None
+
+    class Record:
+        def __init__(self) -> None:
+            self.told: list[tuple[str, Any]] = []
+            self.event = threading.Event()
+
+        def set_result(self, position: int) -> None:
+            self.told.append(("stored", position))
+            self.event.set()
+
+        def set_exception(self, error: BaseException) -> None:
+            self.told.append(("failed", error))
+            self.event.set()
+
+    records = [Record() for _ in range(50)]
+    for i, r in enumerate(records):
+        assert log.append_async(b"entry %d" % i, future=r) is r
+    assert all(r.event.wait(30) for r in records)
+    time.sleep(0.05)  # (a second call would have come by now)
+    for i, r in enumerate(records):
+        assert len(r.told) == 1 and r.told[0][0] == "stored"
+        assert log.read(r.told[0][1]) == b"entry %d" % i
+    log.close()
+
+
 # an interrupt that lands in a gc callback (hypothesis keeps one) is only reported
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("op", ["c-path", "python-path", "read"])
@@ -148,7 +185,7 @@ def test_interrupts_while_appending_leave_no_slot_taken(rados_cluster, ceph, log
     first = log.append(b"warm-up")
     log.append_async(b"warm-up").result(timeout=30)
     if op == "python-path":
-        log._async.hot_append = lambda _data: None
+        log._async.hot_append = lambda _data, _future=None: None
     futs: list[Future[Any]] = []
     armed = [False]
 

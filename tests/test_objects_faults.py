@@ -454,27 +454,15 @@ def test_ctrl_c_in_a_put_reaches_the_caller_and_the_put_is_still_applied_once(ct
         seqr.kill()
 
 
-def refuse_the_first_batch(log: Log, monkeypatch: Any) -> None:
-    """The runtime's first batch (a sender's append_many) is refused, nothing
-    stored: its proposal is retried, one by one, with append_async."""
-    real_many = log.append_many
-
-    def refuse_once(entries: list[bytes]) -> list[int]:
-        monkeypatch.setattr(log, "append_many", real_many)
-        raise pyzlog.ZlogError("refused once by the test")
-
-    monkeypatch.setattr(log, "append_many", refuse_once)
-
-
 @pytest.mark.parametrize("close_timeout", [60.0, 0.2], ids=["close-waits", "close-gives-up"])
 def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_cluster, ceph, log_name,  # type: ignore
                                                                         monkeypatch, close_timeout: float) -> None:
-    """A proposal's retry is on its way when the runtime closes (held back
+    """A put_async's append is on its way when the runtime closes (held back
     here until the test lets it go). close() waits for it; when it gives up
-    waiting, the retry lands after a runtime of the same client id has
+    waiting, the append lands after a runtime of the same client id has
     started. Either way the new runtime numbers its proposals above every
     seq the last one used (a clock's), so its put takes no seq of the
-    retry's: both are applied, and no put is acknowledged and lost."""
+    first one's: both are applied, and no put is acknowledged and lost."""
     log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
     fixed = 0x5EED
     rt1 = Runtime(log, client_id=fixed)
@@ -483,9 +471,9 @@ def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_c
     real_async = log.append_async
     gate, sent = threading.Event(), threading.Event()
 
-    def held(data: bytes) -> Any:  # the retry's append, on its way until the gate opens
+    def held(data: bytes, future: Any = None) -> Any:  # the append, on its way until the gate opens
         from concurrent.futures import Future
-        f: Future[int] = Future()
+        f: Any = future if future is not None else Future()  # (the runtime's pending proposal stands for it)
         sent.set()
 
         def go() -> None:
@@ -497,10 +485,9 @@ def test_a_runtime_restarted_with_its_client_id_after_close_loses_no_put(rados_c
         threading.Thread(target=go, daemon=True).start()
         return f
 
-    refuse_the_first_batch(log, monkeypatch)
     monkeypatch.setattr(log, "append_async", held)
     m1.put_async("a", b"a")
-    assert sent.wait(30)  # refused once, retried: the retry is on its way, held
+    assert sent.wait(30)  # the append is on its way, held
     closer = threading.Thread(target=rt1.close, kwargs={"timeout": close_timeout})
     closer.start()
     closer.join(1.0)
@@ -574,11 +561,10 @@ def test_a_runtime_closed_on_the_clients_completion_thread_does_not_wait_for_it(
         rt.close(timeout=120)
         closed.set()
 
-    def with_a_user_append(data: bytes) -> Any:  # the runtime's retry, beside a user's append that closes it
-        real_async(b"user entry").add_done_callback(close_here)
-        return real_async(data)
+    def with_a_user_append(data: bytes, future: Any = None) -> Any:  # the runtime's append, beside a user's
+        real_async(b"user entry").add_done_callback(close_here)           # append that closes it
+        return real_async(data, future)
 
-    refuse_the_first_batch(log, monkeypatch)
     monkeypatch.setattr(log, "append_async", with_a_user_append)
     m.put_async("k", b"v")
     assert closed.wait(60), "close() on the completion thread waited for what lands on that thread"
@@ -669,42 +655,35 @@ def test_a_streams_replica_hosting_some_objects_writes_no_checkpoint_to_trim_the
 
 
 def test_a_batch_refused_after_part_of_it_was_stored_tells_no_proposal_it_was_not_applied(  # type: ignore
-        rados_cluster, ceph, log_name, monkeypatch) -> None:
-    """A sender's batch is one write per object: the pool can refuse one
-    (full) after another was stored. The refusal lasting past the proposals'
-    deadline, each is retired, not told NotApplied outright: those stored
-    are applied everywhere and their proposer learns so from the play
-    (found by an adversarial review: every one was told NotApplied, half of
-    them applied)."""
-    from concurrent.futures import Future
-
+        rados_cluster, ceph, log_name, monkeypatch, tmp_path) -> None:
+    """A sender's batch (with streams: the entries' bytes depend on their
+    positions, so the senders append what is queued in batches) is one
+    write per object: the pool can refuse one (full) after another was
+    stored. The refusal lasting past the proposals' deadline, each is
+    retired, not told NotApplied outright: those stored are applied
+    everywhere and their proposer learns so from the play (found by an
+    adversarial review: every one was told NotApplied, half of them
+    applied)."""
     from pyzlog.objects import NotApplied, OutcomeUnknown
-    log = Log.create(rados_cluster, ceph.pool, log_name, width=2)
-    rt = Runtime(log, propose_timeout=1.0)
+    seqr = SeqrProcess(ceph.conf, log_path=tmp_path / "seqr.log").start()  # streams are the sequencer's
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+    rt = Runtime(log, propose_timeout=1.0, streams=True)
     m = rt.map("m")
     m.put("w", b"w")
-    real_many, real_async = log.append_many, log.append_async
+    real = log.append_streams
     full_until = [0.0]
 
-    def many(entries: list[bytes]) -> list[int]:
+    def part_then_full(streams: list[int], entries: list[bytes], build: Any) -> list[int]:
         if full_until[0] == 0.0 and len(entries) >= 2:
             full_until[0] = time.monotonic() + 3.0
-            real_many(entries[: len(entries) // 2])  # one object's write stored...
+            real(streams, entries[: len(entries) // 2], build)  # one object's write stored...
             raise pyzlog.PoolFull("the pool is at its quota (the test)")  # ...the other's refused
         if time.monotonic() < full_until[0]:
             raise pyzlog.PoolFull("the pool is at its quota (the test)")
-        return real_many(entries)
+        return real(streams, entries, build)
 
-    def full_async(data: bytes) -> Any:
-        if time.monotonic() < full_until[0]:
-            f: Future[int] = Future()
-            f.set_exception(pyzlog.PoolFull("the pool is at its quota (the test)"))
-            return f
-        return real_async(data)
-
-    monkeypatch.setattr(log, "append_many", many)
-    monkeypatch.setattr(log, "append_async", full_async)
-    futures = {f"k{i}": m.put_async(f"k{i}", b"v") for i in range(8)}
+    monkeypatch.setattr(log, "append_streams", part_then_full)
+    futures = {f"k{i}": m.put_async(f"k{i}", b"v") for i in range(8)}  # (queued faster than a sender takes them)
     told = {}
     for k, f in futures.items():
         try:
@@ -715,11 +694,14 @@ def test_a_batch_refused_after_part_of_it_was_stored_tells_no_proposal_it_was_no
         except OutcomeUnknown:  # its RETIRE was refused too, while the pool stayed full
             told[k] = "unknown"
     monkeypatch.undo()
-    fresh = Runtime(log)
-    fm = fresh.map("m")
-    fresh.sync(timeout=30)
-    stored = {k for k in futures if fm.get(k) is not None}
-    assert stored and all(told[k] != "not applied" for k in stored), (told, stored)
-    assert all(told[k] != "applied" for k in futures if k not in stored), (told, stored)
+    assert full_until[0] > 0  # a batch of several was partly stored
+    for streams in (False, True):
+        fresh = Runtime(log, streams=streams)
+        fm = fresh.map("m")
+        fresh.sync(timeout=30)
+        stored = {k for k in futures if fm.get(k) is not None}
+        assert stored and all(told[k] != "not applied" for k in stored), (told, stored)
+        assert all(told[k] != "applied" for k in futures if k not in stored), (told, stored)
+        fresh.close()
     rt.close()
-    fresh.close()
+    seqr.kill()

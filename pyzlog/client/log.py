@@ -289,13 +289,17 @@ class Log:
         return read_positions(self.state, positions)
 
     # ----------------------------------------------------------------- async
-    def append_async(self, data: bytes) -> Future[int]:
+    def append_async(self, data: bytes, future: Any = None) -> Future[int]:
         """Append without waiting: a Future of the position. Blocks only while
         max_in_flight operations are outstanding. Entries queued together
         share a sequencer request and, with coalesce (the default), one
-        write_many call per data object (see pipeline.py)."""
-        fut = self._async.hot_append(data)  # the common case, in C
-        return fut if fut is not None else self._async.append(stored_form(self.state, data))
+        write_many call per data object (see pipeline.py). `future`: settled
+        instead of a new one, and returned: any object with set_result(position)
+        and set_exception(error), called once, on the client's completion or
+        retry thread (a layer that keeps a record of each append makes no
+        Future for it; client.aio's settle on their event loop)."""
+        fut = self._async.hot_append(data, future)  # the common case, in C
+        return fut if fut is not None else self._async.append(stored_form(self.state, data), future)
 
     def read_async(self, position: int) -> Future[bytes]:
         check_position(position)

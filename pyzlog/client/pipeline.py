@@ -77,7 +77,7 @@ HANDED_BACK = 1
 Item = tuple["LogAsync", "Future[int]", bytes, float]
 
 
-def _no_hot_path(_data: bytes) -> None:
+def _no_hot_path(_data: bytes, _future: Any = None) -> None:
     """LogAsync.hot_append until the C++ pipeline is made: append() takes every entry."""
     return None
 
@@ -223,9 +223,9 @@ class LogAsync:
         self._tell_lock = threading.Lock()  # the C++ view and _told change together
         self._generation = -1  # the positions.generation it has
         #: the common case of append_async in C, made with the C++ pipeline:
-        #: data -> Future, or None when append() must take the entry
+        #: (data, future=None) -> the Future, or None when append() must take the entry
         self._hot: Any = None
-        self.hot_append: Callable[[bytes], Future[int] | None] = _no_hot_path
+        self.hot_append: Callable[..., Future[int] | None] = _no_hot_path
         metrics.ASYNC.track(self)
 
     def _pipeline(self) -> AsyncPipeline:

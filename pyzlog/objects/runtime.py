@@ -121,7 +121,7 @@ class _Pending:
         #: an attempt to append it holds a count of the runtime's in flight (given back once, by _landed);
         #: one attempt at a time: the next is made once the last one's outcome is in
         self.flying = False
-        self.runtime = runtime  # (for __call__)
+        self.runtime = runtime  # (for set_result, set_exception)
         self.maybe_stored = False  # an attempt failed in a way that may have stored it
         self.attempts = 0
         self.retire = retire or []  # a RETIRE entry: the seqs it retires
@@ -129,11 +129,15 @@ class _Pending:
         self.result: Any = None  # apply's outcome, kept here until the Future is settled
         self.ok = True
 
-    def __call__(self, f: Future[int]) -> None:
-        """The done-callback of its append's Future (the pending proposal is
-        its own callback: no closure made per append)."""
+    # what the client's async pipeline settles for its append (Log.append_async(future=)):
+    # the proposal stands for its append's Future, so none is made per append
+    def set_result(self, position: int) -> None:
         assert self.runtime is not None
-        self.runtime._appended(self, f)
+        self.runtime._appended(self, position, None)
+
+    def set_exception(self, error: BaseException | None) -> None:
+        assert self.runtime is not None
+        self.runtime._appended(self, None, error if error is not None else ZlogError("append failed"))
 
 
 @dataclass
@@ -612,7 +616,6 @@ class Runtime:
             self._landed(pos, stored)
             return
         handed = False  # the append's outcome goes to _appended, or was judged here
-        f: Future[int] | None = None
         try:
             with self._cv_lock:
                 closing = self._closing
@@ -624,22 +627,21 @@ class Runtime:
                 self._drop(p, RuntimeClosed("the runtime was closed before the proposal was applied"))
                 return
             try:
-                f = self.log.append_async(p.data)
-            except Exception as e:  # noqa: BLE001 - judged like a failed Future
+                self.log.append_async(p.data, future=p)  # its outcome: p.set_result or p.set_exception
+            except Exception as e:  # noqa: BLE001 - judged like a failed append
                 handed = True
                 self._landed(None, p=p)
                 self._append_failed(p, e)
                 return
-            f.add_done_callback(p)  # (p is its own callback: _Pending.__call__)
             handed = True
         finally:
-            if not handed:  # Ctrl-C (or SystemExit) on a proposer's thread, the proposal half sent
-                if f is not None:  # sent: its outcome lands as any other's (_appended acts once)
-                    f.add_done_callback(p)
-                else:  # maybe sent (inside append_async): retried in the background, applied at most once
-                    self._landed(None, p=p)
-                    p.maybe_stored = True
-                    self._append_failed(p, ZlogError("the append was interrupted"))
+            if not handed:
+                # Ctrl-C (or SystemExit) on a proposer's thread, maybe inside append_async once the
+                # pipeline took the entry: retried in the background, applied at most once (a late
+                # outcome of this attempt counts for the next, or for none: _landed acts once)
+                self._landed(None, p=p)
+                p.maybe_stored = True
+                self._append_failed(p, ZlogError("the append was interrupted"))
 
     def _send_loop(self, gate: Any) -> None:
         """Send queued proposals: everything queued (up to MAX_BATCH) in one
@@ -761,17 +763,17 @@ class Runtime:
         if interrupted is not None:
             raise interrupted
 
-    def _appended(self, p: _Pending, f: Future[int]) -> None:
-        """On the client's completion thread: keep it short. Once per append
-        (p.flying: its in-flight count, given back by the first call)."""
+    def _appended(self, p: _Pending, position: int | None, error: BaseException | None) -> None:
+        """An async append's outcome, on the client's completion (or retry)
+        thread: keep it short. Once per append (p.flying: its in-flight
+        count, given back by the first call)."""
         if not p.flying:
             return
-        e = f.exception()
-        if e is not None:
+        if error is not None:
             self._landed(None, p=p)
-            self._append_failed(p, e)
+            self._append_failed(p, error)
             return
-        self._landed(f.result(), p.data, p=p)
+        self._landed(position, p.data, p=p)
 
     def _append_failed(self, p: _Pending, e: BaseException) -> None:
         refused = isinstance(e, ZlogError) and not isinstance(e, ClusterUnavailable)
