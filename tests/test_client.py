@@ -141,7 +141,7 @@ def test_append_async_settles_a_given_future_instead_of_making_one(rados_cluster
     and set_exception, called once) and returns it: a layer that keeps its
     own record of each append (the replicated objects' pending proposals)
     makes no Future for it. Both ways in: the common case in C and the
-    Python path."""
+    Python path. One that raises when told is logged; the others are told."""
     log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
     log.append_async(b"warm-up").result(timeout=30)
     if path == "python-path":
@@ -160,7 +160,14 @@ def test_append_async_settles_a_given_future_instead_of_making_one(rados_cluster
             self.told.append(("failed", error))
             self.event.set()
 
-    records = [Record() for _ in range(50)]
+    class Raising(Record):
+        def set_result(self, position: int) -> None:
+            super().set_result(position)
+            raise RuntimeError("a given future's own bug (the test)")
+
+    # every seventh raises when told: the others of its batch are still told (an adversary's
+    # find: one raising object silenced the rest of its batch, and proposals sharing the log hung)
+    records = [Raising() if i % 7 == 3 else Record() for i in range(50)]
     for i, r in enumerate(records):
         assert log.append_async(b"entry %d" % i, future=r) is r
     assert all(r.event.wait(30) for r in records)

@@ -295,9 +295,11 @@ class Log:
         share a sequencer request and, with coalesce (the default), one
         write_many call per data object (see pipeline.py). `future`: settled
         instead of a new one, and returned: any object with set_result(position)
-        and set_exception(error), called once, on the client's completion or
-        retry thread (a layer that keeps a record of each append makes no
-        Future for it; client.aio's settle on their event loop)."""
+        and set_exception(error), one of them called once, on the client's
+        completion or retry thread, or before this returns for an append
+        refused at once (a revoked client, a closed connection). A layer that
+        keeps a record of each append makes no Future for it (client.aio's
+        settle on their event loop)."""
         fut = self._async.hot_append(data, future)  # the common case, in C
         return fut if fut is not None else self._async.append(stored_form(self.state, data), future)
 

@@ -28,7 +28,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from .. import _appender  # the C++ extension (untyped)
@@ -271,10 +271,15 @@ class LogAsync:
             self._window.give()
         elif not self._window.give_token(slot):
             return  # settled already
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
+        try:
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+        except InvalidStateError:  # its owner cancelled it
+            pass
+        except Exception:  # noqa: BLE001 - a given future's own error (append_async(future=)): the
+            logger.exception("settling %r failed", fut)  # loops settling its neighbours go on
 
     # --------------------------------------------------------------- appends
     def append(self, stored: bytes, future: Future[int] | None = None) -> Future[int]:

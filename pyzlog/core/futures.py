@@ -173,6 +173,8 @@ class LazyFuture(Future[Any]):
                 fut.set_result(result)
             except InvalidStateError:  # its owner cancelled it
                 pass
+            except Exception:  # noqa: BLE001 - a given future's own error (append_async(future=)):
+                _futures.LOGGER.exception("settling %r failed", fut)  # the others are still settled
 
 
 __all__ = ["LazyFuture"]
