@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -148,6 +148,18 @@ class _InterruptAt:
             raise KeyboardInterrupt
 
 
+def _steps_of(call: Callable[[], Any], threading_calls: bool = False) -> tuple[int, Any]:
+    """How many moments of `call` an _InterruptAt counts (none raised), and
+    what it returned: the steps a test then interrupts one by one."""
+    counter = _InterruptAt(0, threading_calls)
+    sys.setprofile(counter)
+    try:
+        out = call()
+    finally:
+        sys.setprofile(None)
+    return counter.seen, out
+
+
 def _free(lock: Any) -> bool:
     if not lock.acquire(timeout=10):
         return False
@@ -168,13 +180,7 @@ def test_one_interrupt_anywhere_in_a_put_leaves_no_lock_held_and_no_append_count
     rt = logs.new()
     m = rt.map("m")
     m.put("warm", 0)
-    counter = _InterruptAt(0)
-    sys.setprofile(counter)
-    try:
-        m.put("count", 0)
-    finally:
-        sys.setprofile(None)
-    steps = counter.seen
+    steps, _ = _steps_of(lambda: m.put("count", 0))
     assert steps > 20
     stride = max(1, steps // 150)
     interrupted = stopped = 0
@@ -221,14 +227,8 @@ def test_one_interrupt_anywhere_in_a_put_async_leaves_no_proposal_untold(logs: R
     rt = logs.new()
     m = rt.map("m")
     m.put("warm", 0)
-    counter = _InterruptAt(0)
-    sys.setprofile(counter)
-    try:
-        first = m.put_async("count", 0)
-    finally:
-        sys.setprofile(None)
+    steps, first = _steps_of(lambda: m.put_async("count", 0))
     assert first.result(30) is None
-    steps = counter.seen
     assert steps > 8
     interrupted = 0
     for n in range(1, steps + 1):
@@ -279,14 +279,8 @@ def test_one_interrupt_anywhere_in_start_leaves_a_runtime_that_works_and_no_thre
     before = ours()
     rt = logs.new(streams=streams)
     rt.map("m")
-    counter = _InterruptAt(0, threading_calls=True)
-    sys.setprofile(counter)
-    try:
-        rt.start()
-    finally:
-        sys.setprofile(None)
+    steps, _ = _steps_of(rt.start, threading_calls=True)
     rt.close(timeout=30)
-    steps = counter.seen
     assert steps > (12 if streams else 6) and gone(before)
     interrupted = 0
     for n in range(1, steps + 1, max(1, steps // 100)):
