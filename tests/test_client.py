@@ -17,7 +17,7 @@ from seqr_proc import SeqrProcess, module_seqr  # noqa: F401 - the fixture `seqr
 
 import pyzlog
 import pyzlog.client.positions
-from pyzlog import Log, RecordKind
+from pyzlog import Log, RecordKind, ZlogError
 from pyzlog.core import wire
 from pyzlog.core.native import Connection
 
@@ -176,6 +176,32 @@ def test_append_async_settles_a_given_future_instead_of_making_one(rados_cluster
         assert len(r.told) == 1 and r.told[0][0] == "stored"
         assert log.read(r.told[0][1]) == b"entry %d" % i
     log.close()
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_an_async_append_on_a_closed_log_says_it_is_closed(rados_cluster, ceph, log_name, seqr,  # type: ignore[no-untyped-def]
+                                                           given: bool) -> None:
+    """append_async after close() raises ZlogError "log is closed" and
+    tells a given future nothing. A second adversary's find: where the
+    closed log's pipeline was told the view again (a small window), the
+    C++ pipeline's ValueError("no such log in the pipeline") came out."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address, max_in_flight=4)
+    log.append_async(b"warm-up").result(timeout=30)
+    log.close()
+    told: list[object] = []
+
+    class Record:
+        def set_result(self, position: int) -> None:
+            told.append(position)
+
+        def set_exception(self, error: BaseException) -> None:
+            told.append(error)
+
+    for _ in range(3):
+        with pytest.raises(ZlogError, match="log is closed"):
+            log.append_async(b"after close", future=Record() if given else None)
+    time.sleep(0.2)  # (a late settle would have come by now)
+    assert told == [] and log._async.in_flight == 0
 
 
 # an interrupt that lands in a gc callback (hypothesis keeps one) is only reported

@@ -213,6 +213,8 @@ class LogAsync:
         self.retried = 0
         self._retry_stale = False
         self._retry_scheduled = False
+        #: close() has begun letting go of the C++ pipeline's record of this log
+        self._closed = False
         self._retry_lock = threading.Lock()
         self._swept: Item | None = None  # the first entry queued at the retry thread's last look
         self._pipe: AsyncPipeline | None = None
@@ -304,7 +306,15 @@ class LogAsync:
         positions = self.positions
         meta = self.log.meta
         if meta is not self._meta or positions.generation != self._generation:
-            self._tell(pipe, meta)
+            try:
+                self._tell(pipe, meta)
+            except ValueError:  # "no such log": close() let the C++ pipeline forget it (and said so first)
+                if not self._closed:
+                    raise
+                if new:
+                    raise ZlogError("log is closed") from None
+                self._finish(item[1], error=ZlogError("log is closed: the append was not stored"))
+                return
         if positions.usable_now(now):
             sent = self._hot.queue(item, 0 if not new else TAKE_OVER if on_own_thread() else TAKE_WAIT)
             if sent == QUEUE_CLOSED:
@@ -638,6 +648,7 @@ class LogAsync:
                 self.flush(APPEND_DEADLINE_SECONDS + CLOSE_GRACE_SECONDS)
             except Timeout as e:
                 logger.warning("closing %r: %s (an interrupt mid-append can leave one counted)", self.log.name, e)
+        self._closed = True  # (before remove_log: a "no such log" from the pipeline means closed)
         self._window.close()
         self.count()
         if self._pipe is not None:
