@@ -257,6 +257,34 @@ def test_bench_read(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-de
     assert "| OSD CPU µs/entry |" in said
 
 
+def test_bench_objects(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`zlog bench objects` on a small replay log: every case ran, the stream
+    replay found the map's positions by backpointers alone, its floor read
+    the same positions, and the ratios are those of the cases' figures."""
+    out = tmp_path / "objects.json"
+    before = set(ok(run(ceph, "ls")).split())
+    p = run(ceph, "bench", "objects", "--duration", "1.4", "--rounds", "1", "--entries", "400",
+            "--replay-passes", "1", "--out", str(out), timeout=300)
+    said = ok(p)
+    assert "its raw floor" in said
+    r = json.loads(out.read_text())
+    c, x = r["cases"], r["ratios"]
+    assert r["kind"] == "objects" and r["params"]["entries"] == 400
+    for key in ("append_async", "map_put_async", "map_put_async_streams", "append", "map_put", "txn"):
+        assert c[key]["rate_per_s"] > 0, key
+    # one map of ten: its 40 entries, by backpointers (no scan) and by its floor's one read
+    assert c["replay_one_of_ten"]["applied"] == c["replay_one_of_ten"]["positions_read"] == 40
+    assert c["replay_one_of_ten_floor"]["positions_read"] == 40
+    assert c["full_replay_ten"]["applied"] == 400
+    assert x["one_object_floor_speedup_vs_full"] == pytest.approx(
+        c["full_replay_ten"]["seconds"] / c["replay_one_of_ten_floor"]["seconds"])
+    assert x["one_object_replay_vs_floor"] == pytest.approx(
+        c["replay_one_of_ten"]["seconds"] / c["replay_one_of_ten_floor"]["seconds"])
+    assert x["put_async_vs_append_async"]["time"] == pytest.approx(
+        c["append_async"]["rate_per_s"] / c["map_put_async"]["rate_per_s"])
+    assert set(ok(run(ceph, "ls")).split()) == before  # the bench removed its logs
+
+
 def test_cpu_meter_finds_only_the_clusters_own_osds(ceph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from pyzlog.bench.cpu import CpuMeter, local_osd_pids
 
