@@ -1138,7 +1138,7 @@ class Runtime:
                 nxt = heap[0] if heap else None
             if run:
                 self.stats.from_memory += len(run)
-                self._apply_rows(range(at, at + len(run)), run, None)  # type: ignore[arg-type]
+                self._apply_rows(range(at, at + len(run)), run, None)
                 continue
             with self._cv_lock:
                 if self._grace_left(at) > 0:
@@ -1157,7 +1157,7 @@ class Runtime:
                     self.stats.read += n
                     cols = batch.columns()
                     for i in range(0, n, CHUNK):
-                        self._apply_rows((), [], None, (batch, cols, i, min(n, i + CHUNK)))
+                        self._apply_rows(rows=(batch, cols, i, min(n, i + CHUNK)))
                     if self._closing:
                         return
                     continue
@@ -1200,7 +1200,8 @@ class Runtime:
             raise ZlogError(f"the log's tail is at {upto}, below {end}: playing again later")
         return True
 
-    def _apply_rows(self, positions: Sequence[int], datas: list[bytes | None], kinds: list[str] | None,
+    def _apply_rows(self, positions: Sequence[int] = (), datas: Sequence[bytes | None] = (),
+                    kinds: list[str] | None = None,
                     rows: tuple[RowSet, tuple[int, int, int, int], int, int] | None = None) -> None:
         """Apply entries (in position order, from self.applied on) under the
         state lock, then settle the proposals they answered and wake waiters.

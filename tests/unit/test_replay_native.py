@@ -170,7 +170,7 @@ def replay(datas: list[bytes | None], python_only: bool, monkeypatch: pytest.Mon
             positions = range(lo, lo + len(chunk)) if lo % 2 else list(range(lo, lo + len(chunk)))
             try:
                 if cols is not None:  # the rows of one RowSet, in chunks of it
-                    rt._apply_rows((), [], None, (cols, cols.columns(), lo, lo + len(chunk)))  # type: ignore[arg-type]
+                    rt._apply_rows(rows=(cols, cols.columns(), lo, lo + len(chunk)))  # type: ignore[arg-type]
                 else:
                     rt._apply_rows(positions, chunk, None)
             except ObjectsError as e:  # an entry this build cannot read stops the runtime there
