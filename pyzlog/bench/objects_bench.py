@@ -24,7 +24,8 @@ over ten maps, checkpointed half way):
 - the raw floor of that stream replay: opening the log, one STREAM_HISTORY
   request and one read_positions of the map's positions, with nothing
   checked or applied and no runtime (what any replay of it must do at the
-  least: a full replay that is not 5x this cannot be beaten 5x).
+  least: a full replay that is not 5x this cannot be beaten 5x), when the
+  sequencer's history lists the whole stream (up to 8,192 positions).
 
 A replay pass takes tens of milliseconds, so each round runs every replay
 case `replay_passes` times (alternately) and a case's rate is the median of
@@ -80,6 +81,11 @@ def _median(vals: list[float | None]) -> float | None:
 
 def _cpu_median(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: (_median([r.get(k) for r in rounds]) if k != "local_osds" else rounds[0][k]) for k in rounds[0]}
+
+
+class _NoFloor(Exception):
+    """The sequencer's history does not list the whole stream (a log of
+    more than MAX_STREAM_HISTORY entries a map): its floor is not one read."""
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -201,6 +207,7 @@ def bench_objects(env: Any, *, duration: float = 12.0, rounds: int = 3, size: in
             return {"time": _ratio(cb["rate_per_s"], ca["rate_per_s"]),
                     "client_cpu": _ratio(ca["cpu"]["client_us_per_entry"], cb["cpu"]["client_us_per_entry"])}
 
+        floor_s = cases["replay_one_of_ten_floor"]["seconds"] if "replay_one_of_ten_floor" in cases else None
         ratios = {
             "put_async_vs_append_async": cost_ratio("map_put_async", "append_async"),
             "put_vs_append": cost_ratio("map_put", "append"),
@@ -214,10 +221,8 @@ def bench_objects(env: Any, *, duration: float = 12.0, rounds: int = 3, size: in
             "one_object_whole_log_replay_speedup_vs_full": _ratio(cases["full_replay_ten"]["seconds"],
                                                                   cases["replay_one_of_ten_scan"]["seconds"]),
             # the most any stream replay of the map could reach here, and how far above its floor it is
-            "one_object_floor_speedup_vs_full": _ratio(cases["full_replay_ten"]["seconds"],
-                                                       cases["replay_one_of_ten_floor"]["seconds"]),
-            "one_object_replay_vs_floor": _ratio(cases["replay_one_of_ten"]["seconds"],
-                                                 cases["replay_one_of_ten_floor"]["seconds"]),
+            "one_object_floor_speedup_vs_full": _ratio(cases["full_replay_ten"]["seconds"], floor_s),
+            "one_object_replay_vs_floor": _ratio(cases["replay_one_of_ten"]["seconds"], floor_s),
         }
         load = os.getloadavg()
         result: dict[str, Any] = {
@@ -318,8 +323,7 @@ def _replay_cases(b: _Bench, name: str, mid: int, tail: int, meter: CpuMeter, r:
         answer = lg.stream_tail([oentry.stream_id("map-0")], history=tail)
         listed = sorted(answer[2][0][2]) if answer is not None else []
         if len(listed) < out["replay_one_of_ten"]["positions_read"]:  # (the stream replay, just before)
-            raise ZlogError(f"the sequencer listed {len(listed)} positions of the stream, fewer than the "
-                            "stream replay read: no floor to measure")
+            raise _NoFloor  # a stream longer than the sequencer's history of it: no one request lists it
         return {"positions_read": len(lg.read_positions(listed))}
 
     def replay(hosted: list[int], streams: bool = False) -> Callable[[], dict[str, Any]]:
@@ -344,7 +348,10 @@ def _replay_cases(b: _Bench, name: str, mid: int, tail: int, meter: CpuMeter, r:
     timed("full_replay_ten", "full replay from 0, ten maps", tail, replay(list(range(OBJECTS))))
     timed("replay_one_of_ten", "replay of one map of ten, by its stream", tail, replay([0], streams=True))
     timed("replay_one_of_ten_scan", "replay of one map of ten, whole log read", tail, replay([0]))
-    timed("replay_one_of_ten_floor", "floor of that: open, stream history, read_positions", tail, floor)
+    try:
+        timed("replay_one_of_ten_floor", "floor of that: open, stream history, read_positions", tail, floor)
+    except _NoFloor:
+        pass  # left out (its ratios None): the replay follows backpointers past the history
     return out
 
 
