@@ -508,6 +508,40 @@ def test_read_only_and_failed_transactions_append_nothing(pair: Replicas) -> Non
                 pass
 
 
+def test_a_transaction_belongs_to_the_asyncio_task_that_opened_it(pair: Replicas) -> None:
+    """Two asyncio tasks on one thread: A holds a transaction open across an
+    await and then gives it up; B's plain put meanwhile is B's own, appended
+    and applied at once. An adversary's find: the transaction was kept per
+    thread, so B's put went into A's and was lost with it, with no error."""
+    import asyncio
+
+    a = pair.new()
+    m = a.map("m")
+    seen: dict[str, Any] = {}
+
+    async def task_a() -> None:
+        with pytest.raises(RuntimeError):
+            with a.transaction():
+                m["a"] = 1
+                await asyncio.sleep(0.2)  # B runs meanwhile
+                raise RuntimeError("A gives its transaction up")
+
+    async def task_b() -> None:
+        await asyncio.sleep(0.05)
+        seen["in_a_transaction"] = a.current_transaction() is not None
+        m.put("b", "from B", timeout=30)
+
+    async def both() -> None:
+        await asyncio.gather(task_a(), task_b())
+
+    asyncio.run(both())
+    assert seen == {"in_a_transaction": False} and a.current_transaction() is None
+    fresh = pair.new()
+    m2 = fresh.map("m")
+    fresh.sync(30)
+    assert m.to_dict() == m2.to_dict() == {"b": "from B"}
+
+
 def test_concurrent_transfers_conserve_the_total(pair: Replicas) -> None:
     rts = [pair.new() for _ in range(3)]
     maps = [rt.map("acct") for rt in rts]

@@ -36,6 +36,7 @@ from collections import Counter as Tally, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -152,12 +153,6 @@ class Stats:
     reloads: int = 0          # checkpoints loaded
     retries: int = 0          # appends retried
     aborted: int = 0          # transactions aborted by replay
-
-
-class _TxSlot(threading.local):
-    """The calling thread's transaction, if any (a class default: no
-    AttributeError raised and caught on every look)."""
-    current: Transaction | None = None
 
 
 def _outside_transaction(obj: StateMachine) -> None:
@@ -285,7 +280,9 @@ class Runtime:
         self._retrier: threading.Thread | None = None
         self._retry_q: list[tuple[float, int, _Pending]] = []  # (when, tie, pending) heap, under _cv
         self._retry_tie = 0
-        self._tx = _TxSlot()
+        #: the open transaction of the calling thread or asyncio task: a context variable, so tasks
+        #: sharing a thread do not share it (a plain put of one went into another's transaction)
+        self._tx: ContextVar[Transaction | None] = ContextVar("pyzlog-transaction", default=None)
 
     # ------------------------------------------------------------ hosting
     def host(self, name: str, obj: M) -> M:
@@ -444,7 +441,7 @@ class Runtime:
         """Append a command for `obj` (hosted here); a Future of its result."""
         if obj._runtime is not self:
             raise NotHosted(f"{obj!r} is not hosted by this runtime")
-        if self._tx.current is not None:
+        if self._tx.get() is not None:
             _outside_transaction(obj)
         return self._propose(CMD, obj.stream, payload)
 
@@ -454,7 +451,7 @@ class Runtime:
         switch on the way: what one-at-a-time callers wait for)."""
         if obj._runtime is not self:
             raise NotHosted(f"{obj!r} is not hosted by this runtime")
-        if self._tx.current is not None:
+        if self._tx.get() is not None:
             _outside_transaction(obj)
         return self._call(CMD, obj.stream, payload, timeout)
 
@@ -974,7 +971,8 @@ class Runtime:
 
     # ---------------------------------------------------------- transactions
     def current_transaction(self) -> Transaction | None:
-        return self._tx.current
+        """The transaction the calling thread or asyncio task has open here."""
+        return self._tx.get()
 
     @contextmanager
     def transaction(self, sync: bool = True, timeout: float | None = None) -> Iterator[Transaction]:
@@ -992,11 +990,14 @@ class Runtime:
         else:
             self.start()
         tx = Transaction(self)
-        self._tx.current = tx
+        token = self._tx.set(tx)
         try:
             yield tx
         finally:
-            self._tx.current = None
+            try:
+                self._tx.reset(token)
+            except ValueError:  # ended in another context (a generator closed elsewhere): its own is cleared
+                self._tx.set(None)
         tx.commit(timeout)
 
     def atomically(self, fn: Callable[[], Any], retries: int = 20, timeout: float | None = None) -> Any:
