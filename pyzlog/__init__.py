@@ -18,7 +18,7 @@ from .core.batching import AppendBatching
 from .core.cluster import connect
 from .core.futures import LazyFuture  # the Future async calls hand out; layers on the client hand it out too
 from .core.errors import (Blocklisted, ClassNotLoaded, CommitRefused, ClusterUnavailable, Corrupt, CorruptEntry, EntryTooLarge, EpochChanged, Filled,
-                          InvalidRequest, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,
+                          InvalidRequest, LogClosed, LogExists, LogNotFound, NotWritten, PermissionDenied, PoolFull,
                           PoolNotFound, PositionError, ProtocolMismatch, ReadOnly, SequencerRefused,
                           SequencerUnavailable, StaleEpoch, Timeout, Trimmed, ZlogError)
 from .client.consumer import Consumer
@@ -31,7 +31,7 @@ from .core.seqr_auth import Credentials, TLSSettings
 __all__ = [
     "connect", "AppendBatching", "Log", "Record", "RecordKind", "SequencerClient", "SequencerUnavailable",
     "SequencerRefused", "Credentials", "TLSSettings",
-    "ZlogError", "ClusterUnavailable", "PermissionDenied", "Blocklisted", "PoolNotFound", "LogNotFound",
+    "ZlogError", "ClusterUnavailable", "PermissionDenied", "Blocklisted", "PoolNotFound", "LogNotFound", "LogClosed",
     "LogExists", "InvalidRequest", "EntryTooLarge", "ClassNotLoaded", "StaleEpoch",
     "EpochChanged", "PositionError", "ReadOnly", "Filled", "Trimmed", "NotWritten", "PoolFull", "Corrupt", "CorruptEntry",
     "ProtocolMismatch", "Timeout", "CommitRefused", "Consumer", "HoleClock", "LazyFuture", "RowSet",

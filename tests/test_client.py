@@ -17,7 +17,7 @@ from seqr_proc import SeqrProcess, module_seqr  # noqa: F401 - the fixture `seqr
 
 import pyzlog
 import pyzlog.client.positions
-from pyzlog import Log, RecordKind, ZlogError
+from pyzlog import Log, RecordKind
 from pyzlog.core import wire
 from pyzlog.core.native import Connection
 
@@ -181,7 +181,7 @@ def test_append_async_settles_a_given_future_instead_of_making_one(rados_cluster
 @pytest.mark.parametrize("given", [False, True])
 def test_an_async_append_on_a_closed_log_says_it_is_closed(rados_cluster, ceph, log_name, seqr,  # type: ignore[no-untyped-def]
                                                            given: bool) -> None:
-    """append_async after close() raises ZlogError "log is closed" and
+    """append_async after close() raises LogClosed ("log is closed") and
     tells a given future nothing. A second adversary's find: where the
     closed log's pipeline was told the view again (a small window), the
     C++ pipeline's ValueError("no such log in the pipeline") came out."""
@@ -198,10 +198,23 @@ def test_an_async_append_on_a_closed_log_says_it_is_closed(rados_cluster, ceph, 
             told.append(error)
 
     for _ in range(3):
-        with pytest.raises(ZlogError, match="log is closed"):
+        with pytest.raises(pyzlog.LogClosed, match="log is closed"):
             log.append_async(b"after close", future=Record() if given else None)
     time.sleep(0.2)  # (a late settle would have come by now)
     assert told == [] and log._async.in_flight == 0
+
+
+def test_append_async_refuses_a_future_it_cannot_tell(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """future= takes an object with set_result and set_exception: anything
+    else is refused before the entry goes (an adversary's find: it was
+    stored, and the position lost in a logged AttributeError)."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
+    for bad in (object(), 1, "a future"):
+        with pytest.raises(pyzlog.InvalidRequest, match="set_result and set_exception"):
+            log.append_async(b"never stored", future=bad)
+    assert log.append_async(b"stored").result(timeout=30) == 0  # the first entry: nothing went before it
+    assert [r.data for r in log.stream()] == [b"stored"]
+    log.close()
 
 
 # an interrupt that lands in a gc callback (hypothesis keeps one) is only reported

@@ -19,7 +19,7 @@ from seqr_proc import module_seqr  # noqa: F401 - the fixture `seqr`, once per f
 
 import pyzlog
 from pyzlog import InvalidRequest, Timeout
-from pyzlog.objects import (MISSING, BadEntry, CheckpointError, Counter, NotHosted, Queue,
+from pyzlog.objects import (MISSING, BadEntry, CheckpointError, Counter, NotApplied, NotHosted, Queue,
                             RadosCheckpoints, Register, ReplicatedMap, Runtime, RuntimeClosed, RuntimeFailed,
                             StateMachine, UnsupportedEntry, WrongType)
 from pyzlog.objects import codec, entry
@@ -330,7 +330,7 @@ def test_a_replica_replays_rows_as_read_or_record_batches_alike(rados_cluster, c
         kinds: list[str] = []
         real = runtime_module.Runtime._apply_rows
 
-        def noting(self: Runtime, positions: Any, datas: Any, kinds_: Any, rows: Any = None) -> None:
+        def noting(self: Runtime, positions: Any = (), datas: Any = (), kinds_: Any = None, rows: Any = None) -> None:
             kinds.append("rows" if rows is not None else "lists")
             real(self, positions, datas, kinds_, rows)
 
@@ -347,15 +347,35 @@ def test_a_replica_replays_rows_as_read_or_record_batches_alike(rados_cluster, c
         r.close()
 
 
-def test_foreign_entries_are_skipped_and_newer_ones_stop_the_runtime(pair: Replicas) -> None:
-    a = pair.new()
+@pytest.mark.parametrize("streams", [False, True])
+def test_foreign_entries_are_skipped_and_newer_ones_stop_the_runtime(rados_cluster, ceph, log_name,  # type: ignore[no-untyped-def]
+                                                                     streams: bool) -> None:
+    """Raw entries of another writer are skipped, also text that starts
+    "ZO" like the layer's magic (an adversary's find: "ZONE A 21.5C" read
+    as an entry of version 78 stopped every replica): a version of 0 or
+    past entry.MAX_LAYER_VERSION is not the layer's. With streams and no
+    sequencer the walk scans the whole log and meets them too."""
+    pair = Replicas(rados_cluster, ceph.pool, log_name, None)
+    try:
+        _foreign_entries(pair, streams)
+    finally:
+        pair.close()
+
+
+def _foreign_entries(pair: Replicas, streams: bool) -> None:
+    a = pair.new(streams=streams)
     m = a.map("m")
     m["a"] = 1
     pair.log.append(b"someone else's raw entry")
     pair.log.append(b"ZO")  # too short to be ours
+    pair.log.append(b"ZONE A temperature 21.5C" + b" " * 20)
+    pair.log.append(b"ZO" + bytes(40))
+    pair.log.append(b"ZO\x10" + b"\x01" * 60)  # version 16: past the layer's
     m["b"] = 2
     a.sync()
-    assert a.stats.foreign == 2 and m.to_dict() == {"a": 1, "b": 2}
+    assert m.to_dict() == {"a": 1, "b": 2}
+    if not streams:
+        assert a.stats.foreign == 5
     pair.log.append(entry.HEADER.pack(b"ZO", entry.VERSION + 1, 1, 0, 1, 1, 1, entry.stream_id("m")) + b"future")
     with pytest.raises(RuntimeFailed) as e:
         a.sync()
@@ -540,6 +560,76 @@ def test_a_transaction_belongs_to_the_asyncio_task_that_opened_it(pair: Replicas
     m2 = fresh.map("m")
     fresh.sync(30)
     assert m.to_dict() == m2.to_dict() == {"b": "from B"}
+
+
+def test_what_a_replica_could_not_carry_is_refused_before_it_is_appended(pair: Replicas) -> None:
+    """An adversary's finds, refused up front and nothing appended: MISSING
+    as a map value (the key read as absent yet was listed) or a queue item
+    (it could not be acked); a value nested too deep for a checkpoint to
+    hold (a 63-deep one was taken, then no checkpoint could be written); odd
+    arguments. The deepest value and key taken checkpoint, load in a new
+    replica, and a transaction reading that key commits."""
+    a = pair.new(checkpoints=True)
+    m, q = a.map("m"), a.queue("q")
+    m["x"] = 1
+    tail = pair.log.tail()
+    for call in (lambda: m.put("k", MISSING), lambda: m.put_async("k", MISSING), lambda: m.__setitem__("k", MISSING),
+                 lambda: q.put(MISSING), lambda: q.put_async(MISSING),
+                 lambda: m.put("k", _nested(codec.ARG_DEPTH + 1)), lambda: a.atomically(lambda: None, retries=-1),
+                 lambda: a.wait_applied("3", 1), lambda: m.put("\ud800", 1)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequest):
+            call()
+    with pytest.raises(InvalidRequest):
+        with a.transaction():
+            m["k"] = MISSING
+    assert pair.log.tail() == tail and "k" not in m and len(m) == 1
+    deep = _nested(codec.ARG_DEPTH)
+    deep_key = (deep,) * 1  # a tuple key holding the deepest list there can be below it
+    m.put("deep", deep, timeout=30)
+    with pytest.raises(InvalidRequest):
+        m.put(deep_key, 1)  # one level more than a key may hold
+    key = _nested_tuple(codec.ARG_DEPTH)
+    m.put(key, "at the deepest key", timeout=30)
+    q.put(deep, timeout=30)
+    a.checkpoint()
+    b = pair.new(checkpoints=True)
+    m2, q2 = b.map("m"), b.queue("q")
+    b.start()
+    assert b.stats.reloads == 1
+    b.sync(30)
+    assert m2.to_dict() == m.to_dict() and m2["deep"] == deep and m2[key] == "at the deepest key"
+    assert q2.snapshot() == q.snapshot()
+    with b.transaction() as tx:
+        m2["copy"] = m2[key]
+    assert tx.committed and m2["copy"] == "at the deepest key"
+
+
+def _nested(depth: int) -> Any:
+    v: Any = 1
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+def _nested_tuple(depth: int) -> Any:
+    v: Any = 1
+    for _ in range(depth):
+        v = (v,)
+    return v
+
+
+def test_a_put_async_on_a_closed_log_fails_at_once(pair: Replicas) -> None:
+    """A put_async whose Log was closed under the runtime is told NotApplied
+    at once: a closed Log refuses every retry. An adversary's find: it was
+    retried until propose_timeout (120 s by default) ran out."""
+    a = pair.new()
+    m = a.map("m")
+    m["a"] = 1
+    a.log.close()
+    f = m.put_async("b", 2)
+    with pytest.raises(NotApplied, match="log is closed"):
+        f.result(30)  # (before: pending for 120 s)
+    assert a.stats.retries == 0 and m.to_dict() == {"a": 1}
 
 
 def test_concurrent_transfers_conserve_the_total(pair: Replicas) -> None:

@@ -297,9 +297,13 @@ class Log:
         instead of a new one, and returned: any object with set_result(position)
         and set_exception(error), one of them called once, on the client's
         completion or retry thread, or before this returns for an append
-        refused at once (a revoked client, a closed connection). A layer that
-        keeps a record of each append makes no Future for it (client.aio's
-        settle on their event loop)."""
+        refused at once (a revoked client, a closed connection); never if
+        this raises (bad input, LogClosed). A layer that keeps a record of
+        each append makes no Future for it (client.aio's settle on their
+        event loop). InvalidRequest if `future` cannot be told."""
+        if future is not None and not (callable(getattr(future, "set_result", None))
+                                       and callable(getattr(future, "set_exception", None))):
+            raise InvalidRequest(f"future= takes an object with set_result and set_exception, not {future!r}")
         fut = self._async.hot_append(data, future)  # the common case, in C
         return fut if fut is not None else self._async.append(stored_form(self.state, data), future)
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from .. import _appender  # the C++ extension (untyped)
 from ..core import wire
-from ..core.errors import InvalidRequest, NotWritten, Timeout, Trimmed, ZlogError
+from ..core.errors import InvalidRequest, LogClosed, NotWritten, Timeout, Trimmed, ZlogError
 from ..core.futures import LazyFuture
 from ..core.layout import data_oid_prefix, place, place_of, stripe_span, stripe_start
 from ..core.stripes import make
@@ -262,7 +262,7 @@ class LogAsync:
         its own thread)."""
         take = self._window.take_over if on_own_thread() else self._window.take
         if not take(into, item):
-            raise ZlogError("log is closed")
+            raise LogClosed("log is closed")
 
     def _finish(self, fut: Future[Any], result: object = None, error: BaseException | None = None,
                 slot: list[bool] | None = None) -> None:
@@ -312,13 +312,13 @@ class LogAsync:
                 if not self._closed:
                     raise
                 if new:
-                    raise ZlogError("log is closed") from None
-                self._finish(item[1], error=ZlogError("log is closed: the append was not stored"))
+                    raise LogClosed("log is closed") from None
+                self._finish(item[1], error=LogClosed("log is closed: the append was not stored"))
                 return
         if positions.usable_now(now):
             sent = self._hot.queue(item, 0 if not new else TAKE_OVER if on_own_thread() else TAKE_WAIT)
             if sent == QUEUE_CLOSED:
-                raise ZlogError("log is closed")
+                raise LogClosed("log is closed")
             if sent == QUEUE_REFUSED:  # the pipeline is closed (exiting)
                 self._finish(item[1], error=ZlogError("the connection is closed: append not stored"))
                 return

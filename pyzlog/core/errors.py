@@ -67,6 +67,11 @@ class LogNotFound(ZlogError):
     """No log of that name in the pool."""
 
 
+class LogClosed(ZlogError):
+    """The Log was closed: its async operations are refused (final: no retry
+    gets through)."""
+
+
 class LogExists(ZlogError):
     """create() of a log name that is already taken."""
 

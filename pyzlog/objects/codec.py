@@ -42,6 +42,10 @@ MISSING: Final = _Missing()
 
 #: nesting deeper than this is refused both ways (a bound on recursion)
 MAX_DEPTH = 64
+#: how deep a command's own keys and values may nest (dumps' default): what holds them (a
+#: checkpoint's state, a transaction's commit record) adds up to 6 levels and must still encode
+#: and decode within MAX_DEPTH (a value 63 deep was taken, and then no checkpoint could be written)
+ARG_DEPTH = MAX_DEPTH - 8
 
 _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _MISSING, _BIGINT, \
     _SSTR, _SBYTES, _SINT = range(15)
@@ -65,20 +69,33 @@ _CONST = {None: bytes((_NONE,)), False: bytes((_FALSE,)), True: bytes((_TRUE,))}
 _MISSING_B = bytes((_MISSING,))
 
 
-def dumps(value: Any) -> bytes:
-    """`value` as bytes; InvalidRequest for a type the codec does not carry."""
-    t = type(value)
-    if t is bytes:  # the common keys and values, without the general walk
-        raw: bytes = value
-        n = len(raw)
-        return (bytes((_SBYTES, n)) if n < 256 else _TI.pack(_BYTES, n)) + raw
-    if t is str:
-        b: bytes = value.encode()
-        n = len(b)
-        return (bytes((_SSTR, n)) if n < 256 else _TI.pack(_STR, n)) + b
-    out: list[bytes] = []
-    _enc(value, out, 0)
-    return b"".join(out)
+class _TooDeep(Exception):
+    """_enc's: nested deeper than the caller allows (dumps says how deep)."""
+
+
+def dumps(value: Any, limit: int = ARG_DEPTH) -> bytes:
+    """`value` as bytes, nested at most `limit` deep (a command's key or
+    value: ARG_DEPTH; what holds such values, a checkpoint's state or a
+    commit record: MAX_DEPTH); InvalidRequest for a type the codec does not
+    carry, or a str that is not valid Unicode."""
+    try:
+        t = type(value)
+        if t is bytes:  # the common keys and values, without the general walk
+            raw: bytes = value
+            n = len(raw)
+            return (bytes((_SBYTES, n)) if n < 256 else _TI.pack(_BYTES, n)) + raw
+        if t is str:
+            b: bytes = value.encode()
+            n = len(b)
+            return (bytes((_SSTR, n)) if n < 256 else _TI.pack(_STR, n)) + b
+        out: list[bytes] = []
+        _enc(value, out, MAX_DEPTH - min(limit, MAX_DEPTH))
+        return b"".join(out)
+    except _TooDeep:
+        raise InvalidRequest(f"a value nested deeper than {min(limit, MAX_DEPTH)}") from None
+    except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 for it
+        raise InvalidRequest(f"a str that is not valid Unicode cannot be stored ({e.reason}: "
+                             f"{e.object[e.start:e.end]!r})") from None
 
 
 def _enc(v: Any, out: list[bytes], depth: int) -> None:
@@ -110,13 +127,13 @@ def _enc(v: Any, out: list[bytes], depth: int) -> None:
         out.append(_TD.pack(_FLOAT, v))
     elif t is list or t is tuple:
         if depth >= MAX_DEPTH:
-            raise InvalidRequest(f"a value nested deeper than {MAX_DEPTH}")
+            raise _TooDeep
         out.append(_TI.pack(_LIST if t is list else _TUPLE, len(v)))
         for x in v:
             _enc(x, out, depth + 1)
     elif t is dict:
         if depth >= MAX_DEPTH:
-            raise InvalidRequest(f"a value nested deeper than {MAX_DEPTH}")
+            raise _TooDeep
         out.append(_TI.pack(_DICT, len(v)))
         for k, x in v.items():
             _enc(k, out, depth + 1)

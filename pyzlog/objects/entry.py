@@ -47,6 +47,10 @@ from .errors import BadEntry
 MAGIC: Final = b"ZO"
 VERSION: Final = 2  #: the newest version this build reads (and writes with backpointers)
 PLAIN_VERSION: Final = 1  #: entries without backpointers are written as version 1
+#: the versions this layer has and may have: an entry with the magic and a version past them (or
+#: 0) is not its own, only bytes that start "ZO" ("ZONE ..."), and is skipped like any foreign
+#: entry; one of a version up to it that this build does not read stops the replay (UnsupportedEntry)
+MAX_LAYER_VERSION: Final = 15
 CMD, TXN, RETIRE, NOOP = 1, 2, 3, 4
 KINDS: Final = frozenset((CMD, TXN, RETIRE, NOOP))
 FLAG_BACKPOINTERS: Final = 1
@@ -66,9 +70,14 @@ MAX_NAME = 200
 def stream_id(name: str) -> int:
     """The object's 64-bit stream id: a hash of its name, never 0 (0 marks
     an entry that belongs to no one object)."""
-    if not isinstance(name, str) or not name or len(name.encode()) > MAX_NAME:
-        raise InvalidRequest(f"an object name is a non-empty string of at most {MAX_NAME} bytes, not {name!r}")
-    sid = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8, person=b"zlog-obj").digest(), "little")
+    try:
+        raw = name.encode() if isinstance(name, str) else b""
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 for it
+        raw = b""
+    if not raw or len(raw) > MAX_NAME:
+        raise InvalidRequest(f"an object name is a non-empty string of valid Unicode of at most {MAX_NAME} bytes, "
+                             f"not {name!r}")
+    sid = int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"zlog-obj").digest(), "little")
     return sid or 1
 
 
@@ -194,7 +203,7 @@ class Header:
 def parse(data: bytes) -> Header | None:
     """The header of `data`, or None if the entry is not this layer's.
     Slow path (tools, tests); the replay loop unpacks HEADER itself."""
-    if len(data) < HEADER_SIZE or data[:2] != MAGIC:
+    if len(data) < HEADER_SIZE or data[:2] != MAGIC or not 0 < data[2] <= MAX_LAYER_VERSION:
         return None
     _m, version, kind, flags, client, seq, lwm, stream = HEADER.unpack_from(data)
     check(version, kind)

@@ -182,7 +182,7 @@ class Transaction:
                 self.committed = all(objs[s].read_version(k) == v for (s, k), v in self.reads.items())
             return self.committed
         body = codec.dumps([[[s, k, v] for (s, k), v in self.reads.items()],
-                            [[s, p] for s, p in self.writes]])
+                            [[s, p] for s, p in self.writes]], codec.MAX_DEPTH)  # keys read: ARG_DEPTH
         result = rt._commit(sorted(self.streams), body, timeout)
         self.committed = bool(result.committed)
         self.results = list(result.results)

@@ -66,6 +66,13 @@ def _check_key(key: Any) -> None:
         raise InvalidRequest(f"a map key cannot hold a NaN (it never equals itself): {key!r}")
 
 
+def _no_missing(what: str) -> None:
+    """MISSING stands for absent (cas, a transaction's deletes): stored as a
+    value, a key would read as absent yet be listed, and a queue item could
+    not be acked."""
+    raise InvalidRequest(f"{what} cannot be MISSING" + (" (delete the key instead)" if what == "a map value" else ""))
+
+
 def _holds_nan(key: Any) -> bool:
     if isinstance(key, float):
         return key != key
@@ -134,6 +141,8 @@ class ReplicatedMap(StateMachine):
     # ------------------------------------------------------------ writes
     def put(self, key: Any, value: Any, timeout: float | None = None) -> None:
         _check_key(key)
+        if value is MISSING:
+            _no_missing("a map value")
         payload = _OP[MAP_PUT] + dumps(key) + dumps(value)
         tx = self.runtime.current_transaction()
         if tx is not None:
@@ -144,6 +153,8 @@ class ReplicatedMap(StateMachine):
 
     def put_async(self, key: Any, value: Any) -> Future[Any]:
         _check_key(key)
+        if value is MISSING:
+            _no_missing("a map value")
         return self.runtime.propose(self, _OP[MAP_PUT] + dumps(key) + dumps(value))
 
     def delete(self, key: Any, timeout: float | None = None) -> bool | None:
@@ -463,6 +474,8 @@ class Queue(StateMachine):
     # ------------------------------------------------------------ writes
     def put(self, item: Any, timeout: float | None = None) -> int | None:
         """Append `item`; its id (None inside a transaction)."""
+        if item is MISSING:
+            _no_missing("a queue item")
         payload = _OP[Q_PUT] + dumps(item)
         tx = self.runtime.current_transaction()
         if tx is not None:
@@ -471,6 +484,8 @@ class Queue(StateMachine):
         return int(self.runtime.propose_wait(self, payload, timeout))
 
     def put_async(self, item: Any) -> Future[Any]:
+        if item is MISSING:
+            _no_missing("a queue item")
         return self.runtime.propose(self, _OP[Q_PUT] + dumps(item))
 
     def get(self, timeout: float | None = None) -> tuple[int, Any] | None:

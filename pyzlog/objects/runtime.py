@@ -40,10 +40,12 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pyzlog import ClusterUnavailable, HoleClock, InvalidRequest, LazyFuture, Log, RowSet, Timeout, ZlogError
+from pyzlog import (ClusterUnavailable, HoleClock, InvalidRequest, LazyFuture, Log, LogClosed, RowSet, Timeout,
+                    ZlogError)
 
 from . import codec, entry
-from .entry import CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, HEADER_U16, MAGIC, MAGIC_U16, NOOP, RETIRE, TXN
+from .entry import (CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, HEADER_U16, MAGIC, MAGIC_U16, MAX_LAYER_VERSION, NOOP,
+                    RETIRE, TXN)
 from .errors import (BadEntry, CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown, ResultUnavailable,
                      RuntimeClosed, RuntimeFailed, TransactionAborted, WrongType)
 from .codec import SSTR, SBYTES
@@ -199,8 +201,13 @@ class Runtime:
             raise InvalidRequest(f"Runtime needs a pyzlog.Log, not {type(log).__name__}")
         if client_id is not None and not (isinstance(client_id, int) and 0 < client_id < 1 << 64):
             raise InvalidRequest(f"client_id is an integer in 1..2**64-1, not {client_id!r}")
-        if hole_wait < 0 or propose_timeout <= 0 or (follow is not None and follow <= 0):
-            raise InvalidRequest("hole_wait >= 0, propose_timeout > 0 and follow > 0 (or None)")
+        try:  # (as comparisons: NaN fails each, where a NaN propose_timeout retried a failing append for ever)
+            good = hole_wait >= 0 and propose_timeout > 0 and (follow is None or follow > 0)
+        except TypeError:
+            good = False
+        if not good:
+            raise InvalidRequest("hole_wait >= 0, propose_timeout > 0 and follow > 0 (or None) are numbers, not "
+                                 f"{hole_wait!r}, {propose_timeout!r}, {follow!r}")
         self.log = log
         self.streams = bool(streams)
         self.walk_stats = WalkStats()
@@ -306,7 +313,7 @@ class Runtime:
                                      "runtime, or play the whole log (streams=False)")
             obj._runtime, obj.name, obj.stream = self, name, sid
             try:
-                self._initial[sid] = codec.dumps(obj.snapshot())
+                self._initial[sid] = codec.dumps(obj.snapshot(), codec.MAX_DEPTH)
             except NotImplementedError:
                 self._initial[sid] = None
             self._objects[sid] = obj
@@ -780,8 +787,8 @@ class Runtime:
         p.maybe_stored = p.maybe_stored or not refused
         if p.future.done():  # applied meanwhile (an earlier copy was stored after all)
             return
-        if time.monotonic() >= p.deadline or self._closing:
-            self._give_up(p, e)
+        if isinstance(e, LogClosed) or time.monotonic() >= p.deadline or self._closing:
+            self._give_up(p, e)  # (a closed Log refuses every retry: no use waiting for the deadline)
             return
         self.stats.retries += 1
         delay = min(RETRY_FIRST * 2 ** min(p.attempts - 1, 8), RETRY_MAX)
@@ -795,8 +802,8 @@ class Runtime:
 
     def _give_up(self, p: _Pending, cause: BaseException) -> None:
         if not p.maybe_stored:  # every attempt was refused: nothing is stored, nothing will be
-            self._drop(p, NotApplied(f"proposal {p.seq}: every append was refused until the deadline "
-                                     f"(last: {cause})"))
+            until = "" if isinstance(cause, LogClosed) else " until the deadline"
+            self._drop(p, NotApplied(f"proposal {p.seq}: every append was refused{until} (last: {cause})"))
             return
         if p.retire:  # a RETIRE that cannot be stored: the proposals it was for stay unknown
             self._drop(p, OutcomeUnknown(f"retiring proposals {p.retire} failed: {cause}"))
@@ -862,6 +869,8 @@ class Runtime:
         """Play every position below `position` (Timeout after `timeout` s).
         Positions the sequencer has not handed out yet are waited for (the
         log's tail is asked again, less and less often), never played."""
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise InvalidRequest(f"a position is an int, not {position!r}")
         self._wait_applied(position, timeout, handed_out=0)
 
     def _wait_applied(self, position: int, timeout: float | None, handed_out: int) -> None:
@@ -1003,6 +1012,8 @@ class Runtime:
     def atomically(self, fn: Callable[[], Any], retries: int = 20, timeout: float | None = None) -> Any:
         """Run `fn` in a transaction until it commits; its return value.
         TransactionAborted after `retries` aborts."""
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise InvalidRequest(f"retries is how many aborts to retry, 0 or more, not {retries!r}")
         for attempt in range(retries + 1):
             with self.transaction(timeout=timeout) as tx:
                 out = fn()
@@ -1271,7 +1282,7 @@ class Runtime:
                             applied = pos + 1
                             continue
                         magic, version, kind, flags, client, seq, lwm, stream = unpack(data)
-                        if magic != MAGIC_U16:
+                        if magic != MAGIC_U16 or version == 0 or version > MAX_LAYER_VERSION:  # (entry.py)
                             n_foreign += 1
                             applied = pos + 1
                             continue
@@ -1434,7 +1445,7 @@ class Runtime:
         # replica reads only its own streams and cannot tell, nor can one that
         # started from a checkpoint that was not complete, so neither says so
         complete = whole and self._sees_every_stream and set(state["streams"]) <= set(self._objects)
-        return self.checkpoints.write(codec.dumps(state), pos, names, complete)
+        return self.checkpoints.write(codec.dumps(state, codec.MAX_DEPTH), pos, names, complete)
 
     def trim(self, keep: int = 1) -> int | None:
         """Trim the log below the oldest of the `keep` newest complete

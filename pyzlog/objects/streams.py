@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pyzlog import HoleClock
 
 from ._replay import check_stream
-from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, parse_backpointers
+from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, MAX_LAYER_VERSION, PLAIN_VERSION, VERSION, check, parse_backpointers
 
 if TYPE_CHECKING:
     from pyzlog import Log
@@ -344,8 +344,15 @@ def _gaps(intervals: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int,
 
 def _backpointers(data: bytes, position: int, wanted: set[int]) -> tuple[int, dict[int, tuple[int, list[int], list[int]]]]:
     """K and the backpointer sections of `data` for the streams in `wanted`
-    ({} if the entry is not of this layer, has no section, or names none of them)."""
-    if len(data) < HEADER_SIZE or data[:2] != MAGIC or not data[4] & FLAG_BACKPOINTERS:
+    ({} if the entry is not of this layer, has no section, or names none of them;
+    UnsupportedEntry for one of a version this build does not read)."""
+    if len(data) < HEADER_SIZE or data[:2] != MAGIC or not 0 < data[2] <= MAX_LAYER_VERSION:
+        return 0, {}  # not this layer's (entry.py): bytes that start "ZO"
+    if data[2] != VERSION:
+        if data[2] != PLAIN_VERSION:
+            check(data[2], data[3])  # a newer layer's: its backpointers cannot be read here
+        return 0, {}
+    if not data[4] & FLAG_BACKPOINTERS:
         return 0, {}
     k, sections, _off = parse_backpointers(data, position)
     return k, {s: v for s, v in sections.items() if s in wanted}

@@ -54,6 +54,50 @@ def test_codec_refuses_deep_nesting_both_ways() -> None:
         codec.loads(data * (codec.MAX_DEPTH + 2) + codec.dumps(1))
 
 
+def _nested(depth: int) -> object:
+    v: object = 1
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+def test_a_commands_values_leave_room_for_what_holds_them() -> None:
+    """A key or value (dumps' default) nests at most ARG_DEPTH deep, so the
+    checkpoint state or commit record that holds it (up to 6 levels more)
+    still encodes and decodes. An adversary's find: a value 63 deep was
+    taken, and from then on no checkpoint could be written."""
+    deepest = _nested(codec.ARG_DEPTH)
+    assert codec.loads(codec.dumps(deepest)) == deepest
+    with pytest.raises(pyzlog.InvalidRequest, match=f"deeper than {codec.ARG_DEPTH}"):
+        codec.dumps(_nested(codec.ARG_DEPTH + 1))
+    state = {"objects": {"m": ["map", 1, [[deepest, deepest, 3]]]}}  # a checkpoint's shape, 5 levels down
+    assert codec.loads(codec.dumps(state, codec.MAX_DEPTH)) == state
+    with pytest.raises(pyzlog.InvalidRequest, match=f"deeper than {codec.MAX_DEPTH}"):
+        codec.dumps(_nested(codec.MAX_DEPTH + 1), codec.MAX_DEPTH)
+
+
+@pytest.mark.parametrize("bad", ["\ud800", ["ok", "\udfff"], {"k": "a\ud800b"}])
+def test_a_str_that_is_not_unicode_is_a_clear_error(bad: object) -> None:
+    """(an adversary's find: a raw UnicodeEncodeError from deep in the codec)"""
+    with pytest.raises(pyzlog.InvalidRequest, match="not valid Unicode"):
+        codec.dumps(bad)
+    with pytest.raises(pyzlog.InvalidRequest, match="valid Unicode"):
+        entry.stream_id("m\ud800")  # an object's name
+
+
+@pytest.mark.parametrize("kw", [{"propose_timeout": float("nan")}, {"hole_wait": float("nan")},
+                                {"follow": float("nan")}, {"propose_timeout": "10"}, {"hole_wait": -1},
+                                {"propose_timeout": 0}, {"follow": 0}])
+def test_a_runtime_refuses_odd_settings(kw: dict[str, object]) -> None:
+    """An adversary's find: a NaN propose_timeout passed `<= 0` and a
+    failing append was retried for ever."""
+    from pyzlog import Log
+    from pyzlog.objects import Runtime
+
+    with pytest.raises(pyzlog.InvalidRequest):
+        Runtime(Log.__new__(Log), **kw)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("data", [b"", b"\xff", b"\x05\xff\xff\xff\x7f", b"\x07\xff\xff\xff\xff",
                                   b"\x09\x01\x00\x00\x00\x07\x00\x00\x00\x00\x00",  # a list as a dict key
                                   b"\x0c\x02\xc3", codec.dumps(1) + b"\x00", b"\x03\x01"])
