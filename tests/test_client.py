@@ -209,7 +209,11 @@ def test_append_async_refuses_a_future_it_cannot_tell(rados_cluster, ceph, log_n
     else is refused before the entry goes (an adversary's find: it was
     stored, and the position lost in a logged AttributeError)."""
     log = Log.create(rados_cluster, ceph.pool, log_name, width=2, sequencer=seqr.address)
-    for bad in (object(), 1, "a future"):
+    class Raising:
+        def __getattr__(self, name: str) -> Any:
+            raise RuntimeError("a property that raises")
+
+    for bad in (object(), 1, "a future", Future, Raising()):  # (Future: the class, not one)
         with pytest.raises(pyzlog.InvalidRequest, match="set_result and set_exception"):
             log.append_async(b"never stored", future=bad)
     assert log.append_async(b"stored").result(timeout=30) == 0  # the first entry: nothing went before it

@@ -618,6 +618,75 @@ def _nested_tuple(depth: int) -> Any:
     return v
 
 
+def test_a_transaction_takes_nothing_from_tasks_it_outlives_or_generators_left_open(pair: Replicas) -> None:
+    """A second adversary's finds against the context variable, each a
+    write lost with no error: a task or thread started inside the block
+    inherits it, yet writes after the block are its own; a transaction held
+    open by an abandoned async generator no longer swallows its caller's
+    puts; a generator closed inside another transaction leaves that one
+    whole (it aborts, and its later write with it)."""
+    import asyncio
+    import contextvars
+    import gc
+
+    a, rival = pair.new(), pair.new()
+    m, m_rival = a.map("m"), rival.map("m")
+    m["x"] = 0
+
+    async def background() -> None:
+        await asyncio.sleep(0.2)  # the block has committed by now
+        m.put("from a task", 1, timeout=30)
+
+    def worker() -> None:
+        time.sleep(0.2)
+        m.put("from a thread", 1, timeout=30)
+
+    async def spawning() -> None:
+        with a.transaction() as tx:
+            m["in the block"] = 1
+            task = asyncio.create_task(background())
+            thread = asyncio.create_task(asyncio.to_thread(worker))
+        assert tx.committed
+        await asyncio.wait_for(asyncio.gather(task, thread), 30)
+
+    async def held() -> Any:
+        with a.transaction() as tx:
+            m["in an abandoned block"] = 1
+            yield tx
+            yield tx
+
+    async def abandoning() -> None:
+        async for _ in held():
+            break
+        gc.collect()
+        await asyncio.sleep(0.1)  # the loop's finalizer closes the generator, in a task of its own
+        assert a.current_transaction() is None
+        m.put("after the abandoned block", 1, timeout=30)
+
+    asyncio.run(spawning())
+    asyncio.run(abandoning())
+
+    def gen() -> Iterator[None]:
+        with a.transaction():
+            m["in the generator"] = 1
+            yield
+
+    g = gen()
+    contextvars.copy_context().run(next, g)
+    with a.transaction() as tx_b:
+        assert m["x"] == 0
+        m_rival["x"] = 99  # what tx_b read changes: it aborts
+        g.close()
+        m["all or nothing with tx_b"] = 1
+    assert tx_b.committed is False
+    fresh = pair.new()
+    m2 = fresh.map("m")
+    fresh.sync(30)
+    a.sync(30)
+    assert m.to_dict() == m2.to_dict() == {"x": 99, "in the block": 1, "from a task": 1, "from a thread": 1,
+                                            "after the abandoned block": 1}
+
+
 def test_a_put_async_on_a_closed_log_fails_at_once(pair: Replicas) -> None:
     """A put_async whose Log was closed under the runtime is told NotApplied
     at once: a closed Log refuses every retry. An adversary's find: it was

@@ -49,6 +49,17 @@ STREAM_BATCH_ROWS = 4096
 TAKEN_KEPT = 256
 
 
+def _can_tell(future: Any) -> bool:
+    """`future` has set_result and set_exception to call: an instance (a
+    class's are unbound), whose attributes can be looked up."""
+    if isinstance(future, type):
+        return False
+    try:
+        return callable(getattr(future, "set_result", None)) and callable(getattr(future, "set_exception", None))
+    except Exception:  # noqa: BLE001 - a property or __getattr__ that raises: it cannot be told either
+        return False
+
+
 class Log:
     """One log in one pool. Obtain with Log.create or Log.open."""
 
@@ -301,8 +312,7 @@ class Log:
         this raises (bad input, LogClosed). A layer that keeps a record of
         each append makes no Future for it (client.aio's settle on their
         event loop). InvalidRequest if `future` cannot be told."""
-        if future is not None and not (callable(getattr(future, "set_result", None))
-                                       and callable(getattr(future, "set_exception", None))):
+        if future is not None and not _can_tell(future):
             raise InvalidRequest(f"future= takes an object with set_result and set_exception, not {future!r}")
         fut = self._async.hot_append(data, future)  # the common case, in C
         return fut if fut is not None else self._async.append(stored_form(self.state, data), future)

@@ -147,8 +147,12 @@ class TxnResult:
 
 
 class Transaction:
-    def __init__(self, runtime: Host) -> None:
+    def __init__(self, runtime: Host, owner: object = None) -> None:
         self.runtime = runtime
+        #: the asyncio task, or else the thread, that opened it: the only one whose commands it takes
+        self.owner = owner
+        #: its block is over (committed, aborted or left): it takes nothing more
+        self.ended = False
         self.reads: dict[tuple[int, Any], int] = {}
         self.writes: list[tuple[int, bytes]] = []
         self.streams: set[int] = set()
@@ -163,6 +167,8 @@ class Transaction:
         self.streams.add(obj.stream)
 
     def write(self, obj: StateMachine, payload: bytes) -> None:
+        if self.ended:  # (a holder of it past its block: a write would be dropped)
+            raise InvalidRequest("this transaction is over: its block has ended")
         if obj._runtime is not self.runtime:
             raise InvalidRequest(f"{obj!r} is not hosted by this transaction's runtime")
         self.writes.append((obj.stream, payload))

@@ -27,6 +27,7 @@ hosted later would have missed what was played.
 """
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
 import random
@@ -155,6 +156,16 @@ class Stats:
     reloads: int = 0          # checkpoints loaded
     retries: int = 0          # appends retried
     aborted: int = 0          # transactions aborted by replay
+
+
+def _owner() -> object:
+    """Who a transaction opened now belongs to: the running asyncio task,
+    or else the calling thread."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop runs on this thread
+        task = None
+    return task if task is not None else threading.current_thread()
 
 
 def _outside_transaction(obj: StateMachine) -> None:
@@ -287,8 +298,9 @@ class Runtime:
         self._retrier: threading.Thread | None = None
         self._retry_q: list[tuple[float, int, _Pending]] = []  # (when, tie, pending) heap, under _cv
         self._retry_tie = 0
-        #: the open transaction of the calling thread or asyncio task: a context variable, so tasks
-        #: sharing a thread do not share it (a plain put of one went into another's transaction)
+        #: the open transaction: a context variable, so asyncio tasks sharing a thread do not share it
+        #: (a plain put of one went into another's transaction); a task or thread started inside the
+        #: block inherits the variable but is not its owner (current_transaction)
         self._tx: ContextVar[Transaction | None] = ContextVar("pyzlog-transaction", default=None)
 
     # ------------------------------------------------------------ hosting
@@ -448,7 +460,7 @@ class Runtime:
         """Append a command for `obj` (hosted here); a Future of its result."""
         if obj._runtime is not self:
             raise NotHosted(f"{obj!r} is not hosted by this runtime")
-        if self._tx.get() is not None:
+        if self._tx.get() is not None and self.current_transaction() is not None:
             _outside_transaction(obj)
         return self._propose(CMD, obj.stream, payload)
 
@@ -458,7 +470,7 @@ class Runtime:
         switch on the way: what one-at-a-time callers wait for)."""
         if obj._runtime is not self:
             raise NotHosted(f"{obj!r} is not hosted by this runtime")
-        if self._tx.get() is not None:
+        if self._tx.get() is not None and self.current_transaction() is not None:
             _outside_transaction(obj)
         return self._call(CMD, obj.stream, payload, timeout)
 
@@ -980,8 +992,13 @@ class Runtime:
 
     # ---------------------------------------------------------- transactions
     def current_transaction(self) -> Transaction | None:
-        """The transaction the calling thread or asyncio task has open here."""
-        return self._tx.get()
+        """The transaction the calling asyncio task (or thread, outside one)
+        has open here: not one whose block has ended, nor one a task or
+        thread started inside the block inherited with its context."""
+        tx = self._tx.get()
+        if tx is None or tx.ended or tx.owner is not _owner():
+            return None
+        return tx
 
     @contextmanager
     def transaction(self, sync: bool = True, timeout: float | None = None) -> Iterator[Transaction]:
@@ -998,15 +1015,16 @@ class Runtime:
             self.sync(timeout)
         else:
             self.start()
-        tx = Transaction(self)
+        tx = Transaction(self, _owner())
         token = self._tx.set(tx)
         try:
             yield tx
         finally:
+            tx.ended = True  # (for every context holding it: current_transaction passes it over)
             try:
                 self._tx.reset(token)
-            except ValueError:  # ended in another context (a generator closed elsewhere): its own is cleared
-                self._tx.set(None)
+            except ValueError:  # left in another context (a generator closed elsewhere): that one's is its own
+                pass
         tx.commit(timeout)
 
     def atomically(self, fn: Callable[[], Any], retries: int = 20, timeout: float | None = None) -> Any:
