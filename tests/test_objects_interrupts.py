@@ -304,6 +304,42 @@ def test_one_interrupt_anywhere_in_start_leaves_a_runtime_that_works_and_no_thre
     assert interrupted > steps // 2
 
 
+def test_one_interrupt_anywhere_in_a_transaction_leaves_none_open(logs: Replicas) -> None:
+    """A Ctrl-C at any step of `with rt.transaction()` (opening it, its
+    write, its commit) leaves no transaction that takes this thread's later
+    commands: each is a put of its own, applied. (Had one landed as the
+    context variable was set, before the block's `try`, the transaction
+    would have stayed open for good, every later put buffered and lost.)
+    It found an older hole: one landing as the commit's own play checked
+    that it held the play lock, before letting it go, left the lock held:
+    the player never played again, the commit waited for ever, and this
+    thread's later puts were refused as if in a Future's callback."""
+    rt = logs.new()
+    m = rt.map("m")
+    m.put("warm", 0)
+
+    def one(rt: Runtime, m: Any, n: int) -> None:
+        with rt.transaction(sync=False, timeout=30):
+            m["in a transaction"] = n
+
+    steps, _ = _steps_of(lambda: one(rt, m, 0))
+    assert steps > 5
+    for n in range(1, steps + 1):
+        sys.setprofile(_InterruptAt(n))
+        try:
+            one(rt, m, n)
+        except (KeyboardInterrupt, RuntimeFailed):  # (the commit's apply interrupted: the runtime stops)
+            pass
+        finally:
+            sys.setprofile(None)
+        assert rt.current_transaction() is None, f"after step {n}"
+        if rt.failed is not None:  # it says so; a new replica goes on from the log
+            rt = logs.new()
+            m = rt.map("m")
+        m.put(f"k{n}", n, timeout=30)
+        assert m[f"k{n}"] == n, f"after step {n}"
+
+
 def test_what_a_transaction_cannot_buffer_is_refused_inside_one(logs: Replicas) -> None:
     """A queue's claim, ack and release and every *_async call went to the
     log at once inside a transaction: the transaction aborted, yet the item

@@ -769,8 +769,12 @@ class Runtime:
                 else:  # Ctrl-C in a read or a hole's wait: nothing changed, the player plays on
                     interrupted = e
             finally:
-                if lock._is_owned():  # (also when a Ctrl-C came just after the acquire returned)
+                # (also when a Ctrl-C came just after the acquire returned; no check of ownership first:
+                # a Ctrl-C after one left the lock held, this thread refused as its player for good)
+                try:
                     lock.release()
+                except RuntimeError:  # not held here: the acquire did not get it
+                    pass
         with self._cv_lock:
             # the player takes what is left: past `target` too (an own append that landed
             # meanwhile above a position in flight here did not wake it: _landed)
@@ -1016,15 +1020,17 @@ class Runtime:
         else:
             self.start()
         tx = Transaction(self, _owner())
-        token = self._tx.set(tx)
-        try:
+        token = None
+        try:  # (set inside: a Ctrl-C as it returns leaves it set, yet ended below)
+            token = self._tx.set(tx)
             yield tx
         finally:
             tx.ended = True  # (for every context holding it: current_transaction passes it over)
-            try:
-                self._tx.reset(token)
-            except ValueError:  # left in another context (a generator closed elsewhere): that one's is its own
-                pass
+            if token is not None:
+                try:
+                    self._tx.reset(token)
+                except ValueError:  # left in another context (a generator closed elsewhere): that one's is its own
+                    pass
         tx.commit(timeout)
 
     def atomically(self, fn: Callable[[], Any], retries: int = 20, timeout: float | None = None) -> Any:
@@ -1321,9 +1327,10 @@ class Runtime:
                             n_dup += 1
                             applied = pos + 1
                             if client == me and seq in pending:  # ours, its seq taken first: never applied now
-                                taken = pending.pop(seq)
+                                taken = pending[seq]
                                 taken.result, taken.ok = _seq_taken(seq), False
-                                done.append(taken)
+                                done.append(taken)  # (then out of pending, as below)
+                                del pending[seq]
                             continue
                         ok = True
                         if kind == CMD:
@@ -1350,14 +1357,17 @@ class Runtime:
                         n_applied += 1
                         applied = pos + 1
                         if client == me:
-                            p = pending.pop(seq, None)
+                            p = pending.get(seq)
                             if p is not None:
                                 pd = p.data  # the entry is this proposal if kind, stream and body are its own
                                 if pd[3] == kind and pd[29:37] == data[29:37] and data[off:] == pd[HEADER_SIZE:]:
                                     p.result, p.ok = result, ok
                                 else:
                                     p.result, p.ok = _seq_taken(seq), False
+                                # into done before out of pending: a Ctrl-C between leaves it in one of
+                                # them (or both), where _fail tells it; popped first, it was told nothing
                                 done.append(p)
+                                del pending[seq]
                 except BaseException as e:
                     if not isinstance(e, Exception):  # Ctrl-C, SystemExit: maybe mid-entry
                         self._torn = e  # (under the lock: no snapshot sees this state, ever)
