@@ -200,10 +200,17 @@ class Header:
     stream: int
 
 
+def is_layer_entry(data: bytes) -> bool:
+    """`data` is this layer's: long enough, with the magic and one of the
+    layer's versions (the replay loop makes the same test on the fields it
+    has unpacked)."""
+    return len(data) >= HEADER_SIZE and data[:2] == MAGIC and 0 < data[2] <= MAX_LAYER_VERSION
+
+
 def parse(data: bytes) -> Header | None:
     """The header of `data`, or None if the entry is not this layer's.
     Slow path (tools, tests); the replay loop unpacks HEADER itself."""
-    if len(data) < HEADER_SIZE or data[:2] != MAGIC or not 0 < data[2] <= MAX_LAYER_VERSION:
+    if not is_layer_entry(data):
         return None
     _m, version, kind, flags, client, seq, lwm, stream = HEADER.unpack_from(data)
     check(version, kind)

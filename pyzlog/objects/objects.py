@@ -66,11 +66,11 @@ def _check_key(key: Any) -> None:
         raise InvalidRequest(f"a map key cannot hold a NaN (it never equals itself): {key!r}")
 
 
-def _no_missing(what: str) -> None:
+def _no_missing(what: str, hint: str = "") -> None:
     """MISSING stands for absent (cas, a transaction's deletes): stored as a
     value, a key would read as absent yet be listed, and a queue item could
     not be acked."""
-    raise InvalidRequest(f"{what} cannot be MISSING" + (" (delete the key instead)" if what == "a map value" else ""))
+    raise InvalidRequest(f"{what} cannot be MISSING{hint}")
 
 
 def _holds_nan(key: Any) -> bool:
@@ -142,7 +142,7 @@ class ReplicatedMap(StateMachine):
     def put(self, key: Any, value: Any, timeout: float | None = None) -> None:
         _check_key(key)
         if value is MISSING:
-            _no_missing("a map value")
+            _no_missing("a map value", " (delete the key instead)")
         payload = _OP[MAP_PUT] + dumps(key) + dumps(value)
         tx = self.runtime.current_transaction()
         if tx is not None:
@@ -154,7 +154,7 @@ class ReplicatedMap(StateMachine):
     def put_async(self, key: Any, value: Any) -> Future[Any]:
         _check_key(key)
         if value is MISSING:
-            _no_missing("a map value")
+            _no_missing("a map value", " (delete the key instead)")
         return self.runtime.propose(self, _OP[MAP_PUT] + dumps(key) + dumps(value))
 
     def delete(self, key: Any, timeout: float | None = None) -> bool | None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pyzlog import HoleClock
 
 from ._replay import check_stream
-from .entry import FLAG_BACKPOINTERS, HEADER_SIZE, MAGIC, MAX_LAYER_VERSION, PLAIN_VERSION, VERSION, check, parse_backpointers
+from .entry import FLAG_BACKPOINTERS, PLAIN_VERSION, VERSION, check, is_layer_entry, parse_backpointers
 
 if TYPE_CHECKING:
     from pyzlog import Log
@@ -346,8 +346,8 @@ def _backpointers(data: bytes, position: int, wanted: set[int]) -> tuple[int, di
     """K and the backpointer sections of `data` for the streams in `wanted`
     ({} if the entry is not of this layer, has no section, or names none of them;
     UnsupportedEntry for one of a version this build does not read)."""
-    if len(data) < HEADER_SIZE or data[:2] != MAGIC or not 0 < data[2] <= MAX_LAYER_VERSION:
-        return 0, {}  # not this layer's (entry.py): bytes that start "ZO"
+    if not is_layer_entry(data):
+        return 0, {}  # not this layer's (entry.py): bytes that start "ZO" too
     if data[2] != VERSION:
         if data[2] != PLAIN_VERSION:
             check(data[2], data[3])  # a newer layer's: its backpointers cannot be read here
