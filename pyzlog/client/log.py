@@ -6,9 +6,11 @@ goes through the connection's native data plane (core.native)."""
 from __future__ import annotations
 
 import builtins
+import inspect
 import logging
 import threading
 import time
+import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -49,15 +51,41 @@ STREAM_BATCH_ROWS = 4096
 TAKEN_KEPT = 256
 
 
+#: classes whose every instance can be told, as known from the class alone (_can_tell)
+_TELLABLE: set[type] = set()
+
+
 def _can_tell(future: Any) -> bool:
     """`future` has set_result and set_exception to call: an instance (a
-    class's are unbound), whose attributes can be looked up."""
+    class's are unbound), whose attributes can be looked up. Asked once
+    per append: a class whose instances cannot hide its two methods (no
+    __dict__, no attribute hooks) is answered for once."""
+    cls = type(future)
+    if cls in _TELLABLE:
+        return True
     if isinstance(future, type):
         return False
     try:
-        return callable(getattr(future, "set_result", None)) and callable(getattr(future, "set_exception", None))
+        ok = callable(getattr(future, "set_result", None)) and callable(getattr(future, "set_exception", None))
     except Exception:  # noqa: BLE001 - a property or __getattr__ that raises: it cannot be told either
         return False
+    if ok and _by_class_alone(cls):
+        _TELLABLE.add(cls)
+    return ok
+
+
+def _by_class_alone(cls: type) -> bool:
+    """An instance of `cls` finds set_result and set_exception where the
+    class has them, as functions (or C methods): no instance __dict__ to
+    shadow them, no __getattribute__ or __getattr__ to answer instead."""
+    if cls.__dictoffset__ != 0 or inspect.getattr_static(cls, "__getattribute__") is not object.__getattribute__ \
+            or inspect.getattr_static(cls, "__getattr__", None) is not None:
+        return False
+    return all(isinstance(inspect.getattr_static(cls, name, None), _METHODS)
+               for name in ("set_result", "set_exception"))
+
+
+_METHODS = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType)
 
 
 class Log:

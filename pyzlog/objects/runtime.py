@@ -55,6 +55,8 @@ from .objects import MAP_PUT, ReplicatedMap
 from .sessions import Session, Sessions
 from ._replay import apply_common as _apply_common, apply_common_columns as _apply_common_columns
 from ._replay import configure as _configure_replay, row_at as _row_at
+from ._propose import Proposal as _Proposal, configure as _configure_propose, landed as _landed_native
+from ._propose import propose as _propose_native
 from .streams import BehindTrim as _Trimmed, WalkStats, kinds_of, walk
 from .machine import Transaction, TxnResult
 
@@ -115,33 +117,26 @@ def _seq_taken(seq: int) -> NotApplied:
                       "applied and never will be")
 
 
-class _Pending:
-    __slots__ = ("seq", "data", "future", "deadline", "maybe_stored", "attempts", "retire", "streams", "result", "ok",
-                 "flying", "runtime")
+class _Pending(_Proposal):
+    """One proposal: its fields are _Proposal's (native/propose.c, which
+    makes most of them): seq, data (the entry), future (what the proposer
+    holds), deadline, maybe_stored (an attempt failed in a way that may
+    have stored it), attempts, retire (a RETIRE entry: the seqs it
+    retires), streams (the entry's, with streams on), result and ok
+    (apply's outcome, kept until the future is settled), flying (an attempt
+    to append it holds a count of the runtime's in flight, given back once,
+    by _landed; one attempt at a time) and runtime."""
+    __slots__ = ()
 
-    def __init__(self, seq: int, data: bytes, future: Future[Any], deadline: float,
-                 retire: list[int] | None = None, streams: tuple[int, ...] = (), runtime: Runtime | None = None) -> None:
-        self.seq, self.data, self.future, self.deadline = seq, data, future, deadline
-        #: an attempt to append it holds a count of the runtime's in flight (given back once, by _landed);
-        #: one attempt at a time: the next is made once the last one's outcome is in
-        self.flying = False
-        self.runtime = runtime  # (for set_result, set_exception)
-        self.maybe_stored = False  # an attempt failed in a way that may have stored it
-        self.attempts = 0
-        self.retire = retire or []  # a RETIRE entry: the seqs it retires
-        self.streams = streams  # the streams the entry belongs to (with streams on)
-        self.result: Any = None  # apply's outcome, kept here until the Future is settled
-        self.ok = True
-
-    # what the client's async pipeline settles for its append (Log.append_async(future=)):
-    # the proposal stands for its append's Future, so none is made per append
-    def set_result(self, position: int) -> None:
-        assert self.runtime is not None
-        self.runtime._landed(position, self.data, p=self)  # (_appended's success, one call less)
-
+    # what the client's async pipeline settles for its append (Log.append_async(future=)): the
+    # proposal stands for its append's Future, so none is made per append. set_result(position) is
+    # _Proposal's (in C: Runtime._landed at once)
     def set_exception(self, error: BaseException | None) -> None:
         assert self.runtime is not None
         self.runtime._appended(self, None, error if error is not None else ZlogError("append failed"))
+
+
+_configure_propose(MAGIC, entry.PLAIN_VERSION, _Pending, LazyFuture())
 
 
 @dataclass
@@ -285,6 +280,9 @@ class Runtime:
         self._next_seq = 1
         self._unsettled: deque[int] = deque()
         self._settled: set[int] = set()
+        #: what native/propose.c takes and changes (under the locks, as _new_pending and _submit do)
+        self._core = (self._plock, self._cv_lock, self._pending, self._unsettled, self._settled, self._own,
+                      self._own_heap, self._queue, self._cv)
 
         self._started = False
         self._start_lock = threading.Lock()
@@ -564,12 +562,7 @@ class Runtime:
                 lwm = self._lwm_locked()
             data = HEADER.pack(MAGIC, entry.PLAIN_VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
             if streams is None:
-                if kind == CMD:
-                    streams = self._one_stream.get(stream)
-                    if streams is None:
-                        streams = self._one_stream[stream] = (stream,)
-                else:
-                    streams = ()
+                streams = self._streams_of(kind, stream)
             p = _Pending(seq, data, LazyFuture(), time.monotonic() + self.propose_timeout, retire, streams, self)
             self._pending[seq] = p
         except BaseException:
@@ -578,8 +571,25 @@ class Runtime:
             raise
         return p
 
+    def _streams_of(self, kind: int, stream: int) -> tuple[int, ...]:
+        if kind != CMD:
+            return ()
+        streams = self._one_stream.get(stream)
+        if streams is None:
+            streams = self._one_stream[stream] = (stream,)
+        return streams
+
     def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None,
                  streams: tuple[int, ...] | None = None) -> Future[Any]:
+        if not self.streams and retire is None:
+            # the common proposal, in C (native/propose.c): _new_pending's and _submit's steps, with
+            # what can go wrong between them handed to _settle, _not_sent and _send_failed
+            if not self._started:
+                self.start()
+            if self._failed is not None or self._closing:
+                self._check_open()
+            return _propose_native(self, self._core, kind, stream, body,
+                                   self._streams_of(kind, stream) if streams is None else streams)
         p = self._new_pending(kind, stream, body, retire, streams)
         if not self.streams:  # into the client's async append pipeline, from this thread
             tried = p.attempts
@@ -646,18 +656,36 @@ class Runtime:
                 self.log.append_async(p.data, future=p)  # its outcome: p.set_result or p.set_exception
             except Exception as e:  # noqa: BLE001 - judged like a failed append
                 handed = True
-                self._landed(None, p=p)
-                self._append_failed(p, e)
+                self._send_failed(p, e)
                 return
             handed = True
         finally:
             if not handed:
-                # Ctrl-C (or SystemExit) on a proposer's thread, maybe inside append_async once the
-                # pipeline took the entry: retried in the background, applied at most once (a late
-                # outcome of this attempt counts for the next, or for none: _landed acts once)
-                self._landed(None, p=p)
-                p.maybe_stored = True
-                self._append_failed(p, ZlogError("the append was interrupted"))
+                self._send_failed(p, None)
+
+    def _not_sent(self, p: _Pending, error: BaseException | None) -> None:
+        """A proposal registered, not sent (native/propose.c): the runtime is
+        closing (error None; close() may have told the pending ones before
+        this one was registered), or an interrupt came before its append was
+        handed over (raised again by the caller)."""
+        if error is None:
+            self._drop(p, RuntimeClosed("the runtime was closed before the proposal was applied"))
+        else:
+            self._drop(p, NotApplied(f"proposal {p.seq}: interrupted before it was appended"))
+
+    def _send_failed(self, p: _Pending, e: BaseException | None) -> None:
+        """p's append_async raised `e`: a failed append, retried or told; or
+        (not an Exception, or None: not known) Ctrl-C or SystemExit on the
+        proposer's thread, maybe inside append_async once the pipeline took
+        the entry: retried in the background, applied at most once (a late
+        outcome of this attempt counts for the next, or for none: _landed
+        acts once)."""
+        self._landed(None, p=p)
+        if isinstance(e, Exception):
+            self._append_failed(p, e)
+        else:
+            p.maybe_stored = True
+            self._append_failed(p, ZlogError("the append was interrupted"))
 
     def _send_loop(self, gate: Any) -> None:
         """Send queued proposals: everything queued (up to MAX_BATCH) in one
@@ -731,23 +759,9 @@ class Runtime:
         only when it can move: pos is the next position to play, or nothing
         of ours is in flight any more. Waking it for every append would cost
         a thread switch per entry. `p`: the proposal whose attempt holds the
-        count (p.flying); nothing is done if it was given back already."""
-        with self._cv_lock:
-            if p is not None:
-                if not p.flying:
-                    return
-                p.flying = False  # (no call between this and the count: no Ctrl-C can come between)
-            self._in_flight -= 1
-            now = self._in_flight == 0 and (not self._queue or self._closing)  # (close waits for none in flight)
-            if pos is not None:
-                if pos >= self.applied:
-                    self._own[pos] = data  # type: ignore[assignment]
-                    heapq.heappush(self._own_heap, pos)
-                if pos + 1 > self._target:
-                    self._target = pos + 1
-                now = now or pos == self.applied
-            if wake and now:
-                self._cv.notify_all()
+        count (p.flying); nothing is done if it was given back already. In
+        C (native/propose.c, landed), under _cv_lock: it runs once per put."""
+        _landed_native(self, self._core, pos, data, wake, p)
 
     def _play_here(self, target: int) -> None:
         """Play to `target` on this thread if no one else is playing; else
