@@ -204,6 +204,34 @@ def test_an_async_append_on_a_closed_log_says_it_is_closed(rados_cluster, ceph, 
     assert told == [] and log._async.in_flight == 0
 
 
+def test_a_closed_log_refuses_appends_and_sequencer_requests(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
+    """After close(), every append and every request for positions or the
+    tail raises LogClosed, and none opens a connection to the sequencer
+    again (they did: a sync append after close reconnected, and the new
+    connection was never closed). What is stored can still be read."""
+    log = Log.create(rados_cluster, ceph.pool, log_name, width=3, sequencer=seqr.address)
+    pos = log.append(b"before close")
+    log.close()
+    stream = 7
+    calls = {
+        "append": lambda: log.append(b"x"),
+        "append_many": lambda: log.append_many([b"x", b"y"]),
+        "append_slow": lambda: log.append_slow(b"x"),
+        "take_positions": lambda: log.take_positions(2),
+        "append_streams": lambda: log.append_streams([stream], [b"x"], lambda d, p, k, b: d),
+        "tail": log.tail,
+        "stream_tail": lambda: log.stream_tail([stream]),
+        "append_async": lambda: log.append_async(b"x"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(pyzlog.LogClosed, match="log is closed"):
+            call()
+    log.warm_sequencer()  # a hint: nothing, and no error
+    assert log.sequencer is not None and not log.sequencer._conns, "a request after close connected again"
+    assert log.read(pos) == b"before close"
+    assert log.max_position() == pos  # (nothing was stored by the refused calls)
+
+
 def test_append_async_refuses_a_future_it_cannot_tell(rados_cluster, ceph, log_name, seqr) -> None:  # type: ignore[no-untyped-def]
     """future= takes an object with set_result and set_exception: anything
     else is refused before the entry goes (an adversary's find: it was

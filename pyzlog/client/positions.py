@@ -36,8 +36,8 @@ from typing import Any
 
 from . import metrics
 from ..core import wire
-from ..core.errors import (InvalidRequest, SequencerRefused, SequencerUnavailable, StaleEpoch, StreamsUnsupported,
-                           ZlogError)
+from ..core.errors import (InvalidRequest, LogClosed, SequencerRefused, SequencerUnavailable, StaleEpoch,
+                           StreamsUnsupported, ZlogError)
 from ..core.registry import preference, read_records, recent, registry_ioctx
 from ..core.seqr_auth import Credentials
 from ..core.sequencer import (BAD_REQUEST, MAX_HISTORY_PER_REQUEST, MAX_STREAM_HISTORY, OK, RATE_LIMITED,
@@ -127,6 +127,7 @@ class Positions:
         self._no_history: set[str] = set()  # sequencers that refused STREAM_HISTORY (older ones)
         self._slow_lock = threading.Lock()
         self._slow_next = 0  # next position slow tail finding hands out
+        self.closed = False  # close() was called (the Log's)
 
     @property
     def generation(self) -> int:
@@ -153,7 +154,7 @@ class Positions:
         or metadata read; nothing once the log is closed: SequencerClient.
         connect); what fails is left for the first request to meet."""
         seqr = self.sequencer
-        if seqr is not None and self.usable_now() and self._may_ask_tail():
+        if seqr is not None and not self.closed and self.usable_now() and self._may_ask_tail():
             try:
                 seqr.connect(self.log.pool)
             except ZlogError as e:
@@ -216,13 +217,21 @@ class Positions:
         return True
 
     def close(self) -> None:
+        # every later request for positions or the tail is refused (LogClosed), so none opens a
+        # connection again (a SequencerClient reconnects on a request: it may serve other logs)
+        self.closed = True
         if self.sequencer is not None:
             self.sequencer.close()
+
+    def _refuse_if_closed(self) -> None:
+        if self.closed:
+            raise LogClosed("log is closed")
 
     def take(self, count: int) -> tuple[int, wire.Meta]:
         """First of `count` fresh positions, from the sequencer or without one
         from slow tail finding, and the metadata they were handed out under:
         they are written at its epoch (module docstring)."""
+        self._refuse_if_closed()
         got = self._from_sequencer(count)
         return got if got is not None else self.take_slow(count)
 
@@ -230,6 +239,7 @@ class Positions:
         """First of `count` positions after the highest one stored (and after
         any this client handed out that way), asking no sequencer, and the
         metadata to write them under (never a sequencer's epoch: module docstring)."""
+        self._refuse_if_closed()
         hint, meta = self._slow_tail()
         with self._slow_lock:
             first = max(self._slow_next, hint)
@@ -277,6 +287,7 @@ class Positions:
     def counter(self) -> int | None:
         """The sequencer's counter, or None if no sequencer answers (or none
         is known: self.sequencer is None)."""
+        self._refuse_if_closed()
         self._refuse_if_blocklisted()
         self.follow()
         seqr = self.sequencer
@@ -314,6 +325,7 @@ class Positions:
         knows anything below them: (first, 0, [(stream, first, [], 0, []) ...]). The last
         item is the metadata to write them under (take). A sequencer that
         does not know stream requests raises StreamsUnsupported."""
+        self._refuse_if_closed()
         got = self._from_sequencer(count, streams)
         if got is not None:
             pos, k, bps, meta = got
@@ -329,6 +341,7 @@ class Positions:
         one request may ask for) when the sequencer keeps more of them than
         its K recent ones (STREAM_HISTORY; a sequencer without it answers
         STREAM_TAIL)."""
+        self._refuse_if_closed()
         self._refuse_if_blocklisted()
         for retried in (False, True):
             self.follow()
