@@ -225,7 +225,12 @@ static int take_seq(PyObject *rt, PyObject *plock, PyObject *unsettled, PyObject
   ok = 0;
   goto out;
 undo:  // the seq was not registered as unsettled: hand it back
-  PyObject_SetAttr(rt, s_next_seq, seq);
+  {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    if (PyObject_SetAttr(rt, s_next_seq, seq) < 0) PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+  }
 out:
   Py_XDECREF(one);
   Py_XDECREF(next);
@@ -239,8 +244,10 @@ out:
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     int released = call_lock(plock, s_release);
-    if (et != NULL) PyErr_Restore(et, ev, tb);
-    if (released < 0 && et != NULL) PyErr_Clear();  // (keep the first error)
+    if (et != NULL) {  // (the first error is the one raised)
+      if (released < 0) PyErr_Clear();
+      PyErr_Restore(et, ev, tb);
+    }
     if (released < 0) ok = -1;
   }
   if (ok < 0) {
@@ -366,6 +373,11 @@ static int landed_in(PyObject *rt, PyObject *core, PyObject *pos, PyObject *data
   }
   PyObject *cv_lock = PyTuple_GET_ITEM(core, 1), *own = PyTuple_GET_ITEM(core, 5),
            *heap = PyTuple_GET_ITEM(core, 6), *queue = PyTuple_GET_ITEM(core, 7), *cv = PyTuple_GET_ITEM(core, 8);
+  long long at = 0, in_flight, applied, target;
+  if (pos != Py_None && (!PyLong_CheckExact(pos) || as_pos(pos, &at) < 0 || at < 0)) {  // (before anything changes)
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "a position is an int >= 0, not %R", pos);
+    return -1;
+  }
   if (call_lock(cv_lock, s_acquire) < 0) return -1;
   int ok = -1;
   PyObject *v = NULL;
@@ -376,7 +388,6 @@ static int landed_in(PyObject *rt, PyObject *core, PyObject *pos, PyObject *data
     }
     ((Proposal *)p)->flying = 0;
   }
-  long long in_flight, at, applied, target;
   if ((v = PyObject_GetAttr(rt, s_in_flight)) == NULL || as_pos(v, &in_flight) < 0) goto out;
   Py_CLEAR(v);
   in_flight -= 1;
@@ -393,7 +404,6 @@ static int landed_in(PyObject *rt, PyObject *core, PyObject *pos, PyObject *data
     }
   }
   if (pos != Py_None) {
-    if (as_pos(pos, &at) < 0) goto out;
     if ((v = PyObject_GetAttr(rt, s_applied)) == NULL || as_pos(v, &applied) < 0) goto out;
     Py_CLEAR(v);
     if (at >= applied) {

@@ -104,6 +104,10 @@ def test_landed_counts_each_attempt_once_and_keeps_what_the_play_needs() -> None
     f = rt._propose(CMD, rt.map("m").stream, b"body")
     data, p = rec.sent[0]
     assert rt._in_flight == 1 and p.flying
+    for bad in ("5", -1, 2**70, 5.0):  # refused before anything changes
+        with pytest.raises((ValueError, OverflowError)):
+            p.set_result(bad)
+    assert rt._in_flight == 1 and p.flying and not rt._own
     p.set_result(5)  # as the client's pipeline settles the append
     assert rt._in_flight == 0 and not p.flying
     assert rt._own == {5: data} and rt._own_heap == [5] and rt._target == 6
