@@ -56,7 +56,7 @@ static struct {
 
 static PyObject *s_acquire, *s_release, *s_next_seq, *s_in_flight, *s_closing, *s_client_id, *s_propose_timeout,
     *s_log, *s_append_async, *s_popleft, *s_append, *s_settle, *s_not_sent, *s_send_failed, *s_applied, *s_target,
-    *s_notify_all, *s_core, *kw_future, *empty, *heappush;
+    *s_notify_all, *s_core, *s_failed, *kw_future, *empty, *heappush;
 
 /* ------------------------------------------------------------------ Proposal */
 
@@ -291,7 +291,9 @@ static double monotonic(void) {
 }
 
 /* the runtime's count of own appends in flight, plus one, and p flying (under cv_lock);
- * 1 if the runtime is closing (nothing counted), 0 if counted, -1 on an error */
+ * 1 if the runtime is closing or has failed (nothing counted), 0 if counted, -1 on an
+ * error. (Runtime._fail sets _failed under cv_lock, then tells what is in pending: p is
+ * registered before this looks, so one of the two finds it.) */
 static int count_flying(PyObject *rt, PyObject *cv_lock, Proposal *p) {
   if (call_lock(cv_lock, s_acquire) < 0) return -1;
   int out = -1;
@@ -300,6 +302,12 @@ static int count_flying(PyObject *rt, PyObject *cv_lock, Proposal *p) {
   int c = PyObject_IsTrue(closing);
   Py_DECREF(closing);
   if (c < 0) goto done;
+  if (!c) {
+    PyObject *failed = PyObject_GetAttr(rt, s_failed);
+    if (failed == NULL) goto done;
+    c = failed != Py_None;
+    Py_DECREF(failed);
+  }
   if (c) {
     out = 1;
     goto done;
@@ -482,6 +490,7 @@ static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs
   PyObject *rt = args[0], *core = args[1], *stream = args[3], *body = args[4], *streams = args[5];
   long kind = PyLong_AsLong(args[2]);
   if (kind == -1 && PyErr_Occurred()) return NULL;
+  if (kind < 1 || kind > 255) return PyErr_Format(PyExc_ValueError, "an entry's kind is 1..255, not %ld", kind);
   if (!PyTuple_Check(core) || PyTuple_GET_SIZE(core) != CORE_SIZE)
     return PyErr_Format(PyExc_TypeError, "core is Runtime._core");
   PyObject *plock = PyTuple_GET_ITEM(core, 0), *cv_lock = PyTuple_GET_ITEM(core, 1),
@@ -523,7 +532,7 @@ static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs
   p->attempts = 1;
   PyObject *out = NULL;
   int closing = count_flying(rt, cv_lock, p);
-  if (closing > 0) {  // not counted, never sent: the runtime is closing (told so by _not_sent(p, None))
+  if (closing > 0) {  // not counted, never sent: the runtime is closing or failed (told so by _not_sent(p, None))
     PyObject *r = PyObject_CallMethodObjArgs(rt, s_not_sent, (PyObject *)p, Py_None, NULL);
     if (r != NULL) {
       Py_DECREF(r);
@@ -602,6 +611,7 @@ PyMODINIT_FUNC PyInit__propose(void) {
   INTERN(s_target, "_target");
   INTERN(s_notify_all, "notify_all");
   INTERN(s_core, "_core");
+  INTERN(s_failed, "_failed");
 #undef INTERN
   if ((kw_future = Py_BuildValue("(s)", "future")) == NULL || (empty = PyTuple_New(0)) == NULL) return NULL;
   PyObject *heapq = PyImport_ImportModule("heapq");

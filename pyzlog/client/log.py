@@ -51,15 +51,18 @@ STREAM_BATCH_ROWS = 4096
 TAKEN_KEPT = 256
 
 
-#: classes whose every instance can be told, as known from the class alone (_can_tell)
+#: classes whose every instance can be told, as known from the class alone (_can_tell); at most
+#: TELLABLE_KEPT of them, so that a program making classes does not keep them all alive
 _TELLABLE: set[type] = set()
+TELLABLE_KEPT = 64
 
 
 def _can_tell(future: Any) -> bool:
     """`future` has set_result and set_exception to call: an instance (a
     class's are unbound), whose attributes can be looked up. Asked once
     per append: a class whose instances cannot hide its two methods (no
-    __dict__, no attribute hooks) is answered for once."""
+    __dict__, no attribute hooks) is answered for once (a class changed
+    after that, its methods deleted, is not looked at again)."""
     cls = type(future)
     if cls in _TELLABLE:
         return True
@@ -69,7 +72,7 @@ def _can_tell(future: Any) -> bool:
         ok = callable(getattr(future, "set_result", None)) and callable(getattr(future, "set_exception", None))
     except Exception:  # noqa: BLE001 - a property or __getattr__ that raises: it cannot be told either
         return False
-    if ok and _by_class_alone(cls):
+    if ok and len(_TELLABLE) < TELLABLE_KEPT and _by_class_alone(cls):
         _TELLABLE.add(cls)
     return ok
 

@@ -605,8 +605,8 @@ class Runtime:
         p.attempts += 1
         q = self._queue
         q.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
-        if self._closing:  # close() may have told the pending ones before this one was registered
-            self._drop(p, RuntimeClosed("the runtime was closed before the proposal was applied"))
+        if self._closing or self._failed is not None:  # close() or _fail may have told the pending ones
+            self._not_sent(p, None)                       # before this one was registered
             return p.future
         # wake a sender for the first of a batch (one that wakes takes what is
         # queued, and one going idle looks first), when every sender is idle
@@ -644,13 +644,13 @@ class Runtime:
         handed = False  # the append's outcome goes to _appended, or was judged here
         try:
             with self._cv_lock:
-                closing = self._closing
+                closing = self._closing or self._failed is not None
                 if not closing:
                     self._in_flight += 1
                     p.flying = True  # (no call between this and the count: no Ctrl-C can come between)
-            if closing:  # close() may have told the pending ones before this one was registered
+            if closing:  # close() or _fail may have told the pending ones before this one was registered
                 handed = True
-                self._drop(p, RuntimeClosed("the runtime was closed before the proposal was applied"))
+                self._not_sent(p, None)
                 return
             try:
                 self.log.append_async(p.data, future=p)  # its outcome: p.set_result or p.set_exception
@@ -664,14 +664,18 @@ class Runtime:
                 self._send_failed(p, None)
 
     def _not_sent(self, p: _Pending, error: BaseException | None) -> None:
-        """A proposal registered, not sent (native/propose.c): the runtime is
-        closing (error None; close() may have told the pending ones before
-        this one was registered), or an interrupt came before its append was
-        handed over (raised again by the caller)."""
-        if error is None:
-            self._drop(p, RuntimeClosed("the runtime was closed before the proposal was applied"))
-        else:
+        """A proposal registered, not sent: the runtime is closing or has
+        failed (error None; close() or _fail may have told the pending ones
+        before this one was registered), or an interrupt came before its
+        append was handed over (raised again by the caller)."""
+        if error is not None:
             self._drop(p, NotApplied(f"proposal {p.seq}: interrupted before it was appended"))
+        elif self._failed is not None:
+            failed = RuntimeFailed(f"the runtime stopped: {self._failed}")
+            failed.__cause__ = self._failed
+            self._drop(p, failed)
+        else:
+            self._drop(p, RuntimeClosed("the runtime was closed before the proposal was applied"))
 
     def _send_failed(self, p: _Pending, e: BaseException | None) -> None:
         """p's append_async raised `e`: a failed append, retried or told; or

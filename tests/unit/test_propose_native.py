@@ -8,7 +8,9 @@ A runtime that is never started needs no cluster; its log here is a
 stand-in that records the appends it is handed."""
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -16,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyzlog import LazyFuture, Log, ZlogError
-from pyzlog.client.log import _can_tell
-from pyzlog.objects import NotApplied, Runtime, RuntimeClosed, entry
+from pyzlog.client.log import TELLABLE_KEPT, _TELLABLE, _can_tell
+from pyzlog.objects import NotApplied, ObjectsError, Runtime, RuntimeClosed, RuntimeFailed, entry
 from pyzlog.objects.runtime import CMD, NOOP, _Pending, _propose_native
 
 ME = 77
@@ -160,3 +162,49 @@ def test_a_proposal_to_a_closing_runtime_is_told_so_and_never_sent() -> None:
         f.result(0)
     assert rec.sent == [] and not rt._pending and rt._in_flight == 0
     assert list(rt._unsettled) == [1] and 1 in rt._settled
+
+
+@pytest.mark.parametrize("way", ["c", "python"])
+def test_a_proposal_to_a_runtime_that_failed_meanwhile_is_told_so_and_never_sent(way: str) -> None:
+    """The player may stop (a damaged entry) between _propose's look and
+    the count under _cv_lock (an adversary's find: the proposal was
+    registered after _fail told the pending ones, and waited until
+    close()). Told RuntimeFailed, not sent."""
+    rt, rec = runtime()
+    stream = rt.map("m").stream
+    if way == "c":  # (called past _propose's look)
+        rt._failed = ObjectsError("damaged entry")
+        f = _propose_native(rt, rt._core, CMD, stream, b"a", (stream,))
+    else:  # a RETIRE's or a retry's way (_submit)
+        p = rt._new_pending(NOOP, 0, b"")
+        rt._failed = ObjectsError("damaged entry")
+        rt._submit(p)
+        f = p.future
+    with pytest.raises(RuntimeFailed, match="damaged entry"):
+        f.result(0)
+    assert rec.sent == [] and not rt._pending and rt._in_flight == 0
+
+
+def test_the_append_answers_for_a_class_once_and_keeps_few_classes() -> None:
+    """Log.append_async checks each future= it is given; a class whose
+    instances cannot hide set_result and set_exception (the proposals') is
+    answered for once, and at most TELLABLE_KEPT classes are kept (an
+    adversary's find: a program making classes kept every one alive)."""
+    made = []
+    for i in range(TELLABLE_KEPT * 2):
+        cls = type(f"Sink{i}", (), {"__slots__": (), "set_result": lambda self, r: None,
+                                    "set_exception": lambda self, e: None})
+        assert _can_tell(cls())
+        made.append(weakref.ref(cls))
+        del cls
+    assert len(_TELLABLE) <= TELLABLE_KEPT
+    gc.collect()
+    assert sum(r() is not None for r in made) <= TELLABLE_KEPT
+
+    class Open:  # instances with a __dict__ can hide the methods: looked at each time
+        def set_result(self, r: int) -> None: ...
+        def set_exception(self, e: BaseException) -> None: ...
+
+    hidden = Open()
+    hidden.set_result = None  # type: ignore[assignment, method-assign]
+    assert _can_tell(Open()) and not _can_tell(hidden) and Open not in _TELLABLE
