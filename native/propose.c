@@ -2,25 +2,31 @@
  *
  * Runtime.propose (objects/runtime.py) takes a seq and the low-water mark,
  * makes the entry (header + body), registers the proposal and hands the
- * entry to Log.append_async with the proposal as the append's `future`.
- * In Python that was about 1.3 us a put, as much as the rest of a put's
- * client work; here it is a few C-API calls. The steps, their locks and
- * their order are the Python's (runtime.py, Runtime._propose_slow keeps
- * the same steps for the streams runtime and RETIREs); what can go wrong
- * between them is handed to the runtime's own methods, so the outcome of
- * every failure is decided in one place (Runtime._not_sent, _send_failed).
+ * entry to Log.append_async with the proposal as the append's `future`;
+ * the client's pipeline then tells the proposal where it landed. In Python
+ * that was about 1.8 us a put, more than the rest of a put's client work;
+ * here it is a few C-API calls. The steps, their locks and their order are
+ * the Python's; what can go wrong between them is handed to the runtime's
+ * own methods, so the outcome of every failure is decided in one place
+ * (Runtime._settle, _not_sent, _send_failed).
  *
  * Proposal: the base of runtime._Pending, one proposal's record: its
  *   fields as C members (made without running Python code, read from
- *   Python as slots are), its methods in the Python subclass.
+ *   Python as slots are); set_result(position) is landed(), the rest of
+ *   its methods are the Python subclass's.
  * configure(magic, version, pending_type, fresh_future): the header's
  *   constants (entry.py), the class of the records to make, and a new
  *   future (LazyFuture()): each proposal's future is made as one of its
  *   class with its attributes (no __init__ run: it is Python code).
+ * new_pending(rt, core, kind, stream, body, retire, streams) -> _Pending
+ *   the seq and low-water mark, the entry and the record, registered in
+ *   rt._pending (Runtime._new_pending: every proposal's).
  * propose(rt, core, kind, stream, body, streams) -> Future
- *   core: (plock, cv_lock, pending, unsettled, settled), the runtime's
- *   containers and locks (made once, never rebound). Called with the
- *   runtime started and open, for a plain (no streams) runtime.
+ *   new_pending's steps, then the count in flight and the append
+ *   (Runtime._propose's common case: a plain, not streams, runtime).
+ * landed(rt, core, pos, data, wake, p): Runtime._landed.
+ *   core is Runtime._core, the runtime's locks and containers (made once,
+ *   never rebound). Called with the runtime started and open.
  *
  * The header is entry.HEADER, "<2sBBBQQQQ": magic, version, kind, flags,
  * client, seq, lwm, stream (37 bytes). */
@@ -178,6 +184,19 @@ static int call_lock(PyObject *lock, PyObject *name) {
   return 0;
 }
 
+/* let go of `lock` whatever is raised: the error raised first stays the one raised; -1 if
+ * the release failed */
+static int release(PyObject *lock) {
+  PyObject *et, *ev, *tb;
+  PyErr_Fetch(&et, &ev, &tb);
+  int released = call_lock(lock, s_release);
+  if (et != NULL) {
+    if (released < 0) PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+  }
+  return released;
+}
+
 static int put_u64(unsigned char *at, PyObject *v) {
   uint64_t x = PyLong_AsUnsignedLongLong(v);
   if (x == (uint64_t)-1 && PyErr_Occurred()) return -1;
@@ -240,16 +259,7 @@ out:
     if (PySet_Add(settled, seq) < 0) PyErr_Clear();
     PyErr_Restore(et, ev, tb);
   }
-  {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int released = call_lock(plock, s_release);
-    if (et != NULL) {  // (the first error is the one raised)
-      if (released < 0) PyErr_Clear();
-      PyErr_Restore(et, ev, tb);
-    }
-    if (released < 0) ok = -1;
-  }
+  if (release(plock) < 0) ok = -1;
   if (ok < 0) {
     Py_XDECREF(seq);
     Py_XDECREF(lwm);
@@ -322,15 +332,8 @@ static int count_flying(PyObject *rt, PyObject *cv_lock, Proposal *p) {
   if (set < 0) goto done;
   p->flying = 1;
   out = 0;
-done:;
-  PyObject *et, *ev, *tb;
-  PyErr_Fetch(&et, &ev, &tb);
-  int released = call_lock(cv_lock, s_release);
-  if (et != NULL) {
-    if (released < 0) PyErr_Clear();
-    PyErr_Restore(et, ev, tb);
-  }
-  return released < 0 ? -1 : out;
+done:
+  return release(cv_lock) < 0 ? -1 : out;
 }
 
 /* tell the runtime of the error now raised, then raise it again if it was
@@ -436,14 +439,7 @@ static int landed_in(PyObject *rt, PyObject *core, PyObject *pos, PyObject *data
   ok = 0;
 out:
   Py_XDECREF(v);
-  PyObject *et, *ev, *tb;
-  PyErr_Fetch(&et, &ev, &tb);
-  int released = call_lock(cv_lock, s_release);
-  if (et != NULL) {
-    if (released < 0) PyErr_Clear();
-    PyErr_Restore(et, ev, tb);
-  }
-  return released < 0 ? -1 : ok;
+  return release(cv_lock) < 0 ? -1 : ok;
 }
 
 static PyObject *landed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -484,19 +480,33 @@ static PyObject *new_future(void) {
   return f;
 }
 
-static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 6) return PyErr_Format(PyExc_TypeError, "propose(rt, core, kind, stream, body, streams)");
-  if (!F.ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._propose is not configured");
-  PyObject *rt = args[0], *core = args[1], *stream = args[3], *body = args[4], *streams = args[5];
-  long kind = PyLong_AsLong(args[2]);
-  if (kind == -1 && PyErr_Occurred()) return NULL;
-  if (kind < 1 || kind > 255) return PyErr_Format(PyExc_ValueError, "an entry's kind is 1..255, not %ld", kind);
-  if (!PyTuple_Check(core) || PyTuple_GET_SIZE(core) != CORE_SIZE)
-    return PyErr_Format(PyExc_TypeError, "core is Runtime._core");
-  PyObject *plock = PyTuple_GET_ITEM(core, 0), *cv_lock = PyTuple_GET_ITEM(core, 1),
-           *pending = PyTuple_GET_ITEM(core, 2), *unsettled = PyTuple_GET_ITEM(core, 3),
-           *settled = PyTuple_GET_ITEM(core, 4);
+/* propose's and new_pending's arguments: the kind, and core's items */
+static int parse_args(PyObject *const *args, long *kind) {
+  if (!F.ready) {
+    PyErr_SetString(PyExc_RuntimeError, "pyzlog.objects._propose is not configured");
+    return -1;
+  }
+  *kind = PyLong_AsLong(args[2]);
+  if (*kind == -1 && PyErr_Occurred()) return -1;
+  if (*kind < 1 || *kind > 255) {
+    PyErr_Format(PyExc_ValueError, "an entry's kind is 1..255, not %ld", *kind);
+    return -1;
+  }
+  if (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != CORE_SIZE) {
+    PyErr_SetString(PyExc_TypeError, "core is Runtime._core");
+    return -1;
+  }
+  return 0;
+}
 
+/* a new proposal (its seq and low-water mark, entry, record and future), registered in
+ * pending; NULL with nothing registered and its seq, if it took one, settled */
+static Proposal *register_new(PyObject *rt, PyObject *core, long kind, PyObject *stream, PyObject *body,
+                              PyObject *retire, PyObject *streams) {
+  PyObject *plock = PyTuple_GET_ITEM(core, 0), *pending = PyTuple_GET_ITEM(core, 2),
+           *unsettled = PyTuple_GET_ITEM(core, 3), *settled = PyTuple_GET_ITEM(core, 4);
+  int full = PyObject_IsTrue(retire);  // (a RETIRE's list of seqs; the others' is empty)
+  if (full < 0) return NULL;
   PyObject *timeout = PyObject_GetAttr(rt, s_propose_timeout);
   if (timeout == NULL) return NULL;
   double deadline = PyFloat_AsDouble(timeout);
@@ -515,7 +525,7 @@ static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs
   PyObject *data = make_entry(rt, kind, stream, body, seq, lwm);
   Py_DECREF(lwm);
   if (data != NULL) p = (Proposal *)F.pending_type->tp_alloc(F.pending_type, 0);
-  if (p != NULL) proposal_fill(p, seq, data, future, deadline, empty, streams, rt);  // (plain C: nothing runs)
+  if (p != NULL) proposal_fill(p, seq, data, future, deadline, full ? retire : empty, streams, rt);  // (plain C)
   if (p == NULL || PyDict_SetItem(pending, seq, (PyObject *)p) < 0) {
     // never proposed: the low-water mark passes its seq (Runtime._settle)
     PyObject *et, *ev, *tb;
@@ -524,10 +534,30 @@ static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_XDECREF(r);
     if (r == NULL) PyErr_Clear();
     PyErr_Restore(et, ev, tb);
-    Py_XDECREF(p), Py_XDECREF(data), Py_DECREF(seq), Py_DECREF(future);
-    return NULL;
+    Py_CLEAR(p);
   }
-  Py_DECREF(data), Py_DECREF(seq);
+  Py_XDECREF(data);
+  Py_DECREF(seq);
+  Py_DECREF(future);
+  return p;
+}
+
+static PyObject *new_pending(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  long kind;
+  if (nargs != 7) return PyErr_Format(PyExc_TypeError, "new_pending(rt, core, kind, stream, body, retire, streams)");
+  if (parse_args(args, &kind) < 0) return NULL;
+  return (PyObject *)register_new(args[0], args[1], kind, args[3], args[4], args[5], args[6]);
+}
+
+static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  long kind;
+  if (nargs != 6) return PyErr_Format(PyExc_TypeError, "propose(rt, core, kind, stream, body, streams)");
+  if (parse_args(args, &kind) < 0) return NULL;
+  PyObject *rt = args[0], *cv_lock = PyTuple_GET_ITEM(args[1], 1);
+  Proposal *p = register_new(rt, args[1], kind, args[3], args[4], Py_None, args[5]);
+  if (p == NULL) return NULL;
+  PyObject *future = p->future;
+  Py_INCREF(future);
 
   p->attempts = 1;
   PyObject *out = NULL;
@@ -581,6 +611,8 @@ static PyTypeObject ProposalType = {
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "the header's constants and the classes to make"},
+    {"new_pending", (PyCFunction)(void (*)(void))new_pending, METH_FASTCALL,
+     "new_pending(rt, core, kind, stream, body, retire, streams): a proposal's seq, entry and record, registered"},
     {"landed", (PyCFunction)(void (*)(void))landed, METH_FASTCALL,
      "landed(rt, core, pos, data, wake, p): Runtime._landed (an own append is over)"},
     {"propose", (PyCFunction)(void (*)(void))propose, METH_FASTCALL,

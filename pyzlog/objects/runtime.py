@@ -45,8 +45,8 @@ from pyzlog import (ClusterUnavailable, HoleClock, InvalidRequest, LazyFuture, L
                     ZlogError)
 
 from . import codec, entry
-from .entry import (CMD, FLAG_BACKPOINTERS, HEADER, HEADER_SIZE, HEADER_U16, MAGIC, MAGIC_U16, MAX_LAYER_VERSION, NOOP,
-                    RETIRE, TXN)
+from .entry import (CMD, FLAG_BACKPOINTERS, HEADER_SIZE, HEADER_U16, MAGIC, MAGIC_U16, MAX_LAYER_VERSION, NOOP, RETIRE,
+                    TXN)
 from .errors import (BadEntry, CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown, ResultUnavailable,
                      RuntimeClosed, RuntimeFailed, TransactionAborted, WrongType)
 from .codec import SSTR, SBYTES
@@ -56,7 +56,7 @@ from .sessions import Session, Sessions
 from ._replay import apply_common as _apply_common, apply_common_columns as _apply_common_columns
 from ._replay import configure as _configure_replay, row_at as _row_at
 from ._propose import Proposal as _Proposal, configure as _configure_propose, landed as _landed_native
-from ._propose import propose as _propose_native
+from ._propose import new_pending as _new_pending_native, propose as _propose_native
 from .streams import BehindTrim as _Trimmed, WalkStats, kinds_of, walk
 from .machine import Transaction, TxnResult
 
@@ -280,7 +280,7 @@ class Runtime:
         self._next_seq = 1
         self._unsettled: deque[int] = deque()
         self._settled: set[int] = set()
-        #: what native/propose.c takes and changes (under the locks, as _new_pending and _submit do)
+        #: what native/propose.c takes and changes (under these locks, as the Python does)
         self._core = (self._plock, self._cv_lock, self._pending, self._unsettled, self._settled, self._own,
                       self._own_heap, self._queue, self._cv)
 
@@ -549,26 +549,15 @@ class Runtime:
 
     def _new_pending(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None,
                      streams: tuple[int, ...] | None = None) -> _Pending:
+        """A new proposal, registered: its seq and low-water mark (under
+        _plock), its entry and its record, in C (native/propose.c; an error
+        between the steps leaves its seq settled, nothing registered)."""
         if not self._started:
             self.start()
         if self._failed is not None or self._closing:
             self._check_open()
-        seq = 0
-        try:
-            with self._plock:
-                seq = self._next_seq
-                self._next_seq += 1
-                self._unsettled.append(seq)
-                lwm = self._lwm_locked()
-            data = HEADER.pack(MAGIC, entry.PLAIN_VERSION, kind, 0, self.client_id, seq, lwm, stream) + body
-            if streams is None:
-                streams = self._streams_of(kind, stream)
-            p = _Pending(seq, data, LazyFuture(), time.monotonic() + self.propose_timeout, retire, streams, self)
-            self._pending[seq] = p
-        except BaseException:
-            if seq and seq not in self._pending:  # (Ctrl-C) never proposed: the low-water mark passes it
-                self._settle(seq)
-            raise
+        p: _Pending = _new_pending_native(self, self._core, kind, stream, body, retire,  # (configured: a _Pending)
+                                          self._streams_of(kind, stream) if streams is None else streams)
         return p
 
     def _streams_of(self, kind: int, stream: int) -> tuple[int, ...]:
@@ -583,7 +572,7 @@ class Runtime:
                  streams: tuple[int, ...] | None = None) -> Future[Any]:
         if not self.streams and retire is None:
             # the common proposal, in C (native/propose.c): _new_pending's and _submit's steps, with
-            # what can go wrong between them handed to _settle, _not_sent and _send_failed
+            # what can go wrong between them handed to _settle, _not_sent and _send_failed (one call)
             if not self._started:
                 self.start()
             if self._failed is not None or self._closing:
@@ -617,12 +606,6 @@ class Runtime:
             with self._send_cv_lock:
                 self._send_cv.notify()
         return p.future
-
-    def _lwm_locked(self) -> int:
-        u, s = self._unsettled, self._settled
-        while u and u[0] in s:
-            s.discard(u.popleft())
-        return u[0] if u else self._next_seq
 
     def _settle(self, seq: int) -> None:
         with self._plock:

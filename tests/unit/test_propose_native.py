@@ -1,9 +1,10 @@
 """An async proposal's way into the log is in C (native/propose.c,
 pyzlog.objects._propose): its seq and low-water mark, its entry, its
 record and its append, and, once the append lands, Runtime._landed. The
-streams runtime and RETIREs keep the Python steps (_new_pending, _submit);
-both ways must make the same entries and leave the same state, and each
-way something can go wrong between the steps must end as it did in Python.
+streams runtime, RETIREs and retries send through the Python step
+(_submit, after new_pending): both ways must make the same entries and
+leave the same state, and each way something can go wrong between the
+steps must end as it did in Python.
 A runtime that is never started needs no cluster; its log here is a
 stand-in that records the appends it is handed."""
 from __future__ import annotations
