@@ -25,6 +25,16 @@
  *   new_pending's steps, then the count in flight and the append
  *   (Runtime._propose's common case: a plain, not streams, runtime).
  * landed(rt, core, pos, data, wake, p): Runtime._landed.
+ * put(rt, core, stream, key, value): ReplicatedMap.put_async's common case
+ *   (a str key, a str or bytes value): the body encoded here, then propose's
+ *   steps (streams on: new_pending's, then Runtime._enqueue); None if not
+ *   taken (the Python way checks and encodes the rest).
+ * stream_entries(first, k, answer, datas, first_level): a streams batch's
+ *   entries with their backpointers (Runtime._store's; client/streams.py's
+ *   entry_backpointers and entry.with_backpointers are the reference).
+ * own_run(heap, own, at, limit), answer(plock, settled, done): the player's
+ *   side (Runtime._play's run of own entries, Runtime._apply_rows's
+ *   settling of what it applied), per entry a handful of Python operations.
  *   core is Runtime._core, the runtime's locks and containers (made once,
  *   never rebound). Called with the runtime started and open.
  *
@@ -55,14 +65,21 @@ static PyTypeObject ProposalType;
 
 static struct {
   int ready;
-  unsigned char magic[2], version;
+  unsigned char magic[2], version, v2, flag_backpointers;
+  int streams_ready;
   PyTypeObject *pending_type, *future_type;
   PyObject *future_state;  // a fresh future's attributes: each new one starts as a copy
 } F;
 
+/* the map put's constants (configure_put) */
+static struct {
+  int ready;
+  unsigned cmd, op, sstr, str, sbytes, bytes;
+} P;
+
 static PyObject *s_acquire, *s_release, *s_next_seq, *s_in_flight, *s_closing, *s_client_id, *s_propose_timeout,
     *s_log, *s_append_async, *s_popleft, *s_append, *s_settle, *s_not_sent, *s_send_failed, *s_applied, *s_target,
-    *s_notify_all, *s_core, *s_failed, *kw_future, *empty, *heappush;
+    *s_notify_all, *s_core, *s_failed, *s_update, *s_done, *s_one_stream, *s_streams, *s_enqueue, *kw_future, *empty, *heappush;
 
 /* ------------------------------------------------------------------ Proposal */
 
@@ -549,12 +566,11 @@ static PyObject *new_pending(PyObject *self, PyObject *const *args, Py_ssize_t n
   return (PyObject *)register_new(args[0], args[1], kind, args[3], args[4], args[5], args[6]);
 }
 
-static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-  long kind;
-  if (nargs != 6) return PyErr_Format(PyExc_TypeError, "propose(rt, core, kind, stream, body, streams)");
-  if (parse_args(args, &kind) < 0) return NULL;
-  PyObject *rt = args[0], *cv_lock = PyTuple_GET_ITEM(args[1], 1);
-  Proposal *p = register_new(rt, args[1], kind, args[3], args[4], Py_None, args[5]);
+/* register a new proposal, count it in flight and append it: its future */
+static PyObject *propose_entry(PyObject *rt, PyObject *core, long kind, PyObject *stream, PyObject *body,
+                               PyObject *streams) {
+  PyObject *cv_lock = PyTuple_GET_ITEM(core, 1);
+  Proposal *p = register_new(rt, core, kind, stream, body, Py_None, streams);
   if (p == NULL) return NULL;
   PyObject *future = p->future;
   Py_INCREF(future);
@@ -595,6 +611,419 @@ done:
   return out;
 }
 
+static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  long kind;
+  if (nargs != 6) return PyErr_Format(PyExc_TypeError, "propose(rt, core, kind, stream, body, streams)");
+  if (parse_args(args, &kind) < 0) return NULL;
+  return propose_entry(args[0], args[1], kind, args[3], args[4], args[5]);
+}
+
+/* a key's or value's encoding (codec.dumps) for a str or bytes: tag, length, bytes */
+static char *put_item(char *at, int small_tag, int tag, const char *buf, Py_ssize_t n) {
+  if (n < 256) {
+    *at++ = (char)small_tag;
+    *at++ = (char)n;
+  } else {
+    uint32_t len = (uint32_t)n;
+    *at++ = (char)tag;
+    memcpy(at, &len, 4);
+    at += 4;
+  }
+  memcpy(at, buf, n);
+  return at + n;
+}
+
+static int str_or_bytes(PyObject *v, const char **buf, Py_ssize_t *n, int *is_str) {
+  if (PyBytes_CheckExact(v)) {
+    *buf = PyBytes_AS_STRING(v), *n = PyBytes_GET_SIZE(v), *is_str = 0;
+    return 1;
+  }
+  if (PyUnicode_CheckExact(v)) {
+    *buf = PyUnicode_AsUTF8AndSize(v, n), *is_str = 1;
+    if (*buf == NULL) PyErr_Clear();  // (a lone surrogate: the Python way says so)
+    return *buf != NULL;
+  }
+  return 0;
+}
+
+/* put(rt, core, stream, key, value) -> Future, or None if not taken: a map put
+ * (ReplicatedMap.put_async) of a str key and a str or bytes value on a started,
+ * open runtime, its body encoded here as codec.dumps does, then appended as
+ * propose() does (or, streams on, registered and handed to Runtime._enqueue
+ * for the senders, as Runtime._propose does); anything else
+ * (other types, a str that is not valid Unicode, a closed or failed runtime,
+ * beyond 4 GiB) is the Python way's, which checks and says what is wrong. */
+static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 5) return PyErr_Format(PyExc_TypeError, "put(rt, core, stream, key, value)");
+  if (!P.ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._propose.configure_put was not called");
+  if (!F.ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._propose is not configured");
+  if (!PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != CORE_SIZE)
+    return PyErr_Format(PyExc_TypeError, "core is Runtime._core");
+  long kind = P.cmd;
+  PyObject *rt = args[0], *stream = args[2];
+  const char *kb, *vb;
+  Py_ssize_t kn, vn;
+  int key_str, value_str;
+  if (!PyUnicode_CheckExact(args[3]) || !str_or_bytes(args[3], &kb, &kn, &key_str) ||
+      !str_or_bytes(args[4], &vb, &vn, &value_str) || kn > UINT32_MAX || vn > UINT32_MAX)
+    Py_RETURN_NONE;
+  PyObject *v = PyObject_GetAttr(rt, s_failed);
+  if (v == NULL) return NULL;
+  int open = v == Py_None;
+  Py_DECREF(v);
+  if (open) {
+    if ((v = PyObject_GetAttr(rt, s_closing)) == NULL) return NULL;
+    open = PyObject_Not(v);
+    Py_DECREF(v);
+    if (open < 0) return NULL;
+  }
+  if (!open) Py_RETURN_NONE;  // (the Python way raises RuntimeClosed or RuntimeFailed)
+  PyObject *one = PyObject_GetAttr(rt, s_one_stream), *streams = NULL;  // (stream,): one tuple per object
+  if (one == NULL) return NULL;
+  if (!PyDict_CheckExact(one)) {
+    Py_DECREF(one);
+    return PyErr_Format(PyExc_TypeError, "Runtime._one_stream is a dict");
+  }
+  streams = PyDict_GetItemWithError(one, stream);
+  if (streams != NULL) Py_INCREF(streams);
+  else if (!PyErr_Occurred() && (streams = PyTuple_Pack(1, stream)) != NULL && PyDict_SetItem(one, stream, streams) < 0)
+    Py_CLEAR(streams);
+  Py_DECREF(one);
+  if (streams == NULL) return NULL;
+  PyObject *body = PyBytes_FromStringAndSize(NULL, 1 + (kn < 256 ? 2 : 5) + kn + (vn < 256 ? 2 : 5) + vn), *out = NULL;
+  if (body != NULL) {
+    char *at = PyBytes_AS_STRING(body);
+    *at++ = (char)P.op;
+    at = put_item(at, P.sstr, P.str, kb, kn);
+    put_item(at, value_str ? P.sstr : P.sbytes, value_str ? P.str : P.bytes, vb, vn);
+    int queued = 0;  // streams on: registered here, then queued for the senders (Runtime._enqueue)
+    if ((v = PyObject_GetAttr(rt, s_streams)) != NULL) {
+      queued = PyObject_IsTrue(v);
+      Py_DECREF(v);
+    }
+    if (v == NULL || queued < 0) {
+      out = NULL;
+    } else if (!queued) {
+      out = propose_entry(rt, args[1], kind, stream, body, streams);
+    } else {
+      Proposal *p = register_new(rt, args[1], kind, stream, body, Py_None, streams);
+      if (p != NULL) {
+        out = PyObject_CallMethodOneArg(rt, s_enqueue, (PyObject *)p);
+        Py_DECREF(p);
+      }
+    }
+    Py_DECREF(body);
+  }
+  Py_DECREF(streams);
+  return out;
+}
+
+/* configure_put(cmd, op, sstr, str, sbytes, bytes): a command's kind (entry.CMD),
+ * the map put's op (objects.MAP_PUT) and codec.py's tags of a str and a bytes */
+static PyObject *configure_put(PyObject *self, PyObject *args) {
+  unsigned cmd, op, sstr, str, sbytes, bytes;
+  if (!PyArg_ParseTuple(args, "IIIIII", &cmd, &op, &sstr, &str, &sbytes, &bytes)) return NULL;
+  if (cmd < 1 || cmd > 255 || op > 255 || sstr > 255 || str > 255 || sbytes > 255 || bytes > 255)
+    return PyErr_Format(PyExc_ValueError, "a kind of 1..255, and an op and tags of a byte");
+  P.cmd = cmd, P.op = op, P.sstr = sstr, P.str = str, P.sbytes = sbytes, P.bytes = bytes;
+  P.ready = 1;
+  Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ entries with backpointers */
+
+#define MAX_STREAMS 64  // streams per entry (Log.append_streams' limit)
+
+typedef struct {
+  uint64_t stream, horizon, ordinal;
+  uint64_t *back;  // the sequencer's recent positions, newest first
+  Py_ssize_t nback;
+  int64_t known[64];  // skip pointer by level (-1: not known); known[top] is the highest level named
+  int top;
+} StreamAnswer;
+
+static int u64_of(PyObject *v, uint64_t *out) {
+  *out = PyLong_AsUnsignedLongLong(v);
+  return *out == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* one stream's item of the sequencer's answer: (stream, horizon, recent, ordinal, [(level, position)]) */
+static int parse_answer(PyObject *item, StreamAnswer *a) {
+  if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5) {
+    PyErr_Format(PyExc_ValueError, "an answer's item is (stream, horizon, recent, ordinal, levels), not %R", item);
+    return -1;
+  }
+  PyObject *back = PyTuple_GET_ITEM(item, 2), *levels = PyTuple_GET_ITEM(item, 4);
+  if (u64_of(PyTuple_GET_ITEM(item, 0), &a->stream) < 0 || u64_of(PyTuple_GET_ITEM(item, 1), &a->horizon) < 0 ||
+      u64_of(PyTuple_GET_ITEM(item, 3), &a->ordinal) < 0)
+    return -1;
+  if (!PyList_Check(back) || !PyList_Check(levels)) {
+    PyErr_SetString(PyExc_ValueError, "an answer's recent positions and levels are lists");
+    return -1;
+  }
+  a->nback = PyList_GET_SIZE(back);
+  a->back = PyMem_Malloc(sizeof(uint64_t) * (a->nback ? a->nback : 1));
+  if (a->back == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < a->nback; i++)
+    if (u64_of(PyList_GET_ITEM(back, i), &a->back[i]) < 0) return -1;
+  for (int l = 0; l < 64; l++) a->known[l] = -1;
+  a->top = -1;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(levels); i++) {  // as dict(levels): the last of a level counts
+    PyObject *lp = PyList_GET_ITEM(levels, i);
+    uint64_t level, pos;
+    if (!PyTuple_Check(lp) || PyTuple_GET_SIZE(lp) != 2 || u64_of(PyTuple_GET_ITEM(lp, 0), &level) < 0 ||
+        u64_of(PyTuple_GET_ITEM(lp, 1), &pos) < 0 || level > 63 || pos > INT64_MAX) {
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "a skip level is (level < 64, position), not %R", lp);
+      return -1;
+    }
+    a->known[level] = (int64_t)pos;
+    if ((int)level > a->top) a->top = (int)level;
+  }
+  return 0;
+}
+
+/* client/streams.py's _skips: the skip pointers of the entry of ordinal `me`, newest first */
+static int skips(const StreamAnswer *a, uint64_t first, uint64_t me, uint64_t nrecent, int first_level,
+                 uint64_t *far) {
+  int nf = 0;
+  for (int level = first_level; level < 64; level++) {
+    uint64_t m = ((me - 1) >> level) << level;  // the newest multiple of 2^level below me
+    if (m + nrecent >= me) continue;             // in the recent list
+    int64_t p = -1;
+    if (m >= a->ordinal) p = (int64_t)(first + (m - a->ordinal));
+    else if (m == 0 && a->top >= 0) p = a->known[a->top];  // the stream's first entry
+    else p = a->known[level];
+    if (p >= 0 && (nf == 0 || (uint64_t)p < far[nf - 1])) far[nf++] = (uint64_t)p;
+    if (m == 0) break;
+  }
+  return nf;
+}
+
+/* configure_streams(version, flag_backpointers): entry.py's version and flag of an entry with backpointers */
+static PyObject *configure_streams(PyObject *self, PyObject *args) {
+  unsigned version, flag;
+  if (!PyArg_ParseTuple(args, "II", &version, &flag)) return NULL;
+  if (version > 255 || flag > 255) return PyErr_Format(PyExc_ValueError, "a u8 version and flag");
+  F.v2 = (unsigned char)version, F.flag_backpointers = (unsigned char)flag;
+  F.streams_ready = 1;
+  Py_RETURN_NONE;
+}
+
+/* stream_entries(first, k, answer, datas, first_level) -> [bytes]: the version-2
+ * form of each version-1 entry of `datas`, stored at first, first + 1, ...,
+ * with its streams' backpointers: client/streams.py's entry_backpointers and
+ * entry.py's with_backpointers for a whole batch (Runtime._store's, through
+ * Log.append_streams(build_all=)); the Python is the reference, and the two
+ * must agree (tests/unit/test_propose_native.py). */
+static PyObject *stream_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 5) return PyErr_Format(PyExc_TypeError, "stream_entries(first, k, answer, datas, first_level)");
+  if (!F.streams_ready) return PyErr_Format(PyExc_RuntimeError, "pyzlog.objects._propose.configure_streams was not called");
+  uint64_t first;
+  long k = PyLong_AsLong(args[1]), first_level = PyLong_AsLong(args[4]);
+  if (u64_of(args[0], &first) < 0 || (k == -1 && PyErr_Occurred()) || (first_level == -1 && PyErr_Occurred()))
+    return NULL;
+  PyObject *answer = args[2], *datas = args[3];
+  if (!PyList_Check(answer) || !PyList_Check(datas))
+    return PyErr_Format(PyExc_TypeError, "stream_entries takes the answer and the entries as lists");
+  Py_ssize_t ns = PyList_GET_SIZE(answer), n = PyList_GET_SIZE(datas);
+  if (k < 0 || k > 255 || ns > MAX_STREAMS || first_level < 0 || first_level > 63)
+    return PyErr_Format(PyExc_ValueError, "K of 0..255, at most %d streams, a first level below 64", MAX_STREAMS);
+  StreamAnswer a[MAX_STREAMS];
+  memset(a, 0, sizeof(a));
+  PyObject *out = NULL;
+  uint64_t ptrs[255 + 64];  // one stream's recent and skip pointers
+  for (Py_ssize_t s = 0; s < ns; s++)
+    if (parse_answer(PyList_GET_ITEM(answer, s), &a[s]) < 0) goto done;
+  if ((out = PyList_New(n)) == NULL) goto done;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *plain = PyList_GET_ITEM(datas, i);
+    if (!PyBytes_Check(plain) || PyBytes_GET_SIZE(plain) < HEADER_SIZE ||
+        memcmp(PyBytes_AS_STRING(plain), F.magic, 2) != 0) {
+      PyErr_SetString(PyExc_ValueError, "not an entry of this layer");
+      goto fail;
+    }
+    uint64_t pos = first + (uint64_t)i;
+    /* the section's size first: 2 + per stream 19 + its deltas */
+    Py_ssize_t size = PyBytes_GET_SIZE(plain) + 2;
+    for (int pass = 0; pass < 2; pass++) {
+      unsigned char *at = NULL;
+      PyObject *made = NULL;
+      if (pass == 1) {
+        if ((made = PyBytes_FromStringAndSize(NULL, size)) == NULL) goto fail;
+        at = (unsigned char *)PyBytes_AS_STRING(made);
+        const unsigned char *src = (const unsigned char *)PyBytes_AS_STRING(plain);
+        at[0] = F.magic[0], at[1] = F.magic[1], at[2] = F.v2, at[3] = src[3], at[4] = F.flag_backpointers;
+        memcpy(at + 5, src + 5, HEADER_SIZE - 5);
+        at += HEADER_SIZE;
+        *at++ = (unsigned char)k;
+        *at++ = (unsigned char)ns;
+      }
+      for (Py_ssize_t s = 0; s < ns; s++) {
+        const StreamAnswer *sa = &a[s];
+        uint64_t horizon = sa->horizon;
+        int nr = 0, nf = 0;
+        if (!k) {
+          horizon = pos;
+        } else {
+          uint64_t inside = (uint64_t)i < (uint64_t)k ? (uint64_t)i : (uint64_t)k;
+          for (uint64_t j = 0; j < inside; j++) ptrs[nr++] = pos - 1 - j;
+          for (Py_ssize_t j = 0; nr < k && j < sa->nback; j++) ptrs[nr++] = sa->back[j];
+          uint64_t me = sa->ordinal + (uint64_t)i;  // this entry's ordinal in the stream
+          if (me > (uint64_t)nr) nf = skips(sa, first, me, (uint64_t)nr, (int)first_level, ptrs + nr);
+        }
+        int width = 4;
+        for (int j = 0; j < nr + nf; j++) {
+          if (ptrs[j] >= pos) {
+            PyErr_Format(PyExc_ValueError, "a backpointer (%llu) not below position %llu",
+                         (unsigned long long)ptrs[j], (unsigned long long)pos);
+            Py_XDECREF(made);
+            goto fail;
+          }
+          if (pos - ptrs[j] > UINT32_MAX) width = 8;
+        }
+        if (pass == 0) {
+          size += 19 + (Py_ssize_t)width * (nr + nf);
+          continue;
+        }
+        memcpy(at, &sa->stream, 8);
+        memcpy(at + 8, &horizon, 8);
+        at[16] = (unsigned char)nr, at[17] = (unsigned char)nf, at[18] = (unsigned char)width;
+        at += 19;
+        for (int j = 0; j < nr + nf; j++) {
+          uint64_t d = pos - ptrs[j];
+          memcpy(at, &d, (size_t)width);  // (little-endian: the low bytes first)
+          at += width;
+        }
+      }
+      if (pass == 1) {
+        memcpy(at, PyBytes_AS_STRING(plain) + HEADER_SIZE, PyBytes_GET_SIZE(plain) - HEADER_SIZE);
+        PyList_SET_ITEM(out, i, made);
+      }
+    }
+  }
+  goto done;
+fail:
+  Py_CLEAR(out);
+done:
+  for (Py_ssize_t s = 0; s < ns; s++) PyMem_Free(a[s].back);
+  return out;
+}
+
+/* ------------------------------------------------------------------ the player's side */
+
+static PyObject *heappop;
+
+/* own_run(heap, own, at, limit) -> (run, nxt): Runtime._play's look at its own
+ * acknowledged entries, under cv_lock (held by the caller): what lies below `at`
+ * is dropped; then the bytes of the run of own entries at, at + 1, ... (below
+ * `limit`) come out of `own` and the heap; nxt is the lowest own position left
+ * (None if none). Per entry this was a handful of Python operations. */
+static PyObject *own_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4) return PyErr_Format(PyExc_TypeError, "own_run(heap, own, at, limit)");
+  PyObject *heap = args[0], *own = args[1];
+  if (!PyList_CheckExact(heap) || !PyDict_CheckExact(own))
+    return PyErr_Format(PyExc_TypeError, "own_run takes the own heap (a list) and the own entries (a dict)");
+  long long at, limit;
+  if (as_pos(args[2], &at) < 0 || as_pos(args[3], &limit) < 0) return NULL;
+  PyObject *run = PyList_New(0), *out = NULL;
+  if (run == NULL) return NULL;
+  long long p = at;
+  while (PyList_GET_SIZE(heap) > 0) {
+    long long first;
+    if (as_pos(PyList_GET_ITEM(heap, 0), &first) < 0) goto fail;
+    if (first >= at && (first != p || p >= limit)) break;
+    PyObject *pos = PyObject_CallOneArg(heappop, heap);
+    if (pos == NULL) goto fail;
+    PyObject *data = PyDict_GetItemWithError(own, pos);  // borrowed
+    if (data == NULL && PyErr_Occurred()) {
+      Py_DECREF(pos);
+      goto fail;
+    }
+    if (first < at) {  // below what is played: forgotten
+      int gone = data == NULL ? 0 : PyDict_DelItem(own, pos);
+      Py_DECREF(pos);
+      if (gone < 0) goto fail;
+      continue;
+    }
+    if (data == NULL) {
+      PyErr_SetObject(PyExc_KeyError, pos);
+      Py_DECREF(pos);
+      goto fail;
+    }
+    Py_INCREF(data);
+    int bad = PyDict_DelItem(own, pos) < 0 || PyList_Append(run, data) < 0;
+    Py_DECREF(data);
+    Py_DECREF(pos);
+    if (bad) goto fail;
+    p += 1;
+  }
+  out = PyTuple_Pack(2, run, PyList_GET_SIZE(heap) > 0 ? PyList_GET_ITEM(heap, 0) : Py_None);
+fail:
+  Py_DECREF(run);
+  return out;
+}
+
+/* answer(plock, settled, done) -> (answered, failed): the applied proposals of
+ * `done` settle their seqs (and a RETIRE the seqs it retired) under plock; each
+ * one's result is taken out of its record, and (future, result) goes to
+ * `answered` (ok) or `failed` (an error to tell), unless its future is done
+ * already (its owner cancelled it). Runtime._apply_rows tells them. */
+static PyObject *answer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) return PyErr_Format(PyExc_TypeError, "answer(plock, settled, done)");
+  PyObject *plock = args[0], *settled = args[1], *done = args[2];
+  if (!PySet_Check(settled) || !PyList_CheckExact(done))
+    return PyErr_Format(PyExc_TypeError, "answer takes the settled set and a list of proposals");
+  Py_ssize_t n = PyList_GET_SIZE(done);
+  for (Py_ssize_t i = 0; i < n; i++)
+    if (!PyObject_TypeCheck(PyList_GET_ITEM(done, i), &ProposalType))
+      return PyErr_Format(PyExc_TypeError, "done holds proposals, not %R", PyList_GET_ITEM(done, i));
+  if (call_lock(plock, s_acquire) < 0) return NULL;
+  int ok = 0;
+  for (Py_ssize_t i = 0; i < n && ok == 0; i++) {
+    Proposal *p = (Proposal *)PyList_GET_ITEM(done, i);
+    if (PySet_Add(settled, p->seq) < 0) ok = -1;
+    else if (p->retire != NULL && p->retire != empty) {
+      int full = PyObject_IsTrue(p->retire);
+      if (full < 0) ok = -1;
+      else if (full) {
+        PyObject *r = PyObject_CallMethodOneArg(settled, s_update, p->retire);
+        if (r == NULL) ok = -1;
+        Py_XDECREF(r);
+      }
+    }
+  }
+  if (release(plock) < 0 || ok < 0) return NULL;
+  PyObject *answered = PyList_New(0), *failed = PyList_New(0), *out = NULL;
+  if (answered == NULL || failed == NULL) goto fail;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    Proposal *p = (Proposal *)PyList_GET_ITEM(done, i);
+    PyObject *result = p->result != NULL ? p->result : Py_None;
+    Py_INCREF(result);
+    Py_INCREF(Py_None);
+    Py_XSETREF(p->result, Py_None);
+    PyObject *d = PyObject_CallMethodNoArgs(p->future, s_done);
+    int is_done = d == NULL ? -1 : PyObject_IsTrue(d);
+    Py_XDECREF(d);
+    PyObject *pair = is_done == 0 ? PyTuple_Pack(2, p->future, result) : NULL;
+    Py_DECREF(result);
+    if (is_done < 0) goto fail;
+    if (is_done) continue;
+    if (pair == NULL || PyList_Append(p->ok ? answered : failed, pair) < 0) {
+      Py_XDECREF(pair);
+      goto fail;
+    }
+    Py_DECREF(pair);
+  }
+  out = PyTuple_Pack(2, answered, failed);
+fail:
+  Py_XDECREF(answered);
+  Py_XDECREF(failed);
+  return out;
+}
+
 static PyTypeObject ProposalType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pyzlog.objects._propose.Proposal",
     .tp_basicsize = sizeof(Proposal),
@@ -617,6 +1046,16 @@ static PyMethodDef methods[] = {
      "landed(rt, core, pos, data, wake, p): Runtime._landed (an own append is over)"},
     {"propose", (PyCFunction)(void (*)(void))propose, METH_FASTCALL,
      "propose(rt, core, kind, stream, body, streams): an async proposal's seq, entry, record and append"},
+    {"configure_put", configure_put, METH_VARARGS, "configure_put(cmd, op, sstr, str, sbytes, bytes)"},
+    {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL,
+     "put(rt, core, stream, key, value): a map put of a str key and a str or bytes value, or None if not taken"},
+    {"configure_streams", configure_streams, METH_VARARGS, "configure_streams(version, flag_backpointers)"},
+    {"stream_entries", (PyCFunction)(void (*)(void))stream_entries, METH_FASTCALL,
+     "stream_entries(first, k, answer, datas, first_level) -> [bytes]: a batch's entries with backpointers"},
+    {"own_run", (PyCFunction)(void (*)(void))own_run, METH_FASTCALL,
+     "own_run(heap, own, at, limit) -> (run, nxt): the run of own acknowledged entries from at (cv_lock held)"},
+    {"answer", (PyCFunction)(void (*)(void))answer, METH_FASTCALL,
+     "answer(plock, settled, done) -> (answered, failed): applied proposals' seqs settled, their results taken"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyzlog.objects._propose",
@@ -644,13 +1083,19 @@ PyMODINIT_FUNC PyInit__propose(void) {
   INTERN(s_notify_all, "notify_all");
   INTERN(s_core, "_core");
   INTERN(s_failed, "_failed");
+  INTERN(s_update, "update");
+  INTERN(s_done, "done");
+  INTERN(s_one_stream, "_one_stream");
+  INTERN(s_streams, "streams");
+  INTERN(s_enqueue, "_enqueue");
 #undef INTERN
   if ((kw_future = Py_BuildValue("(s)", "future")) == NULL || (empty = PyTuple_New(0)) == NULL) return NULL;
   PyObject *heapq = PyImport_ImportModule("heapq");
   if (heapq == NULL) return NULL;
   heappush = PyObject_GetAttrString(heapq, "heappush");
+  heappop = PyObject_GetAttrString(heapq, "heappop");
   Py_DECREF(heapq);
-  if (heappush == NULL) return NULL;
+  if (heappush == NULL || heappop == NULL) return NULL;
   if (PyType_Ready(&ProposalType) < 0) return NULL;
   PyObject *m = PyModule_Create(&module);
   if (m == NULL) return NULL;

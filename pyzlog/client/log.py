@@ -14,10 +14,11 @@ import types
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from typing import TYPE_CHECKING
 
+from .. import _seqr  # type: ignore[attr-defined]
 from ..core import offsets, wire
 from ..core.cluster import open_ioctx
 from ..core.codec import check_codec, codec_for
@@ -93,6 +94,10 @@ _METHODS = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescripto
 
 class Log:
     """One log in one pool. Obtain with Log.create or Log.open."""
+
+    #: the lowest level of a stream's skip pointers in append_streams' answer (the levels
+    #: below it are covered by the K recent positions; client/streams.py)
+    STREAM_FIRST_LEVEL: Final[int] = _seqr.STREAM_FIRST_LEVEL
 
     def __init__(self, cluster: rados.Rados, pool: str, name: str,
                  sequencer: SequencerClient | str | None = None,
@@ -302,17 +307,23 @@ class Log:
 
     # --------------------------------------------------------------- streams
     def append_streams(self, streams: builtins.list[int], entries: builtins.list[bytes],
-                       build: Callable[[bytes, int, int, Any], bytes]) -> builtins.list[int]:
+                       build: Callable[[bytes, int, int, Any], bytes] | None = None, *,
+                       build_all: Callable[[int, int, Any, builtins.list[bytes]], builtins.list[bytes]] | None = None,
+                       ) -> builtins.list[int]:
         """Append entries that belong to every stream of `streams` (64-bit
         ids, at most 64), with one sequencer request for the lot: the
         sequencer records their positions per stream and answers each
         stream's previous positions, and build(entry, position, K,
         [(stream, horizon, backpointers newest first)]) makes the bytes
-        stored at each position (client/streams.py). StreamsUnsupported if
-        the sequencer does not answer stream requests."""
+        stored at each position (client/streams.py). Or build_all(first, K,
+        answer, entries): the bytes of a round's entries at first, first + 1,
+        ... at once, from the sequencer's answer as it came ([(stream,
+        horizon, recent, ordinal, [(level, position)])]; entry_backpointers
+        reads it). StreamsUnsupported if the sequencer does not answer
+        stream requests."""
         from .streams import append_streams
 
-        return append_streams(self.state, self.positions, streams, entries, build)
+        return append_streams(self.state, self.positions, streams, entries, build, build_all)
 
     def stream_tail(self, streams: builtins.list[int], history: int = 0) -> tuple[int, int, Any, int] | None:
         """(tail, K, [(stream, horizon, backpointers newest first)], epoch) as

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _seqr  # type: ignore[attr-defined]
 from ..core import wire
-from ..core.errors import EntryTooLarge, ZlogError
+from ..core.errors import EntryTooLarge, InvalidRequest, ZlogError
 from ..core.layout import by_object
 from ..core.native import Op
-from .appending import store_rounds, stored_form
+from .appending import store_rounds, stored_form, stored_forms
 from .stale import StaleWait
 
 if TYPE_CHECKING:
@@ -36,6 +36,9 @@ _SECTION_MAX = 2 + 19 + 8 * (16 + 64)
 Backpointers = list[tuple[int, int, list[int], list[int]]]
 #: build(data, position, K, backpointers) -> the bytes to store at position
 Build = Callable[[bytes, int, int, Backpointers], bytes]
+#: build_all(first, K, answer, entries) -> the bytes to store at first, first + 1, ...: a
+#: round's entries at once, from the sequencer's answer (see entry_backpointers)
+BuildAll = Callable[[int, int, list, list[bytes]], list[bytes]]  # type: ignore[type-arg]
 
 
 def entry_backpointers(first: int, index: int, k: int, answer: list,  # type: ignore[type-arg]
@@ -102,12 +105,16 @@ def _skips(first: int, me: int, nrecent: int, ordinal: int, levels: list[tuple[i
 
 
 def append_streams(state: LogState, positions: Positions, streams: list[int], entries: Sequence[bytes],
-                   build: Build) -> list[int]:
+                   build: Build | None = None, build_all: BuildAll | None = None) -> list[int]:
     """Append `entries`, each of which belongs to every stream in `streams`,
-    storing build(entry, position, K, backpointers) at each position. Returns
+    storing build(entry, position, K, backpointers) at each position, or what
+    build_all(first, K, answer, the round's entries) makes for each (one call
+    per sequencer request: a layer that builds its entries in C). Returns
     the positions (increasing in entry order unless a write was refused, when
     that entry is stored again at a new position with new backpointers).
     StreamsUnsupported if the sequencer does not answer stream requests."""
+    if (build is None) == (build_all is None):
+        raise InvalidRequest("append_streams takes one of build and build_all")
     for e in entries:  # refused before any position is taken (a taken one would be left a hole)
         if len(e) + _SECTION_MAX * len(streams) > wire.MAX_ENTRY_BYTES:
             raise EntryTooLarge(f"entry of {len(e)} bytes with the backpointers of {len(streams)} stream(s) is over "
@@ -115,6 +122,12 @@ def append_streams(state: LogState, positions: Positions, streams: list[int], en
 
     def take(todo: list[int]) -> tuple[int, list[tuple[int, bytes]], wire.Meta]:
         first, k, answer, meta = positions.take_streams(len(todo), streams)
+        if build_all is not None:
+            made = build_all(first, k, answer, [entries[idx] for idx in todo])
+            if len(made) != len(todo):
+                raise InvalidRequest(f"build_all made {len(made)} entries for {len(todo)}")
+            return first, list(zip(todo, stored_forms(state, made))), meta
+        assert build is not None
         memo: dict[tuple[int, int], list[int]] = {}
         return first, [(idx, stored_form(state, build(entries[idx], first + i, k,
                                                       entry_backpointers(first, i, k, answer, memo))))

@@ -53,6 +53,9 @@ _NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _MISSING
 #: the runtime's replay loop reads a map put of both inline
 SSTR: Final = _SSTR
 SBYTES: Final = _SBYTES
+#: the tags of a longer str and bytes (a u32 length follows)
+STR: Final = _STR
+BYTES: Final = _BYTES
 
 _Q = struct.Struct("<q")
 _D = struct.Struct("<d")

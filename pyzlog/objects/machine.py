@@ -17,6 +17,7 @@ object's, which is position + 1 of the last command applied to it (0: none).
 from __future__ import annotations
 
 import threading
+from contextvars import ContextVar
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -34,6 +35,10 @@ class Host(Protocol):
     _lock: threading.RLock
     _objects: dict[int, StateMachine]
     client_id: int
+    # what ReplicatedMap.put_async's C way looks at (native/propose.c, put)
+    _started: bool
+    _tx: ContextVar[Transaction | None]
+    _core: tuple[Any, ...]
 
     def current_transaction(self) -> Transaction | None: ...
     def propose(self, obj: StateMachine, payload: bytes) -> Future[Any]: ...

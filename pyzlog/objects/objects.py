@@ -19,6 +19,7 @@ from typing import Any
 
 from pyzlog import InvalidRequest
 
+from ._propose import put as _put_native
 from .codec import MISSING, dumps, load_from, load_key_value
 from .errors import BadEntry, WrongType
 from .machine import StateMachine
@@ -152,6 +153,13 @@ class ReplicatedMap(StateMachine):
         self.runtime.propose_wait(self, payload, timeout)
 
     def put_async(self, key: Any, value: Any) -> Future[Any]:
+        rt = self._runtime
+        if type(key) is str and rt is not None and rt._started and rt._tx.get() is None:
+            # the common put (a str or bytes value, outside any transaction) in C
+            # (native/propose.c, put): encoded as below, then Runtime._propose's steps
+            fut = _put_native(rt, rt._core, self.stream, key, value)
+            if fut is not None:
+                return fut
         _check_key(key)
         if value is MISSING:
             _no_missing("a map value", " (delete the key instead)")

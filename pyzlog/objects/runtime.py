@@ -49,14 +49,16 @@ from .entry import (CMD, FLAG_BACKPOINTERS, HEADER_SIZE, HEADER_U16, MAGIC, MAGI
                     TXN)
 from .errors import (BadEntry, CheckpointError, NotApplied, NotHosted, ObjectsError, OutcomeUnknown, ResultUnavailable,
                      RuntimeClosed, RuntimeFailed, TransactionAborted, WrongType)
-from .codec import SSTR, SBYTES
+from .codec import BYTES, SBYTES, SSTR, STR
 from .machine import StateMachine
 from .objects import MAP_PUT, ReplicatedMap
 from .sessions import Session, Sessions
 from ._replay import apply_common as _apply_common, apply_common_columns as _apply_common_columns
 from ._replay import configure as _configure_replay, row_at as _row_at
 from ._propose import Proposal as _Proposal, configure as _configure_propose, landed as _landed_native
-from ._propose import new_pending as _new_pending_native, propose as _propose_native
+from ._propose import answer as _answer, new_pending as _new_pending_native, own_run as _own_run
+from ._propose import configure_put as _configure_put, configure_streams as _configure_streams
+from ._propose import propose as _propose_native, stream_entries as _stream_entries
 from .streams import BehindTrim as _Trimmed, WalkStats, kinds_of, walk
 from .machine import Transaction, TxnResult
 
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("pyzlog.objects")
 # the native loop takes the format's constants from where they are defined (entry, codec, objects)
 _configure_replay(MAGIC_U16, HEADER_SIZE, CMD, FLAG_BACKPOINTERS, MAP_PUT, SSTR, SBYTES, ReplicatedMap)
+_configure_put(CMD, MAP_PUT, SSTR, STR, SBYTES, BYTES)  # (ReplicatedMap.put_async's common case, in C)
+_configure_streams(entry.VERSION, FLAG_BACKPOINTERS)  # (a streams batch's entries, in C)
 
 M = TypeVar("M", bound=StateMachine)
 
@@ -539,11 +543,15 @@ class Runtime:
                 continue
             made: dict[int, bytes] = {}
 
-            def build(data: bytes, pos: int, k: int, bps: Any, made: dict[int, bytes] = made) -> bytes:
-                made[pos] = stored = entry.with_backpointers(data, pos, k, bps)
+            def build_all(first: int, k: int, answer: Any, round_: list[bytes],
+                          made: dict[int, bytes] = made) -> list[bytes]:
+                # each entry with its backpointers, in C (native/propose.c: entry_backpointers and
+                # entry.with_backpointers for the round)
+                stored = _stream_entries(first, k, answer, round_, Log.STREAM_FIRST_LEVEL)
+                made.update(zip(range(first, first + len(stored)), stored))
                 return stored
 
-            for i, pos in zip(idx, self.log.append_streams(list(streams), datas, build)):
+            for i, pos in zip(idx, self.log.append_streams(list(streams), datas, build_all=build_all)):
                 out[i] = (pos, made[pos])
         return out  # type: ignore[return-value]
 
@@ -589,8 +597,12 @@ class Runtime:
                     self._drop(p, NotApplied(f"proposal {p.seq}: interrupted before it was appended"))
                 raise
             return p.future
-        # with streams, an entry is made once its position and backpointers are known: the
-        # senders append what is queued in batches (append_streams), one sequencer request each
+        return self._enqueue(p)
+
+    def _enqueue(self, p: _Pending) -> Future[Any]:
+        """Streams on: an entry is made once its position and backpointers
+        are known, so the senders append what is queued in batches
+        (append_streams), one sequencer request each. p's future."""
         p.attempts += 1
         q = self._queue
         q.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
@@ -1161,18 +1173,8 @@ class Runtime:
         `past_tail` (streams only) as far toward it as the log's tail is."""
         while self.applied < target and not self._closing:
             at = self.applied
-            run: list[bytes] = []
-            with self._cv_lock:
-                heap, own = self._own_heap, self._own
-                while heap and heap[0] < at:
-                    own.pop(heapq.heappop(heap), None)
-                # a run of our own acknowledged entries from `at` on: their bytes are known
-                p, limit, pop = at, min(target, at + CHUNK), heapq.heappop
-                while heap and heap[0] == p and p < limit:
-                    pop(heap)
-                    run.append(own.pop(p))
-                    p += 1
-                nxt = heap[0] if heap else None
+            with self._cv_lock:  # a run of our own acknowledged entries from `at` on: their bytes are known
+                run, nxt = _own_run(self._own_heap, self._own, at, min(target, at + CHUNK))
             if run:
                 self.stats.from_memory += len(run)
                 self._apply_rows(range(at, at + len(run)), run, None)
@@ -1384,21 +1386,10 @@ class Runtime:
             stats.foreign += n_foreign
             stats.duplicates += n_dup
             if done:
-                with self._plock:
-                    settled = self._settled
-                    for p in done:
-                        settled.add(p.seq)
-                        if p.retire:
-                            settled.update(p.retire)  # a RETIRE settles the seqs it retired
-                answered = []
-                for p in done:
-                    result, p.result = p.result, None
-                    if p.future.done():
-                        continue
-                    if p.ok:
-                        answered.append((p.future, result))
-                    else:
-                        p.future.set_exception(result)
+                # their seqs (and what a RETIRE retired) settled under _plock, their results taken (in C)
+                answered, failed = _answer(self._plock, self._settled, done)
+                for fut, error in failed:
+                    fut.set_exception(error)
                 LazyFuture.settle_all(answered)  # one lock for the lot; a future nobody waits on needs no Condition
                 self._done = []  # (only now: a Ctrl-C in this loop leaves them where _fail tells them)
             if self.applied >= self._wake_at:  # (read after `applied`: a waiter registers before it looks)

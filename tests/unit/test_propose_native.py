@@ -10,6 +10,7 @@ stand-in that records the appends it is handed."""
 from __future__ import annotations
 
 import gc
+import heapq
 import time
 import weakref
 from typing import Any
@@ -18,10 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyzlog import LazyFuture, Log, ZlogError
+from pyzlog import InvalidRequest, LazyFuture, Log, ZlogError
 from pyzlog.client.log import TELLABLE_KEPT, _TELLABLE, _can_tell
 from pyzlog.objects import NotApplied, ObjectsError, Runtime, RuntimeClosed, RuntimeFailed, entry
-from pyzlog.objects.runtime import CMD, NOOP, _Pending, _propose_native
+from pyzlog.objects.codec import MISSING, dumps
+from pyzlog.objects.objects import _OP, MAP_PUT, _put_native
+from pyzlog.client.streams import entry_backpointers
+from pyzlog.objects.runtime import CMD, NOOP, _answer, _own_run, _Pending, _propose_native, _stream_entries
 
 ME = 77
 
@@ -40,8 +44,8 @@ class Recorder:
         return future
 
 
-def runtime() -> tuple[Runtime, Recorder]:
-    rt = Runtime(Log.__new__(Log), client_id=ME)
+def runtime(streams: bool = False) -> tuple[Runtime, Recorder]:
+    rt = Runtime(Log.__new__(Log), client_id=ME, streams=streams)
     rt.map("m")
     rt._started = True  # (no player: nothing here plays)
     rec = Recorder()
@@ -209,3 +213,152 @@ def test_the_append_answers_for_a_class_once_and_keeps_few_classes() -> None:
     hidden = Open()
     hidden.set_result = None  # type: ignore[assignment, method-assign]
     assert _can_tell(Open()) and not _can_tell(hidden) and Open not in _TELLABLE
+
+
+# ------------------------------------------------------------ a map put in C
+# keys and values around the codec's short/long boundary (255/256 bytes), multi-byte UTF-8 included
+_texts = st.one_of(st.text(max_size=8), st.text(min_size=250, max_size=300),
+                   st.builds(lambda n: "é" * n, st.integers(120, 140)))
+_values = st.one_of(_texts, st.binary(max_size=8), st.binary(min_size=250, max_size=300),
+                    st.integers(), st.none(), st.lists(st.integers(), max_size=3), st.floats(allow_nan=False))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(_texts, _values), min_size=1, max_size=20), st.booleans())
+def test_a_map_put_in_c_makes_the_entry_and_state_of_the_python_way(puts: list[tuple[str, Any]],
+                                                                   streams: bool) -> None:
+    """ReplicatedMap.put_async's common case (a str key, a str or bytes
+    value) is encoded and proposed in C (native/propose.c, put); other
+    values go the Python way. Both make byte-identical entries and leave
+    the same state as the general path (Runtime.propose of the encoded
+    command): appended, or with streams queued for the senders."""
+    c_rt, c_rec = runtime(streams)
+    py_rt, py_rec = runtime(streams)
+    m_c, m_py = c_rt.map("m"), py_rt.map("m")
+    for key, value in puts:
+        f_c = m_c.put_async(key, value)
+        f_py = py_rt.propose(m_py, _OP[MAP_PUT] + dumps(key) + dumps(value))
+        assert type(f_c) is type(f_py) is LazyFuture and not f_c.done()
+    assert [d for d, _ in c_rec.sent] == [d for d, _ in py_rec.sent]
+    assert [(p.data, p.attempts) for p in c_rt._queue] == [(p.data, p.attempts) for p in py_rt._queue]
+    assert bool(c_rt._queue) == streams and bool(c_rec.sent) != streams
+    assert state(c_rt) == state(py_rt)
+
+
+def test_a_map_put_the_c_way_does_not_take_is_checked_the_python_way() -> None:
+    rt, rec = runtime()
+    m = rt.map("m")
+    assert _put_native(rt, rt._core, m.stream, "k", 5) is None  # (an int value: the Python way's)
+    assert _put_native(rt, rt._core, m.stream, b"k", b"v") is None  # (a bytes key too)
+    assert rec.sent == [] and not rt._pending and rt._next_seq == 1
+    with pytest.raises(InvalidRequest, match="not valid Unicode"):
+        m.put_async("a\ud800", b"v")  # a lone surrogate in the key: refused, nothing taken
+    with pytest.raises(InvalidRequest, match="not valid Unicode"):
+        m.put_async("k", "v\udfff")
+    assert rec.sent == [] and not rt._pending and rt._next_seq == 1
+    with pytest.raises(InvalidRequest):
+        m.put_async("k", MISSING)
+    rt._closing = True  # closed: raised at once, as the Python way does (not a future told so)
+    with pytest.raises(RuntimeClosed):
+        m.put_async("k", b"v")
+    rt._closing, rt._failed = False, ObjectsError("damaged entry")
+    with pytest.raises(RuntimeFailed):
+        m.put_async("k", b"v")
+    assert rec.sent == [] and not rt._pending
+
+
+# ------------------------------------------------------------ the player's side
+def own_run_py(heap: list[int], own: dict[int, bytes], at: int, limit: int) -> tuple[list[bytes], int | None]:
+    """Runtime._play's loop as it was in Python (the reference)."""
+    while heap and heap[0] < at:
+        own.pop(heapq.heappop(heap), None)
+    run, p = [], at
+    while heap and heap[0] == p and p < limit:
+        heapq.heappop(heap)
+        run.append(own.pop(p))
+        p += 1
+    return run, (heap[0] if heap else None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sets(st.integers(0, 60), max_size=40), st.integers(0, 40), st.integers(0, 70), st.sets(st.integers(0, 60)))
+def test_own_run_takes_what_the_python_loop_took(positions: set[int], at: int, limit: int,
+                                                forgotten: set[int]) -> None:
+    heap = list(positions)
+    heapq.heapify(heap)
+    # a position below `at` may be in the heap and not in own (the play forgot it): dropped either way
+    own = {p: p.to_bytes(2, "little") for p in positions if p >= at or p not in forgotten}
+    heap2, own2 = list(heap), dict(own)
+    assert _own_run(heap, own, at, limit) == own_run_py(heap2, own2, at, limit)
+    assert heap == heap2 and own == own2
+
+
+def test_own_run_raises_for_a_position_it_does_not_hold() -> None:
+    with pytest.raises(KeyError):  # as own.pop(p) did: the heap and own disagree
+        _own_run([3], {}, 3, 10)
+
+
+def test_answer_settles_the_seqs_and_hands_out_results() -> None:
+    rt, _ = runtime()
+    made = [_Pending(seq, b"", LazyFuture(), 0.0) for seq in range(1, 6)]
+    made[1].retire = [10, 11]  # a RETIRE settles what it retired
+    error = NotApplied("no")
+    made[2].ok, made[2].result = False, error
+    made[3].future.cancel()  # its owner cancelled it: left alone
+    made[0].result, made[4].result = "r1", "r5"
+    answered, failed = _answer(rt._plock, rt._settled, made)
+    assert rt._settled == {1, 2, 3, 4, 5, 10, 11}
+    assert answered == [(made[0].future, "r1"), (made[1].future, None), (made[4].future, "r5")]
+    assert failed == [(made[2].future, error)]
+    assert all(p.result is None for p in made)  # taken out of the records
+    with pytest.raises(TypeError):
+        _answer(rt._plock, rt._settled, [object()])
+    assert not rt._plock.locked()
+
+
+# ------------------------------------------------------------ a streams batch's entries in C
+@st.composite
+def stream_batches(draw: Any) -> tuple[int, int, list[Any], list[bytes]]:
+    first = draw(st.one_of(st.integers(1, 5000), st.integers(2**32 + 1, 2**40)))  # deltas of 4 and of 8 bytes
+    k = draw(st.sampled_from([0, 16, 16, 1, 5, 255]))
+    answer = []
+    for s in draw(st.lists(st.integers(1, 2**64 - 1), min_size=1, max_size=3, unique=True)):
+        back = sorted(draw(st.sets(st.integers(0, first - 1), max_size=20)), reverse=True)
+        levels = draw(st.lists(st.tuples(st.integers(Log.STREAM_FIRST_LEVEL, 63), st.integers(0, first - 1)),
+                               max_size=6))
+        answer.append((s, draw(st.integers(0, first)), back, draw(st.integers(0, 2**20)), levels))
+    datas = [entry.header(CMD, ME, seq, 1, 9) + body
+             for seq, body in enumerate(draw(st.lists(st.binary(max_size=12), min_size=1, max_size=70)), 1)]
+    return first, k, answer, datas
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream_batches())
+def test_a_streams_batch_built_in_c_is_what_the_python_builds(batch: tuple[int, int, list[Any], list[bytes]]) -> None:
+    """native/propose.c's stream_entries (Runtime._store's, through
+    Log.append_streams(build_all=)) against the reference: the client's
+    entry_backpointers and entry.with_backpointers, entry by entry (with
+    and without the per-batch memo)."""
+    first, k, answer, datas = batch
+    memo: dict[tuple[int, int], list[int]] = {}
+    want = [entry.with_backpointers(d, first + i, k, entry_backpointers(first, i, k, answer, memo))
+            for i, d in enumerate(datas)]
+    assert want == [entry.with_backpointers(d, first + i, k, entry_backpointers(first, i, k, answer))
+                    for i, d in enumerate(datas)]
+    assert _stream_entries(first, k, answer, datas, Log.STREAM_FIRST_LEVEL) == want
+
+
+def test_a_streams_batch_with_a_bad_answer_or_entry_is_refused() -> None:
+    one = entry.header(CMD, ME, 1, 1, 9) + b"x"
+    level = Log.STREAM_FIRST_LEVEL
+    with pytest.raises(ValueError, match="not below position"):  # a sequencer's backpointer at or above the entry
+        _stream_entries(100, 16, [(7, 50, [100], 3, [])], [one], level)
+    with pytest.raises(ValueError, match="not an entry of this layer"):
+        _stream_entries(100, 16, [(7, 50, [99], 3, [])], [b"plain"], level)
+    with pytest.raises(ValueError):
+        _stream_entries(100, 16, [(7, 50, [99], 3)], [one], level)  # (an item of four)
+    with pytest.raises(ValueError):
+        _stream_entries(100, 16, [(7, 50, [99], 3, [(64, 1)])], [one], level)  # (a level past 63)
+    with pytest.raises((ValueError, OverflowError)):
+        _stream_entries(100, 16, [(-7, 50, [99], 3, [])], [one], level)
+    assert _stream_entries(100, 16, [], [one], level) == [entry.with_backpointers(one, 100, 16, [])]
