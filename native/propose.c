@@ -27,8 +27,11 @@
  * landed(rt, core, pos, data, wake, p): Runtime._landed.
  * put(rt, core, stream, key, value): ReplicatedMap.put_async's common case
  *   (a str key, a str or bytes value): the body encoded here, then propose's
- *   steps (streams on: new_pending's, then Runtime._enqueue); None if not
- *   taken (the Python way checks and encodes the rest).
+ *   steps (streams on: enqueue's); None if not taken (the Python way
+ *   checks and encodes the rest).
+ * enqueue(rt, core, kind, stream, body, retire, streams) -> Future: streams
+ *   on, new_pending's steps, the attempt counted and the proposal queued for
+ *   the senders, then Runtime._queued (Runtime._propose's streams way).
  * stream_entries(first, k, answer, datas, first_level): a streams batch's
  *   entries with their backpointers (Runtime._store's; client/streams.py's
  *   entry_backpointers and entry.with_backpointers are the reference).
@@ -79,7 +82,7 @@ static struct {
 
 static PyObject *s_acquire, *s_release, *s_next_seq, *s_in_flight, *s_closing, *s_client_id, *s_propose_timeout,
     *s_log, *s_append_async, *s_popleft, *s_append, *s_settle, *s_not_sent, *s_send_failed, *s_applied, *s_target,
-    *s_notify_all, *s_core, *s_failed, *s_update, *s_done, *s_one_stream, *s_streams, *s_enqueue, *kw_future, *empty, *heappush;
+    *s_notify_all, *s_core, *s_failed, *s_update, *s_done, *s_one_stream, *s_streams, *s_queued, *kw_future, *empty, *heappush;
 
 /* ------------------------------------------------------------------ Proposal */
 
@@ -618,6 +621,38 @@ static PyObject *propose(PyObject *self, PyObject *const *args, Py_ssize_t nargs
   return propose_entry(args[0], args[1], kind, args[3], args[4], args[5]);
 }
 
+/* streams on: a new proposal registered, its attempt counted and queued for the senders
+ * with no Python code between (an interrupt cannot leave it registered and not queued),
+ * then Runtime._queued (a sender woken; told if the runtime closed meanwhile): its future */
+static PyObject *enqueue_new(PyObject *rt, PyObject *core, long kind, PyObject *stream, PyObject *body,
+                             PyObject *retire, PyObject *streams) {
+  Proposal *p = register_new(rt, core, kind, stream, body, retire, streams);
+  if (p == NULL) return NULL;
+  p->attempts += 1;
+  PyObject *out = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(core, 7), s_append, (PyObject *)p);  // deque.append
+  if (out == NULL) {  // (no memory): never queued, its seq settled
+    p->attempts -= 1;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *r = PyObject_CallMethodObjArgs(rt, s_not_sent, (PyObject *)p, ev != NULL ? ev : Py_None, NULL);
+    Py_XDECREF(r);
+    if (r == NULL) PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+  } else {
+    Py_DECREF(out);
+    out = PyObject_CallMethodOneArg(rt, s_queued, (PyObject *)p);
+  }
+  Py_DECREF(p);
+  return out;
+}
+
+static PyObject *enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  long kind;
+  if (nargs != 7) return PyErr_Format(PyExc_TypeError, "enqueue(rt, core, kind, stream, body, retire, streams)");
+  if (parse_args(args, &kind) < 0) return NULL;
+  return enqueue_new(args[0], args[1], kind, args[3], args[4], args[5], args[6]);
+}
+
 /* a key's or value's encoding (codec.dumps) for a str or bytes: tag, length, bytes */
 static char *put_item(char *at, int small_tag, int tag, const char *buf, Py_ssize_t n) {
   if (n < 256) {
@@ -649,8 +684,8 @@ static int str_or_bytes(PyObject *v, const char **buf, Py_ssize_t *n, int *is_st
 /* put(rt, core, stream, key, value) -> Future, or None if not taken: a map put
  * (ReplicatedMap.put_async) of a str key and a str or bytes value on a started,
  * open runtime, its body encoded here as codec.dumps does, then appended as
- * propose() does (or, streams on, registered and handed to Runtime._enqueue
- * for the senders, as Runtime._propose does); anything else
+ * propose() does (or, streams on, queued for the senders as enqueue()
+ * does); anything else
  * (other types, a str that is not valid Unicode, a closed or failed runtime,
  * beyond 4 GiB) is the Python way's, which checks and says what is wrong. */
 static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -696,7 +731,7 @@ static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     *at++ = (char)P.op;
     at = put_item(at, P.sstr, P.str, kb, kn);
     put_item(at, value_str ? P.sstr : P.sbytes, value_str ? P.str : P.bytes, vb, vn);
-    int queued = 0;  // streams on: registered here, then queued for the senders (Runtime._enqueue)
+    int queued = 0;  // streams on: queued for the senders (enqueue_new)
     if ((v = PyObject_GetAttr(rt, s_streams)) != NULL) {
       queued = PyObject_IsTrue(v);
       Py_DECREF(v);
@@ -706,11 +741,7 @@ static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     } else if (!queued) {
       out = propose_entry(rt, args[1], kind, stream, body, streams);
     } else {
-      Proposal *p = register_new(rt, args[1], kind, stream, body, Py_None, streams);
-      if (p != NULL) {
-        out = PyObject_CallMethodOneArg(rt, s_enqueue, (PyObject *)p);
-        Py_DECREF(p);
-      }
+      out = enqueue_new(rt, args[1], kind, stream, body, Py_None, streams);
     }
     Py_DECREF(body);
   }
@@ -747,42 +778,52 @@ static int u64_of(PyObject *v, uint64_t *out) {
   return *out == (uint64_t)-1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* one stream's item of the sequencer's answer: (stream, horizon, recent, ordinal, [(level, position)]) */
-static int parse_answer(PyObject *item, StreamAnswer *a) {
-  if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5) {
+/* one stream's item of the sequencer's answer: (stream, horizon, recent, ordinal, [(level, position)]),
+ * any sequences (as the Python reads them) */
+static int parse_answer(PyObject *item, StreamAnswer *a, Py_ssize_t n) {
+  PyObject *fields = PySequence_Fast(item, "an answer's item is a sequence"), *back = NULL, *levels = NULL;
+  int ok = -1;
+  if (fields == NULL) return -1;
+  if (PySequence_Fast_GET_SIZE(fields) != 5) {
     PyErr_Format(PyExc_ValueError, "an answer's item is (stream, horizon, recent, ordinal, levels), not %R", item);
-    return -1;
+    goto out;
   }
-  PyObject *back = PyTuple_GET_ITEM(item, 2), *levels = PyTuple_GET_ITEM(item, 4);
-  if (u64_of(PyTuple_GET_ITEM(item, 0), &a->stream) < 0 || u64_of(PyTuple_GET_ITEM(item, 1), &a->horizon) < 0 ||
-      u64_of(PyTuple_GET_ITEM(item, 3), &a->ordinal) < 0)
-    return -1;
-  if (!PyList_Check(back) || !PyList_Check(levels)) {
-    PyErr_SetString(PyExc_ValueError, "an answer's recent positions and levels are lists");
-    return -1;
+  PyObject **f = PySequence_Fast_ITEMS(fields);
+  if (u64_of(f[0], &a->stream) < 0 || u64_of(f[1], &a->horizon) < 0 || u64_of(f[3], &a->ordinal) < 0) goto out;
+  if (a->ordinal > UINT64_MAX - (uint64_t)n) {  // (this batch's ordinals past 2^64: no sequencer answers that)
+    PyErr_Format(PyExc_ValueError, "a stream's ordinal %llu is too large", (unsigned long long)a->ordinal);
+    goto out;
   }
-  a->nback = PyList_GET_SIZE(back);
+  if ((back = PySequence_Fast(f[2], "an answer's recent positions are a sequence")) == NULL ||
+      (levels = PySequence_Fast(f[4], "an answer's levels are a sequence")) == NULL)
+    goto out;
+  a->nback = PySequence_Fast_GET_SIZE(back);
   a->back = PyMem_Malloc(sizeof(uint64_t) * (a->nback ? a->nback : 1));
   if (a->back == NULL) {
     PyErr_NoMemory();
-    return -1;
+    goto out;
   }
   for (Py_ssize_t i = 0; i < a->nback; i++)
-    if (u64_of(PyList_GET_ITEM(back, i), &a->back[i]) < 0) return -1;
+    if (u64_of(PySequence_Fast_GET_ITEM(back, i), &a->back[i]) < 0) goto out;
   for (int l = 0; l < 64; l++) a->known[l] = -1;
   a->top = -1;
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(levels); i++) {  // as dict(levels): the last of a level counts
-    PyObject *lp = PyList_GET_ITEM(levels, i);
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(levels); i++) {  // as dict(levels): the last of a level counts
+    PyObject *lp = PySequence_Fast_GET_ITEM(levels, i);
     uint64_t level, pos;
     if (!PyTuple_Check(lp) || PyTuple_GET_SIZE(lp) != 2 || u64_of(PyTuple_GET_ITEM(lp, 0), &level) < 0 ||
         u64_of(PyTuple_GET_ITEM(lp, 1), &pos) < 0 || level > 63 || pos > INT64_MAX) {
-      if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "a skip level is (level < 64, position), not %R", lp);
-      return -1;
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "a skip level is (level < 64, position < 2^63), not %R", lp);
+      goto out;
     }
     a->known[level] = (int64_t)pos;
     if ((int)level > a->top) a->top = (int)level;
   }
-  return 0;
+  ok = 0;
+out:
+  Py_DECREF(fields);
+  Py_XDECREF(back);
+  Py_XDECREF(levels);
+  return ok;
 }
 
 /* client/streams.py's _skips: the skip pointers of the entry of ordinal `me`, newest first */
@@ -831,12 +872,14 @@ static PyObject *stream_entries(PyObject *self, PyObject *const *args, Py_ssize_
   Py_ssize_t ns = PyList_GET_SIZE(answer), n = PyList_GET_SIZE(datas);
   if (k < 0 || k > 255 || ns > MAX_STREAMS || first_level < 0 || first_level > 63)
     return PyErr_Format(PyExc_ValueError, "K of 0..255, at most %d streams, a first level below 64", MAX_STREAMS);
+  if (first > (uint64_t)INT64_MAX - (uint64_t)n)  // (positions are below 2^63)
+    return PyErr_Format(PyExc_ValueError, "positions from %llu are past 2^63", (unsigned long long)first);
   StreamAnswer a[MAX_STREAMS];
   memset(a, 0, sizeof(a));
   PyObject *out = NULL;
   uint64_t ptrs[255 + 64];  // one stream's recent and skip pointers
   for (Py_ssize_t s = 0; s < ns; s++)
-    if (parse_answer(PyList_GET_ITEM(answer, s), &a[s]) < 0) goto done;
+    if (parse_answer(PyList_GET_ITEM(answer, s), &a[s], n) < 0) goto done;
   if ((out = PyList_New(n)) == NULL) goto done;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *plain = PyList_GET_ITEM(datas, i);
@@ -977,9 +1020,13 @@ static PyObject *answer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
   if (!PySet_Check(settled) || !PyList_CheckExact(done))
     return PyErr_Format(PyExc_TypeError, "answer takes the settled set and a list of proposals");
   Py_ssize_t n = PyList_GET_SIZE(done);
-  for (Py_ssize_t i = 0; i < n; i++)
-    if (!PyObject_TypeCheck(PyList_GET_ITEM(done, i), &ProposalType))
-      return PyErr_Format(PyExc_TypeError, "done holds proposals, not %R", PyList_GET_ITEM(done, i));
+  for (Py_ssize_t i = 0; i < n; i++) {
+    Proposal *p = (Proposal *)PyList_GET_ITEM(done, i);
+    if (!PyObject_TypeCheck((PyObject *)p, &ProposalType))
+      return PyErr_Format(PyExc_TypeError, "done holds proposals, not %R", (PyObject *)p);
+    if (p->seq == NULL || p->future == NULL)  // (deleted, or never set: no __init__ ran)
+      return PyErr_Format(PyExc_TypeError, "a proposal with no seq or future");
+  }
   if (call_lock(plock, s_acquire) < 0) return NULL;
   int ok = 0;
   for (Py_ssize_t i = 0; i < n && ok == 0; i++) {
@@ -1046,6 +1093,8 @@ static PyMethodDef methods[] = {
      "landed(rt, core, pos, data, wake, p): Runtime._landed (an own append is over)"},
     {"propose", (PyCFunction)(void (*)(void))propose, METH_FASTCALL,
      "propose(rt, core, kind, stream, body, streams): an async proposal's seq, entry, record and append"},
+    {"enqueue", (PyCFunction)(void (*)(void))enqueue, METH_FASTCALL,
+     "enqueue(rt, core, kind, stream, body, retire, streams): streams on, a proposal registered and queued"},
     {"configure_put", configure_put, METH_VARARGS, "configure_put(cmd, op, sstr, str, sbytes, bytes)"},
     {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL,
      "put(rt, core, stream, key, value): a map put of a str key and a str or bytes value, or None if not taken"},
@@ -1087,7 +1136,7 @@ PyMODINIT_FUNC PyInit__propose(void) {
   INTERN(s_done, "done");
   INTERN(s_one_stream, "_one_stream");
   INTERN(s_streams, "streams");
-  INTERN(s_enqueue, "_enqueue");
+  INTERN(s_queued, "_queued");
 #undef INTERN
   if ((kw_future = Py_BuildValue("(s)", "future")) == NULL || (empty = PyTuple_New(0)) == NULL) return NULL;
   PyObject *heapq = PyImport_ImportModule("heapq");

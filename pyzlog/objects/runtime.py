@@ -58,6 +58,7 @@ from ._replay import configure as _configure_replay, row_at as _row_at
 from ._propose import Proposal as _Proposal, configure as _configure_propose, landed as _landed_native
 from ._propose import answer as _answer, new_pending as _new_pending_native, own_run as _own_run
 from ._propose import configure_put as _configure_put, configure_streams as _configure_streams
+from ._propose import enqueue as _enqueue_native
 from ._propose import propose as _propose_native, stream_entries as _stream_entries
 from .streams import BehindTrim as _Trimmed, WalkStats, kinds_of, walk
 from .machine import Transaction, TxnResult
@@ -88,6 +89,9 @@ SENDERS = 2
 #: every proposal that finds all senders idle wakes one)
 SEND_BACKSTOP_SECONDS = 0.5
 MAX_BATCH = 256
+#: streams on, proposals queued for the senders past which put_async waits for room (as
+#: Log.append_async waits past max_in_flight): a proposer faster than the log is held back
+MAX_QUEUED = 8 * MAX_BATCH
 #: most streams (objects written) one entry may belong to with streams on, and
 #: most objects a streams runtime hosts (its stream requests name them all)
 MAX_STREAMS_PER_REQUEST = 64
@@ -261,6 +265,8 @@ class Runtime:
         self._send_cv_lock = threading.Lock()  # held as _cv_lock is
         self._send_cv = threading.Condition(self._send_cv_lock)
         self._idle_senders = 0
+        self._room = threading.Condition(self._send_cv_lock)  # the queue went below MAX_QUEUED
+        self._room_waiters = 0  # proposers waiting on _room (under _send_cv_lock)
         #: a proposer has woken an idle sender that has not looked at the queue yet: the
         #: proposers after it need not (a burst of proposals meeting idle senders, as when a
         #: batch's futures settle at once, each took the lock to notify: 1.2 us a put)
@@ -413,6 +419,7 @@ class Runtime:
         try:
             with self._send_cv_lock:
                 self._send_cv.notify_all()
+                self._room.notify_all()
             for t in (self._player, self._retrier, *self._senders):
                 if t is not None and t is not threading.current_thread():
                     try:
@@ -547,7 +554,10 @@ class Runtime:
                           made: dict[int, bytes] = made) -> list[bytes]:
                 # each entry with its backpointers, in C (native/propose.c: entry_backpointers and
                 # entry.with_backpointers for the round)
-                stored = _stream_entries(first, k, answer, round_, Log.STREAM_FIRST_LEVEL)
+                try:
+                    stored = _stream_entries(first, k, answer, round_, Log.STREAM_FIRST_LEVEL)
+                except (ValueError, OverflowError) as e:  # (a backpointer not below its entry: nothing sent)
+                    raise InvalidRequest(f"entries with backpointers: {e}") from None
                 made.update(zip(range(first, first + len(stored)), stored))
                 return stored
 
@@ -578,7 +588,18 @@ class Runtime:
 
     def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None,
                  streams: tuple[int, ...] | None = None) -> Future[Any]:
-        if not self.streams and retire is None:
+        if self.streams:
+            # an entry is made once its position and backpointers are known: the senders append
+            # what is queued in batches (append_streams), one sequencer request each. Registered and
+            # queued in C (native/propose.c, enqueue: no interrupt can leave it registered and not
+            # queued), then _queued
+            if not self._started:
+                self.start()
+            if self._failed is not None or self._closing:
+                self._check_open()
+            return _enqueue_native(self, self._core, kind, stream, body, retire,
+                                   self._streams_of(kind, stream) if streams is None else streams)
+        if retire is None:
             # the common proposal, in C (native/propose.c): _new_pending's and _submit's steps, with
             # what can go wrong between them handed to _settle, _not_sent and _send_failed (one call)
             if not self._started:
@@ -588,24 +609,19 @@ class Runtime:
             return _propose_native(self, self._core, kind, stream, body,
                                    self._streams_of(kind, stream) if streams is None else streams)
         p = self._new_pending(kind, stream, body, retire, streams)
-        if not self.streams:  # into the client's async append pipeline, from this thread
-            tried = p.attempts
-            try:
-                self._submit(p)
-            except BaseException:
-                if p.attempts == tried:  # (Ctrl-C) as _submit was called: never sent, nothing counted
-                    self._drop(p, NotApplied(f"proposal {p.seq}: interrupted before it was appended"))
-                raise
-            return p.future
-        return self._enqueue(p)
+        tried = p.attempts  # into the client's async append pipeline, from this thread
+        try:
+            self._submit(p)
+        except BaseException:
+            if p.attempts == tried:  # (Ctrl-C) as _submit was called: never sent, nothing counted
+                self._drop(p, NotApplied(f"proposal {p.seq}: interrupted before it was appended"))
+            raise
+        return p.future
 
-    def _enqueue(self, p: _Pending) -> Future[Any]:
-        """Streams on: an entry is made once its position and backpointers
-        are known, so the senders append what is queued in batches
-        (append_streams), one sequencer request each. p's future."""
-        p.attempts += 1
-        q = self._queue
-        q.append(p)  # counts as in flight while queued (_grace_left): no lock taken here
+    def _queued(self, p: _Pending) -> Future[Any]:
+        """Streams on: p was just queued for the senders (its attempt
+        counted; native/propose.c, enqueue). p's future."""
+        q = self._queue  # (p counts as in flight while queued: _grace_left)
         if self._closing or self._failed is not None:  # close() or _fail may have told the pending ones
             self._not_sent(p, None)                       # before this one was registered
             return p.future
@@ -617,7 +633,30 @@ class Runtime:
             self._nudged = True
             with self._send_cv_lock:
                 self._send_cv.notify()
+        if len(q) > MAX_QUEUED:
+            self._wait_for_room()
         return p.future
+
+    def _wait_for_room(self) -> None:
+        """Hold a proposer back while more than MAX_QUEUED proposals wait
+        for the senders (its own is queued already: an interrupt here loses
+        nothing), until they take some or the runtime closes or fails. Not
+        on the thread playing the log (a Future's callback): its play would wait."""
+        if threading.current_thread() is self._player or self._play_lock._is_owned():
+            return
+        with self._send_cv_lock:
+            self._room_waiters += 1
+            try:
+                while len(self._queue) > MAX_QUEUED and not self._closing and self._failed is None:
+                    self._room.wait(SEND_BACKSTOP_SECONDS)
+            finally:
+                self._room_waiters -= 1
+
+    def _room_made(self) -> None:
+        """A sender took a batch from the queue: wake the proposers waiting for room."""
+        if self._room_waiters:
+            with self._send_cv_lock:
+                self._room.notify_all()
 
     def _settle(self, seq: int) -> None:
         with self._plock:
@@ -715,6 +754,11 @@ class Runtime:
             except IndexError:
                 pass
             if not batch:
+                continue
+            self._room_made()
+            if self._failed is not None:  # its proposers were told RuntimeFailed (_fail): nothing more is appended
+                for p in batch:
+                    self._not_sent(p, None)
                 continue
             with self._cv_lock:
                 self._in_flight += len(batch)  # out of the queue, not yet stored

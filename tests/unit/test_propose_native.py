@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import threading
 import time
 import weakref
 from typing import Any
@@ -25,6 +26,7 @@ from pyzlog.objects import NotApplied, ObjectsError, Runtime, RuntimeClosed, Run
 from pyzlog.objects.codec import MISSING, dumps
 from pyzlog.objects.objects import _OP, MAP_PUT, _put_native
 from pyzlog.client.streams import entry_backpointers
+from pyzlog.objects import runtime as runtime_module
 from pyzlog.objects.runtime import CMD, NOOP, _answer, _own_run, _Pending, _propose_native, _stream_entries
 
 ME = 77
@@ -353,12 +355,114 @@ def test_a_streams_batch_with_a_bad_answer_or_entry_is_refused() -> None:
     level = Log.STREAM_FIRST_LEVEL
     with pytest.raises(ValueError, match="not below position"):  # a sequencer's backpointer at or above the entry
         _stream_entries(100, 16, [(7, 50, [100], 3, [])], [one], level)
+    with pytest.raises(ValueError, match="past 2"):  # positions are below 2^63
+        _stream_entries(2**63 - 1, 0, [(7, 50, [], 3, [])], [one], level)
+    with pytest.raises(ValueError, match="too large"):
+        _stream_entries(100, 16, [(7, 50, [99], 2**64 - 1, [])], [one], level)
+    # the answer's parts may be any sequences, as the Python reads them
+    assert (_stream_entries(100, 16, [[7, 50, (99, 98), 3, ((5, 20),)]], [one], level)
+            == _stream_entries(100, 16, [(7, 50, [99, 98], 3, [(5, 20)])], [one], level))
     with pytest.raises(ValueError, match="not an entry of this layer"):
         _stream_entries(100, 16, [(7, 50, [99], 3, [])], [b"plain"], level)
     with pytest.raises(ValueError):
         _stream_entries(100, 16, [(7, 50, [99], 3)], [one], level)  # (an item of four)
+    with pytest.raises(TypeError):
+        _stream_entries(100, 16, [7], [one], level)  # (an item that is no sequence)
     with pytest.raises(ValueError):
         _stream_entries(100, 16, [(7, 50, [99], 3, [(64, 1)])], [one], level)  # (a level past 63)
     with pytest.raises((ValueError, OverflowError)):
         _stream_entries(100, 16, [(-7, 50, [99], 3, [])], [one], level)
     assert _stream_entries(100, 16, [], [one], level) == [entry.with_backpointers(one, 100, 16, [])]
+
+
+@pytest.mark.parametrize("way", ["put", "propose"])
+def test_an_interrupt_after_a_streams_proposal_is_registered_leaves_it_queued(way: str) -> None:
+    """Streams on, a proposal is registered, counted and queued in C
+    (native/propose.c, enqueue) before any Python code runs: a Ctrl-C in
+    Runtime._queued (a sender's wake-up) leaves it queued, so a sender
+    appends it and the play tells it. (An adversary's find: it was left
+    registered and never queued, its seq pinning every later entry's
+    low-water mark until close().)"""
+    rt, _ = runtime(streams=True)
+    m = rt.map("m")
+
+    def interrupted(p: Any) -> Any:
+        raise KeyboardInterrupt
+
+    rt._queued = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        if way == "put":
+            m.put_async("k", b"v")
+        else:
+            rt._propose(CMD, m.stream, b"body")
+    [p] = rt._queue
+    assert p.attempts == 1 and rt._pending == {1: p} and not p.future.done()
+
+
+def test_a_failed_streams_runtime_sends_nothing_it_had_queued() -> None:
+    """Once the runtime failed (its proposers told RuntimeFailed by _fail),
+    a sender drops what it takes from the queue instead of appending it (an
+    adversary's find: 192,820 such entries were still appended, for other
+    replicas to apply)."""
+    rt, _ = runtime(streams=True)
+    m = rt.map("m")
+    sent: list[Any] = []
+    rt.log.append_streams = lambda *a, **k: sent.append(a)  # type: ignore[attr-defined]
+    futures = [m.put_async(f"k{i}", b"v") for i in range(5)]
+    rt._fail(ObjectsError("damaged entry"))
+    gate = threading.Lock()
+    sender = threading.Thread(target=rt._send_loop, args=(gate,))
+    rt._senders = [sender]
+    sender.start()
+    for f in futures:
+        with pytest.raises(RuntimeFailed):
+            f.result(10)
+    deadline = time.monotonic() + 10
+    while rt._queue and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with rt._send_cv_lock:
+        rt._closing = True
+        rt._send_cv.notify_all()
+    sender.join(10)
+    assert not sender.is_alive() and not rt._queue and sent == [] and not rt._pending
+
+
+def test_answer_refuses_a_proposal_with_no_seq_or_future() -> None:
+    rt, _ = runtime()
+    blank = _Pending.__new__(_Pending)  # (no __init__: every field unset)
+    cut = _Pending(1, b"", LazyFuture(), 0.0)
+    del cut.seq
+    for bad in (blank, cut):  # an adversary's find: these crashed the process
+        with pytest.raises(TypeError, match="no seq or future"):
+            _answer(rt._plock, rt._settled, [bad])
+    assert not rt._plock.locked()
+
+
+def test_a_streams_proposer_waits_while_the_senders_queue_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams on, put_async waits while more than MAX_QUEUED proposals
+    wait for the senders, as append_async does past max_in_flight (an
+    adversary's find: four threads queued 500,000 puts in a second while
+    3,600 were stored, memory without bound); a sender taking a batch, or
+    close(), lets it go. Its proposal is queued meanwhile."""
+    monkeypatch.setattr(runtime_module, "MAX_QUEUED", 3)
+    rt, _ = runtime(streams=True)
+    m = rt.map("m")
+    for i in range(3):  # up to the bound: no wait
+        m.put_async(f"k{i}", b"v")
+    done = threading.Event()
+    blocked = threading.Thread(target=lambda: (m.put_async("k3", b"v"), done.set()))
+    blocked.start()
+    assert not done.wait(0.3) and len(rt._queue) == 4  # queued, and held back
+    rt._queue.popleft(), rt._queue.popleft()  # as a sender takes a batch
+    rt._room_made()
+    assert done.wait(10)
+    m.put_async("k4", b"v")
+    again = threading.Thread(target=m.put_async, args=("k5", b"v"))
+    again.start()
+    time.sleep(0.2)
+    assert again.is_alive()
+    rt._closing = True  # close() lets every waiting proposer go
+    with rt._send_cv_lock:
+        rt._room.notify_all()
+    again.join(10)
+    assert not again.is_alive()
