@@ -673,14 +673,14 @@ def test_a_batch_refused_after_part_of_it_was_stored_tells_no_proposal_it_was_no
     real = log.append_streams
     full_until = [0.0]
 
-    def part_then_full(streams: list[int], entries: list[bytes], build: Any) -> list[int]:
+    def part_then_full(streams: list[int], entries: list[bytes], build: Any = None, **kw: Any) -> list[int]:
         if full_until[0] == 0.0 and len(entries) >= 2:
             full_until[0] = time.monotonic() + 3.0
-            real(streams, entries[: len(entries) // 2], build)  # one object's write stored...
+            real(streams, entries[: len(entries) // 2], build, **kw)  # one object's write stored...
             raise pyzlog.PoolFull("the pool is at its quota (the test)")  # ...the other's refused
         if time.monotonic() < full_until[0]:
             raise pyzlog.PoolFull("the pool is at its quota (the test)")
-        return real(streams, entries, build)
+        return real(streams, entries, build, **kw)
 
     monkeypatch.setattr(log, "append_streams", part_then_full)
     futures = {f"k{i}": m.put_async(f"k{i}", b"v") for i in range(8)}  # (queued faster than a sender takes them)
