@@ -630,14 +630,9 @@ static PyObject *enqueue_new(PyObject *rt, PyObject *core, long kind, PyObject *
   if (p == NULL) return NULL;
   p->attempts += 1;
   PyObject *out = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(core, 7), s_append, (PyObject *)p);  // deque.append
-  if (out == NULL) {  // (no memory): never queued, its seq settled
+  if (out == NULL) {  // (no memory): never queued, its seq settled by _not_sent, the error raised again
     p->attempts -= 1;
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyObject *r = PyObject_CallMethodObjArgs(rt, s_not_sent, (PyObject *)p, ev != NULL ? ev : Py_None, NULL);
-    Py_XDECREF(r);
-    if (r == NULL) PyErr_Clear();
-    PyErr_Restore(et, ev, tb);
+    out = hand_over(rt, s_not_sent, p, p->future, 1);
   } else {
     Py_DECREF(out);
     out = PyObject_CallMethodOneArg(rt, s_queued, (PyObject *)p);

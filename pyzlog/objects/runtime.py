@@ -588,26 +588,22 @@ class Runtime:
 
     def _propose(self, kind: int, stream: int, body: bytes, retire: list[int] | None = None,
                  streams: tuple[int, ...] | None = None) -> Future[Any]:
-        if self.streams:
-            # an entry is made once its position and backpointers are known: the senders append
-            # what is queued in batches (append_streams), one sequencer request each. Registered and
-            # queued in C (native/propose.c, enqueue: no interrupt can leave it registered and not
-            # queued), then _queued
+        if self.streams or retire is None:
             if not self._started:
                 self.start()
             if self._failed is not None or self._closing:
                 self._check_open()
-            return _enqueue_native(self, self._core, kind, stream, body, retire,
-                                   self._streams_of(kind, stream) if streams is None else streams)
-        if retire is None:
+            if streams is None:
+                streams = self._streams_of(kind, stream)
+            if self.streams:
+                # an entry is made once its position and backpointers are known: the senders append
+                # what is queued in batches (append_streams), one sequencer request each. Registered
+                # and queued in C (native/propose.c, enqueue: no interrupt can leave it registered
+                # and not queued), then _queued
+                return _enqueue_native(self, self._core, kind, stream, body, retire, streams)
             # the common proposal, in C (native/propose.c): _new_pending's and _submit's steps, with
             # what can go wrong between them handed to _settle, _not_sent and _send_failed (one call)
-            if not self._started:
-                self.start()
-            if self._failed is not None or self._closing:
-                self._check_open()
-            return _propose_native(self, self._core, kind, stream, body,
-                                   self._streams_of(kind, stream) if streams is None else streams)
+            return _propose_native(self, self._core, kind, stream, body, streams)
         p = self._new_pending(kind, stream, body, retire, streams)
         tried = p.attempts  # into the client's async append pipeline, from this thread
         try:
