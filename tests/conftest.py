@@ -94,8 +94,8 @@ class OsdPause:
 
     def __call__(self) -> None:
         for pid in self.pids:
-            os.kill(pid, signal.SIGSTOP)
             self.stopped.append(pid)
+            vstart.pause(pid)  # returns once none of its threads can answer
 
     def resume(self) -> None:
         while self.stopped:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vstartmod import vstart
 
 
 def _die_with_parent() -> None:
@@ -79,7 +80,7 @@ class SeqrProcess:
 
     def pause(self) -> None:
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        vstart.pause(self.proc.pid)
 
     def resume(self) -> None:
         assert self.proc is not None

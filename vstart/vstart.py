@@ -340,8 +340,11 @@ mgr tick period = 1
         pid = self.daemons().get(f"osd.{i}")
         if pid is None:
             raise ClusterError(f"osd.{i} is not running")
+        if sig == signal.SIGSTOP:
+            pause(pid)
+            return
         os.kill(pid, sig)
-        if sig in (signal.SIGSTOP, signal.SIGCONT):
+        if sig == signal.SIGCONT:
             return
         _wait_gone([pid], 30)
 
@@ -382,6 +385,36 @@ mgr tick period = 1
         st = self.state() or {}
         return {"dir": str(self.dir), "conf": str(self.conf) if st else None,
                 "pool": st.get("pool"), "daemons": self.daemons()}
+
+
+def pause(pid: int, timeout: float = 10) -> None:
+    """SIGSTOP `pid` and return once every one of its threads is stopped.
+
+    kill() only queues the stop: a thread running on another CPU goes on for a
+    moment, long enough on a loaded machine to answer a request sent right after
+    (a test that expects a paused OSD to answer nothing then sees an answer)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while not _all_threads_stopped(pid):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"pid {pid} not stopped {timeout:g}s after SIGSTOP")
+        time.sleep(0.001)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True  # gone: nothing of it runs
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # a thread that exited meanwhile
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
