@@ -701,6 +701,27 @@ def test_a_put_async_on_a_closed_log_fails_at_once(pair: Replicas) -> None:
     assert a.stats.retries == 0 and m.to_dict() == {"a": 1}
 
 
+@pytest.mark.parametrize("streams", [False, True], ids=["plain", "streams"])
+def test_close_plays_the_puts_on_their_way_and_tells_each_its_outcome(pair: Replicas, streams: bool) -> None:
+    """close() with puts still on their way: it plays them first, so each
+    Future tells its real outcome. Before, close() stopped the play and told
+    RuntimeClosed to puts whose entries the log already held, which every
+    other replica applies. Whatever close() tells must match what a replica
+    reading the log afterwards holds."""
+    a = pair.new(streams=streams)
+    m = a.map("m")
+    m["warm"] = b"w"
+    futures = {f"k{i}": m.put_async(f"k{i}", b"v") for i in range(2000)}
+    a.close()
+    told = {k: type(f.exception(0)).__name__ for k, f in futures.items()}
+    fresh = pair.new()
+    mf = fresh.map("m")
+    fresh.sync(timeout=60)
+    held = set(mf.keys()) - {"warm"}
+    assert {k for k, t in told.items() if t == "NoneType"} == held  # acknowledged exactly when the log has it
+    assert told == dict.fromkeys(futures, "NoneType")  # a healthy cluster: close() waited for every one
+
+
 def test_concurrent_transfers_conserve_the_total(pair: Replicas) -> None:
     rts = [pair.new() for _ in range(3)]
     maps = [rt.map("acct") for rt in rts]

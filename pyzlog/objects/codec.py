@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from pyzlog import InvalidRequest
 
+from ._codec import configure as _configure, load_from as _load_from
 from .errors import BadEntry
 
 
@@ -57,17 +58,10 @@ SBYTES: Final = _SBYTES
 STR: Final = _STR
 BYTES: Final = _BYTES
 
-_Q = struct.Struct("<q")
-_D = struct.Struct("<d")
-_I = struct.Struct("<I")
 _TI = struct.Struct("<BI")
 _TQ = struct.Struct("<Bq")
 _TD = struct.Struct("<Bd")
 _SMALL = {i: bytes((_SINT, i & 0xFF)) for i in range(-128, 128)}
-#: an int item of a list (_dec's fast path for a session's seqs)
-_INT_ITEM = _INT
-#: a list of three items, the first a short str (_dec's fast path for a map snapshot's items)
-_TRIPLE = bytes((_LIST,)) + _I.pack(3) + bytes((_SSTR,))
 _CONST = {None: bytes((_NONE,)), False: bytes((_FALSE,)), True: bytes((_TRUE,))}
 _MISSING_B = bytes((_MISSING,))
 
@@ -152,128 +146,34 @@ def _enc(v: Any, out: list[bytes], depth: int) -> None:
 
 def loads(data: bytes) -> Any:
     """The value `data` holds; BadEntry if it does not parse or has bytes left over."""
-    try:
-        v, off = _dec(data, 0, 0)
-    except (IndexError, struct.error, UnicodeDecodeError, TypeError, RecursionError) as e:
-        raise BadEntry(f"undecodable value: {e}") from None
+    v, off = load_from(data, 0)
     if off != len(data):
         raise BadEntry(f"{len(data) - off} bytes after the value")
     return v
 
 
 def load_from(data: bytes, off: int) -> tuple[Any, int]:
-    """The value at `off` and the offset after it; BadEntry if it does not parse."""
+    """The value at `off` and the offset after it; BadEntry if it does not
+    parse. Decoded in C (native/codec.c): every command applied and every
+    checkpoint loaded comes this way."""
     try:
-        return _dec(data, off, 0)
-    except (IndexError, struct.error, UnicodeDecodeError, TypeError, RecursionError) as e:
+        return _load_from(data if type(data) is bytes else bytes(data), off)
+    except (ValueError, TypeError, OverflowError) as e:  # damaged bytes or offset; TypeError: an unhashable key
         raise BadEntry(f"undecodable value: {e}") from None
 
 
 def load_key_value(data: bytes, off: int) -> tuple[Any, Any]:
     """The two values from `off` to the end of `data` (a map put's key and
-    value); BadEntry if they do not parse or bytes are left over. A short
-    str key and a short bytes value (what puts mostly carry) are read here
-    without the general walk: the replay loop's hot path."""
-    end = len(data)
-    if end > off + 1 and data[off] == _SSTR:
-        o = off + 2 + data[off + 1]
-        if end > o + 1 and data[o] == _SBYTES and o + 2 + data[o + 1] == end:
-            try:
-                return data[off + 2:o].decode(), data[o + 2:end]
-            except UnicodeDecodeError as e:
-                raise BadEntry(f"undecodable value: {e}") from None
+    value); BadEntry if they do not parse or bytes are left over."""
     key, o = load_from(data, off)
     value, o = load_from(data, o)
-    if o != end:
-        raise BadEntry(f"{end - o} bytes after the value")
+    if o != len(data):
+        raise BadEntry(f"{len(data) - o} bytes after the value")
     return key, value
 
 
-def _take(data: bytes, off: int, n: int) -> bytes:
-    end = off + n
-    if end > len(data):
-        raise IndexError(f"a length of {n} runs past the end")
-    return data[off:end]
-
-
-def _dec(data: bytes, off: int, depth: int) -> tuple[Any, int]:
-    tag = data[off]
-    off += 1
-    if tag == _SSTR:
-        n = data[off]
-        return _take(data, off + 1, n).decode(), off + 1 + n
-    if tag == _SBYTES:
-        n = data[off]
-        return _take(data, off + 1, n), off + 1 + n
-    if tag == _SINT:
-        v = data[off]
-        return (v - 256 if v > 127 else v), off + 1
-    if tag == _INT:
-        return _Q.unpack_from(data, off)[0], off + 8
-    if tag == _STR or tag == _BYTES:
-        n = _I.unpack_from(data, off)[0]
-        b = _take(data, off + 4, n)
-        return (b.decode() if tag == _STR else b), off + 4 + n
-    if tag == _NONE:
-        return None, off
-    if tag == _TRUE:
-        return True, off
-    if tag == _FALSE:
-        return False, off
-    if tag == _FLOAT:
-        return _D.unpack_from(data, off)[0], off + 8
-    if tag == _LIST or tag == _TUPLE or tag == _DICT:
-        if depth >= MAX_DEPTH:
-            raise IndexError(f"nested deeper than {MAX_DEPTH}")
-        n = _I.unpack_from(data, off)[0]
-        off += 4
-        if n > len(data) - off:  # every item takes a byte at least: a count cannot exceed what is left
-            raise IndexError(f"a count of {n} runs past the end")
-        if tag == _DICT:
-            d = {}
-            end = len(data)
-            for _ in range(n):
-                # a short str key and a short bytes value (a map's usual item), read
-                # here without two calls of the general walk: a checkpoint's bulk
-                if data[off] == _SSTR:
-                    o = off + 2 + data[off + 1]
-                    if o + 1 < end and data[o] == _SBYTES:
-                        v_end = o + 2 + data[o + 1]
-                        if v_end > end:
-                            raise IndexError("a length runs past the end")
-                        d[data[off + 2:o].decode()] = data[o + 2:v_end]
-                        off = v_end
-                        continue
-                k, off = _dec(data, off, depth + 1)
-                d[k], off = _dec(data, off, depth + 1)  # an unhashable key: TypeError, caught above
-            return d, off
-        items = []
-        end = len(data)
-        triples = depth + 1 < MAX_DEPTH
-        for _ in range(n):
-            if data[off] == _INT_ITEM and off + 9 <= end:  # a checkpoint's session seqs: no call each
-                items.append(_Q.unpack_from(data, off + 1)[0])
-                off += 9
-                continue
-            # [short str, short bytes, int]: a map snapshot's item (a checkpoint's
-            # bulk), read here without four calls of the general walk
-            if triples and data.startswith(_TRIPLE, off):
-                o = off + 7 + data[off + 6]
-                if o + 1 < end and data[o] == _SBYTES:
-                    v = o + 2 + data[o + 1]
-                    if v + 9 <= end and data[v] == _INT:
-                        items.append([data[off + 7:o].decode(), data[o + 2:v], _Q.unpack_from(data, v + 1)[0]])
-                        off = v + 9
-                        continue
-            x, off = _dec(data, off, depth + 1)
-            items.append(x)
-        return (items if tag == _LIST else tuple(items)), off
-    if tag == _MISSING:
-        return MISSING, off
-    if tag == _BIGINT:
-        n = int.from_bytes(_take(data, off, 2), "little")
-        return int.from_bytes(_take(data, off + 2, n), "little", signed=True), off + 2 + n
-    raise IndexError(f"unknown tag {tag}")
+_configure(MISSING, MAX_DEPTH, (_NONE, _FALSE, _TRUE, _INT, _FLOAT, _STR, _BYTES, _LIST, _TUPLE, _DICT, _MISSING,
+                                _BIGINT, _SSTR, _SBYTES, _SINT))
 
 
 __all__ = ["MISSING", "dumps", "loads", "load_from", "load_key_value"]

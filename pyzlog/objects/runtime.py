@@ -35,7 +35,7 @@ import threading
 import time
 from collections import Counter as Tally, deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -296,7 +296,10 @@ class Runtime:
 
         self._started = False
         self._start_lock = threading.Lock()
+        #: close() was called: no new proposal is taken (those pending are still sent and played)
         self._closing = False
+        #: close() is past its drain: the player, the senders and the retrier stop
+        self._stopping = False
         self._closed = False  # close() got to the end: every pending proposal is told
         #: an apply stopped by Ctrl-C (or SystemExit): an object may be half changed, so the
         #: state must never leave this runtime (state_snapshot, checkpoint refuse)
@@ -404,30 +407,40 @@ class Runtime:
         return self
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop playing; pending proposals fail with RuntimeClosed. The log
-        stays open. Appends already sent (a sender's batch, a retry) are
-        waited for, up to `timeout`, so that they land before a runtime
-        started again with this client id appends: that one's first entry
-        drops later copies by its low-water mark, which a streams replica
-        of other objects does not read."""
-        end = time.monotonic() + timeout
+        """Stop playing. The log stays open. No proposal is taken from the
+        call on (RuntimeClosed); those pending are first sent and played,
+        for up to half of `timeout`, so their Futures tell what happened to
+        each: an append stored before the play stops is applied by every
+        replica, and its proposer learns its result, never RuntimeClosed.
+        (Not from the runtime's own threads or the client's: a done-callback
+        that closes the runtime cannot wait for the play it runs on.) What
+        is still pending then fails with RuntimeClosed. Appends already sent
+        (a sender's batch, a retry) are waited for, up to `timeout`, so that
+        they land before a runtime started again with this client id
+        appends: that one's first entry drops later copies by its low-water
+        mark, which a streams replica of other objects does not read."""
+        start = time.monotonic()
+        end = start + timeout
         with self._cv_lock:
             if self._closed:
                 return
             self._closing = True
-            self._cv.notify_all()
+            self._cv.notify_all()  # (a wait_applied is told RuntimeClosed)
+        me = threading.current_thread()
+        # (not on the client's completion or retry thread: what is on its way lands on that thread)
+        on_client_thread = me.name.startswith("pyzlog-")
         try:
             with self._send_cv_lock:
-                self._send_cv.notify_all()
-                self._room.notify_all()
+                self._room.notify_all()  # a proposer held back for room: its proposal is queued, and sent
+            if self._started and not on_client_thread and me is not self._player and me not in self._senders:
+                self._drain(start + timeout / 2)  # the other half: the threads' ends and the appends on their way
+            self._stop_threads()
             for t in (self._player, self._retrier, *self._senders):
-                if t is not None and t is not threading.current_thread():
+                if t is not None and t is not me:
                     try:
                         t.join(max(0.0, end - time.monotonic()))
                     except RuntimeError:  # never started: a Ctrl-C in its start()
                         pass
-            # (not on the client's completion or retry thread: what is on its way lands on that thread)
-            on_client_thread = threading.current_thread().name.startswith("pyzlog-")
             with self._cv_lock:
                 while self._in_flight and not on_client_thread and (left := end - time.monotonic()) > 0:
                     self._cv.wait(left)
@@ -437,16 +450,44 @@ class Runtime:
                                    "runtime of client id %d appends again", self.log.name, self._in_flight,
                                    self.client_id)
         finally:
-            # also when the wait above is interrupted (Ctrl-C): the player and senders are stopping,
-            # so a proposal left pending now would never be told anything (a second close() did
-            # nothing, since _closing was set)
-            while self._pending:
-                try:
-                    _, p = self._pending.popitem()
-                except KeyError:
-                    break
-                _tell(p.future, RuntimeClosed("the runtime was closed before the proposal was applied"))
+            # also when a wait above is interrupted (Ctrl-C): the player and senders are stopping,
+            # so a proposal left pending now would never be told anything. Told before it is taken
+            # out: an interrupt between the two leaves it for the next close(), told already.
+            self._stop_threads()
+            while left_over := list(self._pending.items()):
+                for seq, p in left_over:
+                    _tell(p.future, RuntimeClosed("the runtime was closed before the proposal was applied"))
+                    self._pending.pop(seq, None)
             self._closed = True
+
+    def _drain(self, end: float) -> None:
+        """close()'s first step: until `end`, wait for the pending proposals
+        (no new one is taken) to be settled: sent, played, and told."""
+        while True:
+            with self._cv_lock:
+                futures = [p.future for p in self._pending.values() if not p.future.done()]
+            if not futures:
+                return
+            for f in futures:  # one at a time: LazyFuture's wait lets go of its lock when interrupted
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    f.exception(left)
+                except CancelledError:
+                    continue
+                except TimeoutError:
+                    return
+
+    def _stop_threads(self) -> None:
+        """Tell the player, the senders and the retrier to stop (and anything
+        waiting on the runtime to look again); no new proposal is taken."""
+        with self._cv_lock:
+            self._closing = self._stopping = True
+            self._cv.notify_all()
+        with self._send_cv_lock:
+            self._send_cv.notify_all()
+            self._room.notify_all()
 
     def __enter__(self) -> Runtime:
         return self
@@ -618,7 +659,7 @@ class Runtime:
         """Streams on: p was just queued for the senders (its attempt
         counted; native/propose.c, enqueue). p's future."""
         q = self._queue  # (p counts as in flight while queued: _grace_left)
-        if self._closing or self._failed is not None:  # close() or _fail may have told the pending ones
+        if self._stopping or self._failed is not None:  # close() or _fail may have told the pending ones
             self._not_sent(p, None)                       # before this one was registered
             return p.future
         # wake a sender for the first of a batch (one that wakes takes what is
@@ -674,7 +715,7 @@ class Runtime:
         handed = False  # the append's outcome goes to _appended, or was judged here
         try:
             with self._cv_lock:
-                closing = self._closing or self._failed is not None
+                closing = self._stopping or self._failed is not None
                 if not closing:
                     self._in_flight += 1
                     p.flying = True  # (no call between this and the count: no Ctrl-C can come between)
@@ -736,12 +777,12 @@ class Runtime:
                 # waiting is not left standing)
                 self._nudged = False
                 try:
-                    while not q and not self._closing:
+                    while not q and not self._stopping:
                         self._send_cv.wait(SEND_BACKSTOP_SECONDS)
                         self._nudged = False
                 finally:
                     self._idle_senders -= 1
-            if self._closing:
+            if self._stopping:
                 return
             batch: list[_Pending] = []
             try:
@@ -856,7 +897,7 @@ class Runtime:
         p.maybe_stored = p.maybe_stored or not refused
         if p.future.done():  # applied meanwhile (an earlier copy was stored after all)
             return
-        if isinstance(e, LogClosed) or time.monotonic() >= p.deadline or self._closing:
+        if isinstance(e, LogClosed) or time.monotonic() >= p.deadline or self._stopping:
             self._give_up(p, e)  # (a closed Log refuses every retry: no use waiting for the deadline)
             return
         self.stats.retries += 1
@@ -910,9 +951,9 @@ class Runtime:
     def _retry_loop(self) -> None:
         while True:
             with self._cv_lock:
-                while not self._closing and (not self._retry_q or self._retry_q[0][0] > time.monotonic()):
+                while not self._stopping and (not self._retry_q or self._retry_q[0][0] > time.monotonic()):
                     self._cv.wait(max(0.001, self._retry_q[0][0] - time.monotonic()) if self._retry_q else None)
-                if self._closing:
+                if self._stopping:
                     return
                 _, _, p = heapq.heappop(self._retry_q)
             if not p.future.done():
@@ -1019,7 +1060,7 @@ class Runtime:
         while True:
             with self._cv_lock:
                 while True:
-                    if self._closing or self._failed is not None:
+                    if self._stopping or self._failed is not None:
                         self._poller = None
                         return
                     if not self._wants_more():
@@ -1131,7 +1172,7 @@ class Runtime:
         while True:
             with self._cv_lock:
                 while True:
-                    if self._closing:
+                    if self._stopping:
                         return
                     if self._target > self.applied or self._walk_to > self.applied:
                         left = self._grace_left(self.applied)
@@ -1211,7 +1252,7 @@ class Runtime:
     def _play(self, target: int, past_tail: bool = False) -> None:
         """Play to `target` (every position below it handed out), or with
         `past_tail` (streams only) as far toward it as the log's tail is."""
-        while self.applied < target and not self._closing:
+        while self.applied < target and not self._stopping:
             at = self.applied
             with self._cv_lock:  # a run of our own acknowledged entries from `at` on: their bytes are known
                 run, nxt = _own_run(self._own_heap, self._own, at, min(target, at + CHUNK))
@@ -1237,7 +1278,7 @@ class Runtime:
                     cols = batch.columns()
                     for i in range(0, n, CHUNK):
                         self._apply_rows(rows=(batch, cols, i, min(n, i + CHUNK)))
-                    if self._closing:
+                    if self._stopping:
                         return
                     continue
                 col = batch.column(0)
@@ -1252,7 +1293,7 @@ class Runtime:
                 for i in range(0, n, CHUNK):
                     self._apply_rows(positions[i:i + CHUNK], datas[i:i + CHUNK],
                                      kinds[i:i + CHUNK] if kinds is not None else None)
-                if self._closing:
+                if self._stopping:
                     return
 
     def _play_streams(self, at: int, end: int, past_tail: bool = False) -> bool:

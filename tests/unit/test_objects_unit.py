@@ -123,27 +123,77 @@ _i64 = st.integers(-(1 << 63), (1 << 63) - 1)
 _triples = st.lists(st.tuples(st.text(max_size=300), st.binary(max_size=300), _i64).map(list) | _i64, max_size=6)
 
 
-def _general_loads(data: bytes, monkeypatch: pytest.MonkeyPatch) -> object:
-    """codec.loads with its fast paths for list items off."""
-    with monkeypatch.context() as m:
-        m.setattr(codec, "_TRIPLE", b"\xff" * 6)
-        m.setattr(codec, "_INT_ITEM", -1)
-        try:
-            return codec.loads(data)
-        except BadEntry:
-            return BadEntry
+def _reference_loads(data: bytes) -> object:
+    """The codec's form read the plain way, in Python (the product decodes in
+    C, native/codec.c): the value, or BadEntry for what must be refused."""
+    T = codec  # the tags, as codec.py defines them
+
+    def take(off: int, n: int) -> bytes:
+        if off + n > len(data):
+            raise IndexError
+        return data[off:off + n]
+
+    def dec(off: int, depth: int) -> tuple[object, int]:
+        tag = data[off]
+        off += 1
+        if tag in (T._SSTR, T._SBYTES, T._STR, T._BYTES):
+            short = tag in (T._SSTR, T._SBYTES)
+            n = data[off] if short else struct.unpack("<I", take(off, 4))[0]
+            off += 1 if short else 4
+            raw = take(off, n)
+            return (raw.decode() if tag in (T._SSTR, T._STR) else raw), off + n
+        if tag == T._SINT:
+            return struct.unpack("<b", take(off, 1))[0], off + 1
+        if tag in (T._INT, T._FLOAT):
+            return struct.unpack("<q" if tag == T._INT else "<d", take(off, 8))[0], off + 8
+        if tag == T._BIGINT:
+            n = int.from_bytes(take(off, 2), "little")
+            return int.from_bytes(take(off + 2, n), "little", signed=True), off + 2 + n
+        consts = {T._NONE: None, T._TRUE: True, T._FALSE: False, T._MISSING: MISSING}
+        if tag in consts:
+            return consts[tag], off
+        if tag in (T._LIST, T._TUPLE, T._DICT):
+            if depth >= codec.MAX_DEPTH:
+                raise IndexError
+            n = struct.unpack("<I", take(off, 4))[0]
+            off += 4
+            if n > len(data) - off:
+                raise IndexError
+            items = []
+            for _ in range(n * (2 if tag == T._DICT else 1)):
+                x, off = dec(off, depth + 1)
+                items.append(x)
+            if tag == T._DICT:
+                return dict(zip(items[::2], items[1::2])), off
+            return (items if tag == T._LIST else tuple(items)), off
+        raise IndexError
+
+    try:
+        v, off = dec(0, 0)
+    except (IndexError, UnicodeDecodeError, TypeError):
+        return BadEntry
+    return v if off == len(data) else BadEntry
 
 
-@given(items=_triples, flips=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=3))
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_codec_reads_a_map_snapshots_items_as_the_general_walk_does(
-        items: list[list[object]], flips: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A map snapshot's items ([short str, short bytes, int]) and a list's
-    ints (a session's seqs) have their own path through the decoder: it
-    reads them, every cut short form and any bytes changed, exactly as the
-    general walk does (the same value, or BadEntry from both)."""
-    data = codec.dumps(items)
-    assert codec.loads(data) == items
+def _loads_or_bad(data: bytes) -> object:
+    try:
+        return codec.loads(data)
+    except BadEntry:
+        return BadEntry
+
+
+_flips = st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=3)
+
+
+@given(v=values | _triples, flips=_flips)
+@settings(max_examples=500, deadline=None)
+def test_codec_reads_damaged_bytes_as_a_plain_reference_decoder_does(v: object, flips: list[tuple[int, int]]) -> None:
+    """The C decoder reads any value, every cut short form of it and any
+    bytes changed in it exactly as a plain decoder of the form does: the
+    same value, or BadEntry from both. A map snapshot's items ([short str,
+    short bytes, int]) and a session's seqs are what checkpoints hold most."""
+    data = codec.dumps(v, codec.MAX_DEPTH)
+    assert codec.loads(data) == v
     for n in range(len(data)):
         with pytest.raises(BadEntry):
             codec.loads(data[:n])
@@ -151,21 +201,45 @@ def test_codec_reads_a_map_snapshots_items_as_the_general_walk_does(
     for at, byte in flips:
         if bad:
             bad[at % len(bad)] = byte
-    try:
-        fast: object = codec.loads(bytes(bad))
-    except BadEntry:
-        fast = BadEntry
     # by repr: a changed byte can make a float NaN, which equals nothing, itself included
-    assert repr(fast) == repr(_general_loads(bytes(bad), monkeypatch))
+    assert repr(_loads_or_bad(bytes(bad))) == repr(_reference_loads(bytes(bad)))
 
 
 @given(st.binary(max_size=64))
 @settings(max_examples=500, deadline=None)
-def test_codec_never_crashes_on_random_bytes(data: bytes) -> None:
+def test_codec_reads_random_bytes_as_a_plain_reference_decoder_does(data: bytes) -> None:
+    assert repr(_loads_or_bad(data)) == repr(_reference_loads(data))
+
+
+def test_codec_takes_any_bytes_like_value_and_refuses_bad_offsets() -> None:
+    data = codec.dumps({"k": [b"v", 7]})
+    assert codec.loads(bytearray(data)) == codec.loads(memoryview(data)) == {"k": [b"v", 7]}
+    assert codec.load_from(b"\x00" + data, 1) == ({"k": [b"v", 7]}, len(data) + 1)
+    for off in (-1, len(data), len(data) + 1, 1 << 63):  # an offset read from damaged bytes
+        with pytest.raises(BadEntry):
+            codec.load_from(data, off)
+
+
+@pytest.mark.parametrize("tag", [codec._LIST, codec._TUPLE, codec._DICT])
+def test_nested_counts_that_claim_all_that_is_left_cost_no_memory_ahead(tag: int) -> None:
+    """64 nested containers, each claiming a count of everything left (an
+    adversary's find: a tuple's slots were made at the claimed size, 8 bytes
+    per byte of input at each level, 2 GiB for 4 MiB). Refused with BadEntry,
+    and the memory taken on the way is what the items read cost (the
+    innermost count's million one-byte Nones: 8 bytes each in a list, and
+    a tuple's copy of it), not 64 times that."""
+    import tracemalloc
+    size = 1 << 20
+    head = b"".join(bytes([tag]) + struct.pack("<I", size - 5 * (i + 1)) for i in range(codec.MAX_DEPTH))
+    data = head + b"\x00" * (size - len(head))
+    tracemalloc.start()
     try:
-        codec.loads(data)
-    except BadEntry:
-        pass
+        with pytest.raises(BadEntry):
+            codec.loads(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * size, f"{peak >> 20} MiB taken to refuse {size >> 20} MiB"
 
 
 @given(values, values, st.binary(max_size=3))

@@ -153,7 +153,7 @@ def test_an_append_that_raises_is_judged_as_in_python() -> None:
         assert rec.sent == [(p.data, p)] and p.attempts == 2 and p.flying
     finally:
         with rt._cv_lock:
-            rt._closing = True  # the retrier's loop ends
+            rt._closing = rt._stopping = True  # the retrier's loop ends
             rt._cv.notify_all()
 
 
@@ -421,7 +421,7 @@ def test_a_failed_streams_runtime_sends_nothing_it_had_queued() -> None:
     while rt._queue and time.monotonic() < deadline:
         time.sleep(0.01)
     with rt._send_cv_lock:
-        rt._closing = True
+        rt._closing = rt._stopping = True
         rt._send_cv.notify_all()
     sender.join(10)
     assert not sender.is_alive() and not rt._queue and sent == [] and not rt._pending
