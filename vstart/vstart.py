@@ -90,11 +90,18 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     # a zombie is not alive for our purposes
+    state = _stat_state(f"/proc/{pid}/stat")
+    return state is not None and state != "Z"
+
+
+def _stat_state(path: str) -> str | None:
+    """The state letter of a /proc stat file (a process's or a thread's);
+    None if it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+        with open(path) as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _owned_pid(pidfile: Path, conf: Path) -> int | None:
@@ -406,15 +413,8 @@ def _all_threads_stopped(pid: int) -> bool:
         tids = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return True  # gone: nothing of it runs
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue  # a thread that exited meanwhile
-        if state not in ("T", "t", "Z", "X"):
-            return False
-    return True
+    # (None: a thread that exited meanwhile)
+    return all(_stat_state(f"/proc/{pid}/task/{tid}/stat") in ("T", "t", "Z", "X", None) for tid in tids)
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
