@@ -722,6 +722,63 @@ def test_close_plays_the_puts_on_their_way_and_tells_each_its_outcome(pair: Repl
     assert told == dict.fromkeys(futures, "NoneType")  # a healthy cluster: close() waited for every one
 
 
+@pytest.mark.parametrize("streams", [False, True], ids=["plain", "streams"])
+def test_puts_made_while_close_runs_are_told_what_the_log_holds(pair: Replicas, streams: bool) -> None:
+    """A thread keeps putting while another closes the runtime (an
+    adversary's find): puts that got in as close() began were sent, landed
+    after the play had stopped, and were told RuntimeClosed though the log
+    held them (259 of 45,531; with streams 768). Each one's Future must say
+    what a replica reading the log afterwards finds."""
+    a = pair.new(streams=streams)
+    m = a.map("m")
+    m["warm"] = b"w"
+    futures: dict[str, Any] = {}
+
+    def writer() -> None:
+        for i in range(10**9):
+            try:
+                futures[f"k{i}"] = m.put_async(f"k{i}", b"v")
+            except RuntimeClosed:  # the close has begun: refused at once, nothing appended
+                return
+
+    th = threading.Thread(target=writer)
+    th.start()
+    time.sleep(0.3)
+    a.close()
+    th.join(60)
+    told = {k: type(f.exception(30)).__name__ for k, f in futures.items()}
+    fresh = pair.new()
+    mf = fresh.map("m")
+    fresh.sync(timeout=60)
+    held = set(mf.keys()) - {"warm"}
+    assert set(told.values()) <= {"NoneType", "RuntimeClosed"}
+    assert {k for k, t in told.items() if t == "NoneType"} == held
+
+
+def test_close_leaves_no_thread_of_the_runtime_running(pair: Replicas, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appends that keep failing are retried until close(): its wait for the
+    pending proposals took the whole timeout, the threads' joins got none,
+    and the player and the retrier were still running when close()
+    returned (an adversary's find). The wait now takes half."""
+    a = pair.new()
+    m = a.map("m")
+    m["warm"] = b"w"
+
+    def refused(data: bytes, future: Any = None) -> Any:
+        raise pyzlog.ZlogError("refused")
+
+    monkeypatch.setattr(a.log, "append_async", refused)
+    futures = [m.put_async(f"k{i}", b"v") for i in range(3)]
+    deadline = time.monotonic() + 30
+    while a._retrier is None and time.monotonic() < deadline:  # (the first retry is scheduled)
+        time.sleep(0.01)
+    threads = [t for t in (a._player, a._retrier, *a._senders) if t is not None]
+    assert threads
+    a.close(timeout=1.0)
+    assert [t.name for t in threads if t.is_alive()] == []
+    assert all(f.done() for f in futures)
+
+
 def test_concurrent_transfers_conserve_the_total(pair: Replicas) -> None:
     rts = [pair.new() for _ in range(3)]
     maps = [rt.map("acct") for rt in rts]
