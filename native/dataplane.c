@@ -861,6 +861,24 @@ int dp_read_many(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, uint8
   return op_send(op);
 }
 
+int dp_read_set(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, uint8_t format,
+                const uint64_t *positions, size_t n, uint64_t tag) {
+  if (n == 0 || n > ZLOG_MAX_BATCH_ENTRIES) return -EINVAL;
+  /* read_set is write_many's entries with no data: every one NULL, length 0 */
+  static const char *const no_data[ZLOG_MAX_BATCH_ENTRIES];
+  static const uint32_t no_len[ZLOG_MAX_BATCH_ENTRIES];
+  zlog_req req;
+  memset(&req, 0, sizeof req);
+  req.expected_stripes = ZLOG_ANY_STRIPES;
+  req.epoch = epoch;
+  req.format = format;
+  req.count = (uint32_t)n;
+  req.positions = positions;
+  req.datas = no_data;
+  req.lens = no_len;
+  return dp_submit(q, p, oid, ZLOG_OP_READ_SET, &req, tag);
+}
+
 int dp_exec(dp_queue *q, dp_pool *p, const char *oid, const char *cls, const char *method, const char *in,
             size_t in_len, int write, uint64_t tag) {
   dp_op *op = op_for(q, q->c, p, oid, 1, write != 0);

@@ -247,6 +247,11 @@ int dp_call_pos(dp_cluster *c, dp_pool *p, const char *oid, int op, uint64_t epo
 /* One op, n "read" calls on one object of `format` (each may fail alone): n results. */
 int dp_read_many(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, uint8_t format,
                  const uint64_t *positions, const uint64_t *tags, size_t n);
+/* One read_set call of n (1..ZLOG_MAX_BATCH_ENTRIES) positions of one object
+ * of `format`: dp_submit's, from a plain array (what read_positions sends
+ * thousands of, per round of a stream's walk). */
+int dp_read_set(dp_queue *q, dp_pool *p, const char *oid, uint64_t epoch, uint8_t format,
+                const uint64_t *positions, size_t n, uint64_t tag);
 /* Any method of any class, with raw bytes in and out (tests, probes):
  * `write` picks a write op (no output) over a read op. */
 int dp_exec(dp_queue *q, dp_pool *p, const char *oid, const char *cls, const char *method, const char *in,

@@ -14,7 +14,7 @@ import pytest
 from replicas import HOLE_WAIT, Replicas
 from seqr_proc import SeqrProcess
 
-from pyzlog import Log
+from pyzlog import InvalidRequest, Log
 from pyzlog.objects import Runtime, entry
 from pyzlog.objects.entry import HEADER, HEADER_SIZE, MAGIC
 
@@ -253,6 +253,62 @@ def test_read_positions_in_one_call_per_object(logs: Replicas) -> None:
     code, window = st.conn.call_raw(st.data, where.oid, Op.READ_SET, epoch=st.meta.epoch,
                                     entries=[(p, b"") for p in mine], format=where.format)
     assert code == 0 and [e.position for e in window.entries()] == mine  # every one is stored
+
+
+def test_read_positions_under_an_old_epoch_reads_each_position_afresh(rados_cluster, ceph,  # type: ignore[no-untyped-def]
+                                                                      log_name) -> None:
+    """A reader whose epoch the log has moved past is refused (ESTALE) by
+    every object; it reads the metadata and asks again, and each position
+    gets the new answer: data, filled, unwritten, never the refusal (nor a
+    position taken for unwritten because the first answer was dropped).
+    Duplicates in the request are read once."""
+    import errno
+
+    lg = Log.create(rados_cluster, ceph.pool, log_name, width=3)
+    other = Log.open(rados_cluster, ceph.pool, log_name)
+    try:
+        for i in range(30):
+            assert lg.append(b"s%d" % i) == i
+        lg.fill(30)
+        old = lg.state.meta.epoch
+        other.seal_and_find_tail()  # a new epoch: every object sealed past lg's
+        assert lg.state.meta.epoch == old < other.state.meta.epoch
+        wanted = [29, 3, 3, 30, 31, 40, 0, 17, 17]
+        got = lg.read_positions(wanted)
+        assert got == {0: b"s0", 3: b"s3", 17: b"s17", 29: b"s29", 30: -errno.ENOMSG, 31: -errno.ENODATA,
+                       40: -errno.ENODATA}
+        assert lg.state.meta.epoch == other.state.meta.epoch
+    finally:
+        lg.close()
+        other.close()
+
+
+def test_a_queue_read_set_sends_positions_from_a_plain_array(logs: Replicas) -> None:
+    """Queue.read_set (read_positions' submit, native dp_read_set) answers
+    what the request built field by field answers, and refuses a call of no
+    positions or more than the class takes before anything is sent."""
+    from pyzlog.core import wire
+    from pyzlog.core.layout import by_object
+    from pyzlog.core.native import Op
+
+    lg = logs.log
+    for i in range(40):
+        lg.append(b"q%d" % i)
+    st = lg.state
+    where, mine = by_object(st.name, st.meta.views, list(range(0, 40, 3)))[0]
+    code, built = st.conn.call_raw(st.data, where.oid, Op.READ_SET, epoch=st.meta.epoch,
+                                   entries=[(p, b"") for p in mine], format=where.format)
+    assert code == 0
+    with st.conn._waiter() as q:
+        q.read_set(st.data, where.oid, st.meta.epoch, where.format, mine, 7)
+        [(tag, code, window)] = q.wait(30.0)
+        assert (tag, code) == (7, 0)
+        assert [(e.position, e.data) for e in window.entries()] == [(e.position, e.data) for e in built.entries()]
+        assert [e.data for e in window.entries()] == [b"q%d" % p for p in mine]
+        for bad in ([], list(range(wire.MAX_BATCH_ENTRIES + 1))):
+            with pytest.raises(InvalidRequest):
+                q.read_set(st.data, where.oid, st.meta.epoch, where.format, bad, 8)
+        assert q.pending == 0 and q.wait(0.1) == []
 
 
 def test_read_positions_cuts_apart_entries_read_together(logs: Replicas) -> None:

@@ -336,7 +336,8 @@ class Log:
 
     def read_positions(self, positions: builtins.list[int]) -> dict[int, bytes | int]:
         """Entries at any set of positions, one read op per data object:
-        {position: bytes, or the negative code of a position not readable}."""
+        {position: bytes, or the negative code of a position not readable}.
+        InvalidRequest if one is not a position (an int in [0, MAX_POSITION])."""
         from .streams import read_positions
 
         return read_positions(self.state, positions)

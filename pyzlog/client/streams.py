@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _seqr  # type: ignore[attr-defined]
 from ..core import wire
 from ..core.errors import EntryTooLarge, InvalidRequest, ZlogError
-from ..core.layout import by_object
-from ..core.native import Op
+from ..core.layout import by_object, check_positions
 from .appending import store_rounds, stored_form, stored_forms
 from .stale import StaleWait
 
@@ -146,9 +145,12 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
     read_set call per data object for all of its positions (one read op of a
     call per position on a class too old for read_set)."""
     out: dict[int, bytes | int] = {}
-    todo = sorted(positions)
+    todo = check_positions(positions)  # sorted, each once: a read_set takes them so
     rechecked = False
-    for _attempt in range(5):
+    for attempt in range(5):
+        if attempt:
+            for p in todo:  # asked again: answered afresh (_from_window takes a position absent from out as unlisted)
+                del out[p]
         meta = state.meta
         views = meta.views
         groups = by_object(state.name, views, todo)
@@ -162,8 +164,7 @@ def read_positions(state: LogState, positions: Sequence[int]) -> dict[int, bytes
                     for i in range(0, len(ps), SET_CHUNK):
                         chunk = ps[i:i + SET_CHUNK]
                         asked[len(asked)] = (where, chunk)
-                        q.submit(state.data, where.oid, Op.READ_SET, len(asked) - 1, epoch=meta.epoch,
-                                 positions=chunk, format=where.format)
+                        q.read_set(state.data, where.oid, meta.epoch, where.format, chunk, len(asked) - 1)
                 left = len(asked)
                 while left:
                     results = q.wait(30.0)
@@ -224,16 +225,20 @@ _CODE_OF_KIND = (None, -errno.ENOMSG, -errno.EIDRM, -errno.ENOMSG)  # by DP_KIND
 
 
 def _from_window(state: Any, window: Any, chunk: list[int], out: dict[int, bytes | int]) -> None:
-    """What a read_set reply says of each position of `chunk`."""
-    got: dict[int, bytes | int] = {}  # the reply's rows, natively: one call, not a loop over them
-    listed = window.rows_into(got, _CODE_OF_KIND, -errno.ENOMSG)
-    if not state.plain:
+    """What a read_set reply says of each position of `chunk` (none of them
+    in `out` yet: the chunks are disjoint, and a round asked again is taken
+    out first)."""
+    if state.plain:  # the reply's rows straight into out, natively: one call, not a loop over them
+        listed = window.rows_into(out, _CODE_OF_KIND, -errno.ENOMSG)
+    else:
+        got: dict[int, bytes | int] = {}
+        listed = window.rows_into(got, _CODE_OF_KIND, -errno.ENOMSG)
         for p, d in got.items():
             if type(d) is bytes:
                 got[p] = state.decode(d)
-    out.update(got)
+        out.update(got)
     if listed != len(chunk):  # (a reply lists positions of `chunk` only) not listed: unwritten, or trimmed
         trim = window.trim_below
         for p in chunk:
-            if p not in got:
+            if p not in out:
                 out[p] = -errno.EIDRM if p < trim else -errno.ENODATA

@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ._layout import check as _check_positions
+from ._layout import group as _group
 from .errors import InvalidRequest
 from .wire import MAX_POSITION, View
 
@@ -28,6 +30,18 @@ def check_position(position: int) -> int:
     if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= MAX_POSITION:
         raise InvalidRequest(f"bad position {position!r}: must be an integer in [0, {MAX_POSITION}]")
     return position
+
+
+def check_positions(positions: Sequence[int]) -> list[int]:
+    """`positions` sorted, each once; InvalidRequest unless every one is
+    what check_position takes (an int, not a bool, in [0, MAX_POSITION]).
+    One pass in C: a stream walk reads thousands at a time."""
+    try:
+        todo = sorted(set(positions))
+        _check_positions(todo)
+    except (TypeError, ValueError) as e:  # unhashable or unorderable items; not positions
+        raise InvalidRequest(str(e) if str(e).startswith("bad position") else f"bad positions: {e}") from None
+    return todo
 
 
 def data_oid_prefix(log: str, view: View) -> str:
@@ -249,47 +263,35 @@ def by_object(log: str, views: tuple[View, ...], positions: Sequence[int]) -> li
     if not positions:
         return []
     consecutive = type(positions) is range and positions.step == 1
+    newest = views[-1]
     if not consecutive:
         positions = list(positions)
-        if positions != sorted(positions):  # in C: read_positions' sets are large
+        if positions and positions[0] >= newest.start:  # every one in the newest view (a walk's rounds): in C
+            try:
+                groups = _group(positions, newest.start, stripe_span(newest), newest.width, newest.unit)
+            except (ValueError, OverflowError, TypeError) as e:  # unsorted, or not positions
+                raise InvalidRequest(str(e)) from None
+            return [(place(log, newest, ps[0]), ps) for ps in groups]
+        if positions != sorted(positions):
             raise InvalidRequest("positions to group by object must be sorted")
-    newest = views[-1]
     first, last = positions[0], positions[-1]
     if first >= newest.start and stripe_of(newest, first) == stripe_of(newest, last):
-        # one stripe of the newest view (appends, a walk's usual round): by index alone
+        # a consecutive run in one stripe of the newest view (appends): every width-th one, or whole runs
         width, unit = newest.width, newest.unit
         if unit == 1:
-            if consecutive:  # every width-th one
-                return [(place(log, newest, first + k), list(positions[k::width]))
-                        for k in range(min(width, len(positions)))]
-            buckets: list[list[int]] = [[] for _ in range(width)]
-            for p in positions:
-                buckets[p % width].append(p)
-            return [(place(log, newest, ps[0]), ps) for ps in buckets if ps]
+            return [(place(log, newest, first + k), list(positions[k::width]))
+                    for k in range(min(width, len(positions)))]
         ss = stripe_start(newest, stripe_of(newest, first))
         runs: dict[int, list[int]] = {}
-        if consecutive:  # whole runs: one slice each
-            p = first
-            while p <= last:
-                run_end = min(last + 1, p + unit - (p - ss) % unit)
-                runs.setdefault((p - ss) // unit % width, []).extend(range(p, run_end))
-                p = run_end
-        else:
-            for p in positions:
-                runs.setdefault((p - ss) // unit % width, []).append(p)
+        p = first
+        while p <= last:
+            run_end = min(last + 1, p + unit - (p - ss) % unit)
+            runs.setdefault((p - ss) // unit % width, []).extend(range(p, run_end))
+            p = run_end
         return [(place(log, newest, ps[0]), ps) for ps in runs.values()]
-    if first >= newest.start:  # many stripes of the newest view (a walk's round): by arithmetic alone
-        start, span, width, unit = newest.start, stripe_span(newest), newest.width, newest.unit
-        groups: dict[int, list[int]] = {}
-        for p in positions:  # stripe * width + index (index_of, inlined)
-            at = ((p - start) // span * width + p % width if unit == 1
-                  else (p - start) // span * width + (p - start) % span // unit % width)
-            group = groups.get(at)
-            if group is None:
-                groups[at] = [p]
-            else:
-                group.append(p)
-        return [(place(log, newest, ps[0]), ps) for ps in groups.values()]
+    if first >= newest.start:  # a consecutive run over stripes of the newest view
+        return [(place(log, newest, ps[0]), ps) for ps in _group(list(positions), newest.start, stripe_span(newest),
+                                                                  newest.width, newest.unit)]
     by_key: dict[tuple[int, int, int], list[int]] = {}
     for p in positions:
         v = view_of(views, p)

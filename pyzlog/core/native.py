@@ -25,6 +25,7 @@ connection waits briefly for its calls and shuts librados down.
 """
 from __future__ import annotations
 
+import array
 import atexit
 import errno
 import itertools
@@ -395,6 +396,15 @@ class Queue:
             ret = lib.dp_submit(self.handle, pool.handle, _b(oid), op, req, tag)
         if ret < 0:
             raise self.conn.error(ret, f"{Op(op).name.lower()} on {oid!r}", pool=pool, oid=oid)
+
+    def read_set(self, pool: Pool, oid: str | bytes, epoch: int, format: int, positions: list[int], tag: int) -> None:
+        """One read_set call of `positions` (1 to MAX_BATCH_ENTRIES) of one
+        object of `format`: submit()'s, with no request built in Python."""
+        packed = ffi.from_buffer("uint64_t[]", array.array("Q", positions))  # 10x cffi's own list conversion
+        with native_call():
+            ret = lib.dp_read_set(self.handle, pool.handle, _b(oid), epoch, format, packed, len(positions), tag)
+        if ret < 0:
+            raise self.conn.error(ret, f"read_set of {len(positions)} positions on {oid!r}", pool=pool, oid=oid)
 
     def read_many(self, pool: Pool, oid: str | bytes, epoch: int, positions: Sequence[int],
                   tags: Sequence[int], format: int = wire.FORMAT_OMAP) -> None:

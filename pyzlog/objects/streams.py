@@ -181,6 +181,9 @@ class _Walk:
         self.listed_from: dict[int, int] = {}
         # hi - 1 (read in the first round, whoever's it is) was found written or filled
         self.stored_at_end = False
+        # the sequencer's history when it is the whole first round (one stream, all in range,
+        # no skip pointer past it): newest first, so sorted in one pass (a set of it is not)
+        self.history: list[int] | None = None
 
     def begin(self, per_stream: list[tuple[int, int, list[int], int, list[tuple[int, int]]]], k: int,
               tail: int) -> None:
@@ -197,6 +200,8 @@ class _Walk:
             below = [p for _l, p in levels if lo <= p < self.listed_from[s]]  # skip pointers past the list
             self.lead.update(below)
             self.todo.update(below)
+            if len(per_stream) == 1 and not below and (not back or back[-1] >= lo):
+                self.history = back  # todo is set(back)
 
     def read(self, log: Log, known: dict[int, bytes]) -> None:
         """Rounds of reads until no entry read leads anywhere new; then, if
@@ -214,12 +219,19 @@ class _Walk:
         first = True
         while True:
             while self.todo:
-                batch = sorted(self.todo - seen)
+                if seen:
+                    batch = sorted(self.todo - seen)
+                    seen.update(batch)
+                else:  # the first round reads all of todo, which is then what was seen
+                    history = self.history
+                    # (the history's positions are todo's when there are as many: none repeated)
+                    batch = sorted(history if history is not None and len(history) == len(self.todo)
+                                   else self.todo)
+                    seen = self.todo
                 self.todo = set()
                 if not batch:
                     break
                 st.rounds += 1
-                seen.update(batch)
                 fetch = [p for p in batch if p not in known] if known else batch
                 probing = first and probe
                 got: dict[int, bytes | int] = log.read_positions(fetch + [end] if probing else fetch) \

@@ -109,6 +109,109 @@ def test_grouping_by_object_places_each_position_as_place_of_does(views: tuple[V
             by_object("lg", views, sorted(scattered, reverse=True))
 
 
+@settings(max_examples=300, deadline=None)
+@given(_views(), st.lists(st.integers(0, 400), max_size=60), st.integers(0, 5))
+def test_positions_of_the_newest_view_are_grouped_in_c_as_the_layout_says(views: tuple[View, ...],
+                                                                            offsets: list[int], repeat: int) -> None:
+    """by_object's common case (every position in the newest view: a
+    stream walk's reads) goes to native/layout.c: each group is one object's
+    positions in order (repeats kept), the groups in the order of their
+    first position, the Place that of its first position, and the ints the
+    very objects given (no copy per position). Against a grouping written
+    here from layout.stripe_of and index_of."""
+    newest = views[-1]
+    positions = sorted(newest.start + o for o in offsets + offsets[:repeat])
+    want: dict[tuple[int, int], list[int]] = {}
+    for p in positions:
+        want.setdefault((layout.stripe_of(newest, p), layout.index_of(newest, p)), []).append(p)
+    groups = by_object("lg", views, positions)
+    assert [ps for _, ps in groups] == list(want.values())
+    assert [where for where, _ in groups] == [place_of("lg", views, ps[0]) for ps in want.values()]
+    given_ids = {id(p) for p in positions}
+    assert all(id(p) in given_ids for _, ps in groups for p in ps)
+
+
+@pytest.mark.parametrize("bad", [[5, 4], [1, 2**64], [1, -1], [1, "2"], [1, 2.0]],
+                         ids=["unsorted", "past 64 bits", "negative", "a string", "a float"])
+def test_grouping_refuses_what_is_not_sorted_positions(bad: list[Any]) -> None:
+    """Bad input to the C grouping is InvalidRequest, never grouped wrong
+    or an error from inside the extension."""
+    with pytest.raises(pyzlog.InvalidRequest):
+        by_object("lg", (View(1, 0, 3, wire.FORMAT_DATA, 8, unit=2),), bad)
+
+
+class _Index:
+    """Not an int, though it converts to one (as numpy's integers do)."""
+
+    def __index__(self) -> int:
+        return 5
+
+
+@pytest.mark.parametrize("bad", [[True], [1.0], [-1], [wire.MAX_POSITION + 1], [2**64], ["1"], [_Index()], [[1]],
+                                 [3, "x"]],
+                         ids=["bool", "float", "negative", "past the last", "past 64 bits", "str", "__index__",
+                              "unhashable", "unorderable"])
+def test_a_list_of_positions_is_checked_as_one_position_is(bad: list[Any]) -> None:
+    """check_positions (read_positions' input, native/layout.c's check)
+    refuses what check_position refuses, naming the value, whatever its
+    place in the list; a good list comes back sorted, each position once."""
+    assert layout.check_positions([9, 0, wire.MAX_POSITION, 9]) == [0, 9, wire.MAX_POSITION]
+    for positions in (bad, [0, *bad], [*bad, wire.MAX_POSITION]):
+        with pytest.raises(pyzlog.InvalidRequest, match="bad position"):
+            layout.check_positions(positions)
+    if type(bad[0]) is not list:
+        with pytest.raises(pyzlog.InvalidRequest):
+            check_position(bad[-1])
+
+
+def test_the_grouping_checks_its_view_arguments_and_survives_a_finalizer() -> None:
+    """native/layout.c's group(): a width, unit, start or span out of its
+    range is refused, never wrapped; and a finalizer that empties the
+    output while it is being made (found through the collector) does not
+    crash it (it once held borrowed pointers into that output)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from pyzlog.core._layout import group
+
+    assert group([1, 2, 3], 0, 0, 2, 1) == [[1, 3], [2]]
+    for args in ((0, 0, 2**32 + 2, 1), (0, 0, 2, -1), (2**64, 0, 2, 1), (0, 2**64 + 2, 2, 1), (0, 0, -2, 1)):
+        with pytest.raises(OverflowError):
+            group([1, 2, 3], *args)
+    # in a fresh interpreter, where the collector's state is known (a crash kills only it)
+    code = textwrap.dedent("""
+        import gc
+        from pyzlog.core._layout import group
+        first = 10**18 + 7
+        positions = [first + i for i in range(2000)]
+        armed, emptied = [True], []
+        class Emptier:
+            def __init__(self):
+                self.me = self  # a cycle: freed by a collection, which group()'s allocations run
+            def __del__(self):
+                if not armed[0]:
+                    return
+                for o in gc.get_objects():
+                    if type(o) is list and o and type(o[0]) is list and o[0] and o[0][0] is positions[0]:
+                        armed[0] = False
+                        emptied.append(len(o))
+                        o.clear()
+                        return
+                Emptier()
+        gc.set_threshold(1, 1, 1)
+        for _ in range(5):
+            Emptier()
+        got = group(positions, first, 0, 3, 1)
+        armed[0] = False
+        gc.set_threshold(700, 10, 10)
+        assert all(ps == sorted(ps) for ps in got)
+        print("emptied" if emptied else "no finalizer ran inside group()")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert out.returncode == 0 and out.stdout.strip() == "emptied", (out.returncode, out.stdout, out.stderr[-2000:])
+
+
 @settings(max_examples=200, deadline=None)
 @given(_views(), st.integers(0, 2**32 - 2), st.integers(0, 5))
 def test_an_object_name_gives_back_its_place(views: tuple[View, ...], stripe: int, index: int) -> None:
