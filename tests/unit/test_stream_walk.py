@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -127,6 +128,37 @@ def test_with_the_sequencers_history_a_stream_is_found_in_one_round() -> None:
     ps, _datas, kinds, end = walk(log, [IDS[0]], 0, 3 * 1024, None, 0.0, st)  # type: ignore[arg-type]
     assert ps == mine and kinds is None and end == 3 * 1024
     assert st.rounds == 1 and st.read == 1024 and st.parsed <= 2 and st.scans == 0, st
+
+
+@pytest.mark.parametrize("damage", ["repeat", "out of order", "both"])
+def test_a_history_with_repeats_or_out_of_order_is_read_once_in_order(damage: str) -> None:
+    """The walk's first round is the history sorted (newest first, it is
+    one run): a sequencer's list with a position twice or out of order must
+    not make it read a position twice or out of order, nor change what it
+    finds."""
+    log = ModelLog(history=8192, budget=1 << 22)
+    for _ in range(300):
+        log.append([IDS[0]], "w")
+        log.append([IDS[1]], "ww")
+    mine = [p for p in range(900) if p % 3 == 0]
+    real = log.stream_tail
+
+    def damaged(streams: list[int], history: int = 0) -> Any:
+        tail, k, answer, epoch = real(streams, history)
+        s, horizon, back, ordinal, levels = answer[0]
+        back = list(back)
+        if damage in ("repeat", "both"):
+            back.insert(5, back[7])
+        if damage in ("out of order", "both"):
+            back[2], back[9] = back[9], back[2]
+        return tail, k, [(s, horizon, back, ordinal, levels)], epoch
+
+    log.stream_tail = damaged  # type: ignore[method-assign]
+    st = WalkStats()
+    ps, _datas, _kinds, end = walk(log, [IDS[0]], 0, 900, None, 0.0, st)  # type: ignore[arg-type]
+    assert ps == mine and end == 900
+    first = log.reads[0]
+    assert first == sorted(set(first)) and set(mine) <= set(first)
 
 
 def test_a_cut_history_goes_on_down_the_chain() -> None:
