@@ -1,6 +1,7 @@
 /* pyzlog.core._layout: sorted positions grouped by the data object that
  * holds them, for core.layout.by_object's common case (every position in
- * the newest view), and a check of a list of positions.
+ * the newest view), and the first item of a list that is not plainly a
+ * position.
  *
  * group(positions, start, span, width, unit) -> [[position, ...], ...]
  * `positions`: a list of ints, sorted (ValueError if not: the grouping
@@ -10,10 +11,10 @@
  * list per object, in the order of each object's first position, each in
  * order; the items are the input's own int objects.
  *
- * check(positions) -> None: every item an int (not a bool, not another
- * type with __index__) in [0, ZLOG_MAX_POSITION], else TypeError or
- * ValueError naming the first that is not: layout.check_position's rule for
- * a whole list, in one pass.
+ * first_odd(positions) -> index: of the first item that is not an int (the
+ * exact type) in [0, ZLOG_MAX_POSITION], or -1 when every one is. The
+ * common list of positions in one pass; layout.check_positions judges the
+ * odd one (and those after it) by check_position, the one rule.
  *
  * In Python these loops cost about 100 ns a position: a stream's replay
  * groups thousands of them per read round. */
@@ -109,29 +110,30 @@ fail:
   return NULL;
 }
 
-static PyObject *check(PyObject *self, PyObject *arg) {
+static PyObject *first_odd(PyObject *self, PyObject *arg) {
   if (!PyList_Check(arg)) return PyErr_Format(PyExc_TypeError, "positions must be a list");
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arg); ++i) {
-    PyObject *item = PyList_GET_ITEM(arg, i); /* no allocation below: nothing runs that could change the list */
-    if (!PyLong_CheckExact(item))
-      return PyErr_Format(PyExc_TypeError, "bad position %R: must be an integer in [0, %llu]", item,
-                          (unsigned long long)ZLOG_MAX_POSITION);
+    PyObject *item = PyList_GET_ITEM(arg, i); /* nothing below allocates or runs code */
+    if (!PyLong_CheckExact(item)) return PyLong_FromSsize_t(i);
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
     if (v == -1 && PyErr_Occurred()) return NULL;
-    if (overflow < 0 || (!overflow && v < 0) ||
-        (overflow > 0 && (PyLong_AsUnsignedLongLong(item) > ZLOG_MAX_POSITION || PyErr_Occurred()))) {
-      PyErr_Clear();
-      return PyErr_Format(PyExc_ValueError, "bad position %R: must be an integer in [0, %llu]", item,
-                          (unsigned long long)ZLOG_MAX_POSITION);
+    if (overflow < 0 || (!overflow && v < 0)) return PyLong_FromSsize_t(i);
+    if (overflow > 0) {
+      const unsigned long long u = PyLong_AsUnsignedLongLong(item);
+      if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* past 64 bits */
+        return PyLong_FromSsize_t(i);
+      }
+      if (u > ZLOG_MAX_POSITION) return PyLong_FromSsize_t(i);
     }
   }
-  Py_RETURN_NONE;
+  return PyLong_FromLong(-1);
 }
 
 static PyMethodDef module_methods[] = {
     {"group", group, METH_VARARGS, "sorted positions of one view, grouped by the object that holds them"},
-    {"check", check, METH_O, "every item a position: an int in [0, ZLOG_MAX_POSITION]"},
+    {"first_odd", first_odd, METH_O, "the index of the first item that is not an int position, or -1"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyzlog.core._layout",

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._layout import check as _check_positions
+from ._layout import first_odd as _first_odd
 from ._layout import group as _group
 from .errors import InvalidRequest
 from .wire import MAX_POSITION, View
@@ -35,12 +35,16 @@ def check_position(position: int) -> int:
 def check_positions(positions: Sequence[int]) -> list[int]:
     """`positions` sorted, each once; InvalidRequest unless every one is
     what check_position takes (an int, not a bool, in [0, MAX_POSITION]).
-    One pass in C: a stream walk reads thousands at a time."""
+    The common list (plain ints) is passed in one pass in C: a stream walk
+    reads thousands at a time; check_position judges the rest."""
     try:
         todo = sorted(set(positions))
-        _check_positions(todo)
-    except (TypeError, ValueError) as e:  # unhashable or unorderable items; not positions
-        raise InvalidRequest(str(e) if str(e).startswith("bad position") else f"bad positions: {e}") from None
+    except TypeError as e:  # unhashable or unorderable items: not positions
+        raise InvalidRequest(f"bad positions: {e}") from None
+    odd = _first_odd(todo)
+    if odd >= 0:
+        for p in todo[odd:]:
+            check_position(p)
     return todo
 
 
@@ -266,32 +270,30 @@ def by_object(log: str, views: tuple[View, ...], positions: Sequence[int]) -> li
     newest = views[-1]
     if not consecutive:
         positions = list(positions)
-        if positions and positions[0] >= newest.start:  # every one in the newest view (a walk's rounds): in C
-            try:
-                groups = _group(positions, newest.start, stripe_span(newest), newest.width, newest.unit)
-            except (ValueError, OverflowError, TypeError) as e:  # unsorted, or not positions
-                raise InvalidRequest(str(e)) from None
-            return [(place(log, newest, ps[0]), ps) for ps in groups]
-        if positions != sorted(positions):
-            raise InvalidRequest("positions to group by object must be sorted")
     first, last = positions[0], positions[-1]
-    if first >= newest.start and stripe_of(newest, first) == stripe_of(newest, last):
-        # a consecutive run in one stripe of the newest view (appends): every width-th one, or whole runs
-        width, unit = newest.width, newest.unit
-        if unit == 1:
-            return [(place(log, newest, first + k), list(positions[k::width]))
-                    for k in range(min(width, len(positions)))]
-        ss = stripe_start(newest, stripe_of(newest, first))
-        runs: dict[int, list[int]] = {}
-        p = first
-        while p <= last:
-            run_end = min(last + 1, p + unit - (p - ss) % unit)
-            runs.setdefault((p - ss) // unit % width, []).extend(range(p, run_end))
-            p = run_end
-        return [(place(log, newest, ps[0]), ps) for ps in runs.values()]
-    if first >= newest.start:  # a consecutive run over stripes of the newest view
-        return [(place(log, newest, ps[0]), ps) for ps in _group(list(positions), newest.start, stripe_span(newest),
-                                                                  newest.width, newest.unit)]
+    if first >= newest.start:  # (sorted: every one in the newest view)
+        if consecutive and stripe_of(newest, first) == stripe_of(newest, last):
+            # a run in one stripe (appends): every width-th one, or whole runs
+            width, unit = newest.width, newest.unit
+            if unit == 1:
+                return [(place(log, newest, first + k), list(positions[k::width]))
+                        for k in range(min(width, len(positions)))]
+            ss = stripe_start(newest, stripe_of(newest, first))
+            runs: dict[int, list[int]] = {}
+            p = first
+            while p <= last:
+                run_end = min(last + 1, p + unit - (p - ss) % unit)
+                runs.setdefault((p - ss) // unit % width, []).extend(range(p, run_end))
+                p = run_end
+            return [(place(log, newest, ps[0]), ps) for ps in runs.values()]
+        try:  # in C (a walk's rounds: thousands of scattered positions)
+            groups = _group(positions if isinstance(positions, list) else list(positions), newest.start,
+                            stripe_span(newest), newest.width, newest.unit)
+        except (ValueError, OverflowError, TypeError) as e:  # unsorted, or not positions
+            raise InvalidRequest(str(e)) from None
+        return [(place(log, newest, ps[0]), ps) for ps in groups]
+    if not consecutive and positions != sorted(positions):
+        raise InvalidRequest("positions to group by object must be sorted")
     by_key: dict[tuple[int, int, int], list[int]] = {}
     for p in positions:
         v = view_of(views, p)

@@ -121,8 +121,8 @@ def _b(s: str | bytes) -> bytes:
 def request(op: Op | int, **fields: Any) -> tuple[Any, list[Any]]:
     """A zlog_req for `op` from keyword fields (ops.h's names: epoch,
     position, last, max_entries, max_bytes, reason, data, expected,
-    next_epoch, start, width, seqr, entries=[(position, bytes)], positions=[...]
-    for read_set), and the
+    next_epoch, start, width, seqr, entries=[(position, bytes)]; a read_set's
+    positions are entries with empty data, or Queue.read_set), and the
     buffers it points into (keep them until the submit returns)."""
     req = ffi.new("zlog_req *")
     req.expected_stripes = lib.ZLOG_ANY_STRIPES  # a CAS checks the stripe count only when asked to
@@ -138,13 +138,6 @@ def request(op: Op | int, **fields: Any) -> tuple[Any, list[Any]]:
                 buf = ffi.from_buffer(raw)
                 keep += [raw, buf]
                 req.seqr, req.seqr_len = buf, len(raw)
-        elif key == "positions":  # read_set: write_many's list of entries, with no data
-            n = len(value)
-            positions = ffi.new("uint64_t[]", value)
-            datas = ffi.new("char *[]", n)  # NULL, length 0
-            lens = ffi.new("uint32_t[]", n)
-            keep += [positions, datas, lens]
-            req.count, req.positions, req.datas, req.lens = n, positions, datas, lens
         elif key == "entries":
             ps, ds = zip(*value) if value else ((), ())  # per-entry work in C loops: batches are large
             bufs = list(map(ffi.from_buffer, ds))
