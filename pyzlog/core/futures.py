@@ -105,7 +105,13 @@ class LazyFuture(Future[Any]):
         if self._cond is None:
             with _make_condition:
                 if self._cond is None and self._state not in _DONE:
-                    self._done_callbacks.append(fn)  # run by whoever settles it (_run_callbacks)
+                    # run by whoever settles it (_run_callbacks). The list is looked up in the
+                    # instance's dict: a miss on self._done_callbacks would raise and format an
+                    # AttributeError before __getattr__ made it (most of this call's cost)
+                    callbacks = self.__dict__.get("_done_callbacks")
+                    if callbacks is None:
+                        callbacks = self._done_callbacks = []
+                    callbacks.append(fn)
                     return
         super().add_done_callback(fn)  # settled (fn runs now), or watched: Future's own way
 

@@ -34,6 +34,31 @@ def test_a_callback_added_after_settling_runs_at_once() -> None:
     assert seen == [1]
 
 
+def test_callbacks_added_to_a_pending_future_take_no_attribute_miss() -> None:
+    """add_done_callback finds (or makes) the callback list without the
+    AttributeError that a miss raises and formats before __getattr__ runs:
+    that miss was most of the call's cost, once per async operation with a
+    callback (asyncio.wrap_future adds one)."""
+    misses: list[str] = []
+
+    class Counted(LazyFuture):
+        def __getattr__(self, name: str) -> Any:
+            misses.append(name)
+            return super().__getattr__(name)
+
+    for settle in ("set_result", "settle_all"):
+        f = Counted()
+        ran: list[Future[Any]] = []
+        f.add_done_callback(ran.append)
+        f.add_done_callback(ran.append)
+        assert misses == [] and f._cond is None
+        if settle == "set_result":
+            f.set_result(3)
+        else:
+            LazyFuture.settle_all([(f, 3)])
+        assert ran == [f, f] and f.result() == 3 and misses == []
+
+
 def test_an_exception_reaches_callbacks_and_result() -> None:
     f = LazyFuture()
     seen: list[BaseException | None] = []
