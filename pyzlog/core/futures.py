@@ -104,14 +104,17 @@ class LazyFuture(Future[Any]):
     def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
         if self._cond is None:
             with _make_condition:
-                if self._cond is None and self._state not in _DONE:
-                    # run by whoever settles it (_run_callbacks). The list is looked up in the
-                    # instance's dict: a miss on self._done_callbacks would raise and format an
-                    # AttributeError before __getattr__ made it (most of this call's cost)
-                    callbacks = self.__dict__.get("_done_callbacks")
-                    if callbacks is None:
-                        callbacks = self._done_callbacks = []
-                    callbacks.append(fn)
+                # the list in the instance's dict: a miss on self._done_callbacks would raise and
+                # format an AttributeError before __getattr__ made it (most of this call's cost).
+                # The dict is fetched (maybe made: an allocation) before the check, and no call
+                # comes between the check and the store: a signal handler runs when a call
+                # returns, and one that settled this future there would leave fn never run
+                d = self.__dict__
+                if self._cond is None and self._state not in _DONE:  # run by whoever settles it
+                    if "_done_callbacks" in d:
+                        d["_done_callbacks"].append(fn)
+                    else:
+                        d["_done_callbacks"] = [fn]
                     return
         super().add_done_callback(fn)  # settled (fn runs now), or watched: Future's own way
 

@@ -2,7 +2,10 @@
 contract: what async appends, reads and proposals hand out."""
 from __future__ import annotations
 
+import signal
+import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, InvalidStateError, as_completed, wait
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -57,6 +60,65 @@ def test_callbacks_added_to_a_pending_future_take_no_attribute_miss() -> None:
         else:
             LazyFuture.settle_all([(f, 3)])
         assert ran == [f, f] and f.result() == 3 and misses == []
+
+
+@pytest.mark.parametrize("settle", ["set_result", "cancel", "settle_all"])
+def test_a_signal_handler_settling_a_future_while_a_callback_is_added_loses_none(settle: str) -> None:
+    """A signal handler that settles (or cancels) the future a callback is
+    being added to, from a storm of signals: every callback still runs, the
+    first (the list made) and a later one (added to it). An adversary's
+    find: a call between add_done_callback's pending check and its append
+    (the dict lookup, or __getattr__ before it) let the handler settle the
+    future there, and the callback, appended after, never ran."""
+    current: LazyFuture | None = None
+
+    def handler(signum: int, frame: Any) -> None:
+        f = current
+        if f is not None and not f.done():
+            if settle == "set_result":
+                f.set_result(1)
+            elif settle == "cancel":
+                f.cancel()
+            else:
+                LazyFuture.settle_all([(f, 1)])
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    stop = threading.Event()
+    main = threading.get_ident()
+
+    def storm() -> None:
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGUSR1)
+            time.sleep(0)
+
+    sender = threading.Thread(target=storm, daemon=True)
+    lost = in_handler = futures = 0
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the sender gets the GIL often: many signals land mid-add
+    sender.start()
+    try:
+        give_up = time.monotonic() + 60
+        # enough futures, and enough of them settled by the handler mid-add, to have met the window
+        while (futures < 20_000 or in_handler < 1_000) and time.monotonic() < give_up:
+            futures += 1
+            f = LazyFuture()
+            ran: list[str] = []
+            current = f
+            f.add_done_callback(lambda _f: ran.append("first"))
+            f.add_done_callback(lambda _f: ran.append("later"))
+            current = None
+            if f.done():
+                in_handler += 1
+            else:
+                f.set_result(2)
+            lost += ran != ["first", "later"]
+    finally:
+        stop.set()
+        sender.join()
+        sys.setswitchinterval(switch)
+        signal.signal(signal.SIGUSR1, previous)
+    assert in_handler >= 1_000, f"the storm settled only {in_handler} of {futures} futures mid-add"
+    assert lost == 0, f"{lost} of {futures} futures lost a callback ({in_handler} settled by the handler)"
 
 
 def test_an_exception_reaches_callbacks_and_result() -> None:
